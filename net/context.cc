@@ -1,0 +1,462 @@
+#include "net/context.h"
+
+#include <boost/asio/bind_executor.hpp>
+#include <boost/asio/connect.hpp>
+#include <boost/asio/ip/host_name.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/read.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/write.hpp>
+#include <algorithm>
+#include <future>
+#include <random>
+
+#include "net/address.h"
+#include "net/completion.h"
+#include "net/context_impl.h"
+#include "net/errors.h"
+#include "net/log.h"
+#include "net/registry.h"
+#include "net/session.h"
+#include "net/wire_convert.h"
+
+namespace ferry {
+namespace asio = boost::asio;
+using tcp = asio::ip::tcp;
+
+namespace {
+
+uint64_t random_instance() {
+  std::random_device rd;
+  uint64_t v = 0;
+  while (v == 0) v = (uint64_t{rd()} << 32) ^ rd();
+  return v;
+}
+
+bool same_token(const std::string& a, const std::string& b) {
+  if (a.size() != b.size()) return false;
+  unsigned char diff = 0;
+  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
+  return diff == 0;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- Impl
+
+Context::Impl::Impl(ContextOptions opts) : options(std::move(opts)), instance(random_instance()) {
+  if (options.threads < 1) options.threads = 1;
+  for (auto& entry : detail::registry_snapshot()) {
+    const bool wanted = options.transports.empty() ||
+                        std::find(options.transports.begin(), options.transports.end(),
+                                  entry.name) != options.transports.end();
+    if (!wanted) continue;
+    auto made = entry.factory(TransportEnv{io, store, options});
+    if (!made) {
+      if (!options.transports.empty()) throw std::system_error(made.error(), entry.name);
+      FERRY_LOG_INFO("transport {} not available here: {}", entry.name, made.error().message());
+      continue;
+    }
+    transports.push_back(std::move(made.value()));
+  }
+  for (const auto& name : options.transports) {
+    if (!find_transport(name)) {
+      throw std::system_error(make_error_code(errc::transport_unknown),
+                              "transport '" + name + "' is not registered");
+    }
+  }
+  std::stable_sort(transports.begin(), transports.end(), [](const auto& a, const auto& b) {
+    return a->local_info().priority > b->local_info().priority;
+  });
+  store.set_gc_hook([this](const StoredObject& object) {
+    for (const auto& t : transports) {
+      if (object.transport.empty() || t->name() == object.transport) t->garbage_collect(object);
+    }
+  });
+}
+
+std::shared_ptr<TransportManager> Context::Impl::find_transport(std::string_view name) const {
+  for (const auto& t : transports) {
+    if (t->name() == name) return t;
+  }
+  return nullptr;
+}
+
+std::vector<TransportInfo> Context::Impl::local_infos() const {
+  std::vector<TransportInfo> out;
+  for (const auto& t : transports) out.push_back(t->local_info());
+  return out;
+}
+
+std::string Context::Impl::owner_address() {
+  std::lock_guard lock(mu);
+  return advertise_address.empty() ? listen_address : advertise_address;
+}
+
+ObjectRef Context::Impl::make_ref(const StoredObject& object) {
+  ObjectRef ref;
+  ref.owner = owner_address();
+  ref.object_id = object.id;
+  ref.owner_instance = instance;
+  ref.metadata.transport = object.transport;
+  ref.metadata.extension = object.extension;
+  for (const auto& t : object.tensors) ref.metadata.tensors.push_back(t.meta);
+  return ref;
+}
+
+void Context::Impl::add_session(const std::shared_ptr<Session>& s) {
+  std::lock_guard lock(mu);
+  sessions[s->local_id()] = s;
+}
+
+void Context::Impl::remove_session(uint64_t local_id) {
+  std::lock_guard lock(mu);
+  sessions.erase(local_id);
+}
+
+std::shared_ptr<Session> Context::Impl::find_session(uint64_t local_id) {
+  std::lock_guard lock(mu);
+  auto it = sessions.find(local_id);
+  return it == sessions.end() ? nullptr : it->second.lock();
+}
+
+void Context::Impl::accept_next() {
+  std::lock_guard lock(mu);
+  if (!acceptor || closed) return;
+  acceptor->async_accept([self = shared_from_this()](boost::system::error_code ec,
+                                                     tcp::socket socket) {
+    if (ec == asio::error::operation_aborted || self->closed) return;
+    if (!ec) {
+      self->on_accepted(std::move(socket));
+    } else {
+      FERRY_LOG_WARN("accept failed: {}", ec.message());
+    }
+    self->accept_next();
+  });
+}
+
+// A new connection's first frame says what it is: Hello (a peer) or AttachChannel (a data
+// channel of an existing session). Read exactly one frame, with a deadline.
+void Context::Impl::on_accepted(tcp::socket socket) {
+  struct Greeting {
+    tcp::socket socket;
+    asio::steady_timer timer;
+    std::array<unsigned char, 4> header{};
+    std::string body;
+    std::string peer;
+  };
+  boost::system::error_code ignored;
+  auto remote = socket.remote_endpoint(ignored);
+  auto g = std::make_shared<Greeting>(
+      Greeting{std::move(socket), asio::steady_timer(io), {}, {},
+               format_host_port(remote.address().to_string(), remote.port())});
+  g->timer.expires_after(options.handshake_timeout);
+  g->timer.async_wait([g](boost::system::error_code ec) {
+    if (!ec) {
+      boost::system::error_code ignored;
+      g->socket.close(ignored);  // silent or too slow: not a peer
+    }
+  });
+  auto reject = [g](std::error_code ec, const std::string& why) {
+    FERRY_LOG_WARN("connection from {} rejected: {}", g->peer, why);
+    wire::Envelope env;
+    env.mutable_error()->set_code(static_cast<uint32_t>(ec.value()));
+    env.mutable_error()->set_message(why);
+    env.mutable_error()->set_fatal(true);
+    auto frame = std::make_shared<std::string>(encode_frame(env));
+    asio::async_write(g->socket, asio::buffer(*frame), [g, frame](boost::system::error_code,
+                                                                  size_t) {
+      boost::system::error_code ignored;
+      g->socket.shutdown(tcp::socket::shutdown_both, ignored);
+      g->socket.close(ignored);
+      g->timer.cancel();
+    });
+  };
+  auto self = shared_from_this();
+  asio::async_read(g->socket, asio::buffer(g->header), [self, g, reject](
+                                                           boost::system::error_code ec, size_t) {
+    if (ec) return;
+    const uint32_t len = (uint32_t{g->header[0]} << 24) | (uint32_t{g->header[1]} << 16) |
+                         (uint32_t{g->header[2]} << 8) | uint32_t{g->header[3]};
+    if (len > self->options.max_frame_bytes) {
+      return reject(errc::frame_too_large, "first frame of " + std::to_string(len) +
+                                               " bytes exceeds the maximum of " +
+                                               std::to_string(self->options.max_frame_bytes));
+    }
+    g->body.resize(len);
+    asio::async_read(g->socket, asio::buffer(g->body), [self, g, reject](
+                                                           boost::system::error_code ec, size_t) {
+      if (ec) return;
+      wire::Envelope env;
+      if (parse_envelope(g->body, env)) return reject(errc::protocol_error, "malformed frame");
+      if (self->closed) return reject(errc::context_closed, "shutting down");
+      if (env.has_hello()) {
+        g->timer.cancel();
+        auto session = std::make_shared<Session>(self, std::move(g->socket), false, g->peer);
+        self->add_session(session);
+        asio::post(session->strand(),
+                   [session, hello = env.hello()] { session->start_server(hello, {}); });
+        return;
+      }
+      if (env.has_attach_channel()) {
+        const auto& a = env.attach_channel();
+        auto session = self->find_session(a.session_id());
+        if (!session || session->info().initiator || !same_token(session->token(),
+                                                                 a.session_token())) {
+          return reject(errc::handshake_failed, "unknown session or bad token");
+        }
+        if (!self->find_transport(a.transport())) {
+          return reject(errc::transport_unknown, "no transport '" + a.transport() + "'");
+        }
+        g->timer.cancel();
+        wire::Envelope ack;
+        ack.mutable_ack();
+        // The socket is fresh and the frame tiny: this write completes at once.
+        boost::system::error_code wec;
+        asio::write(g->socket, asio::buffer(encode_frame(ack)), wec);
+        if (wec) return;
+        asio::post(session->strand(),
+                   [session, g, transport = a.transport()] {
+                     session->attach_side_connection(transport, std::move(g->socket));
+                   });
+        return;
+      }
+      reject(errc::protocol_error, "expected Hello or AttachChannel as the first frame");
+    });
+  });
+}
+
+// ---------------------------------------------------------------- Context
+
+Context::Context(ContextOptions options) : impl_(std::make_shared<Impl>(std::move(options))) {
+  impl_->work.emplace(asio::make_work_guard(impl_->io));
+  for (int i = 0; i < impl_->options.threads; ++i) {
+    impl_->threads.emplace_back([impl = impl_.get()] {
+      for (;;) {
+        try {
+          impl->io.run();
+          return;
+        } catch (const std::exception& e) {
+          FERRY_LOG_ERROR("exception escaped a completion handler: {}", e.what());
+        }
+      }
+    });
+  }
+}
+
+Result<std::unique_ptr<Context>> Context::create(ContextOptions options) {
+  try {
+    return std::make_unique<Context>(std::move(options));
+  } catch (const std::system_error& e) {
+    return e.code();
+  }
+}
+
+Context::~Context() {
+  close();
+  impl_.reset();
+}
+
+void Context::close() {
+  if (impl_->closed.exchange(true)) return;
+  {
+    std::lock_guard lock(impl_->mu);
+    if (impl_->acceptor) {
+      boost::system::error_code ignored;
+      impl_->acceptor->close(ignored);
+    }
+  }
+  std::vector<std::shared_ptr<Session>> sessions;
+  {
+    std::lock_guard lock(impl_->mu);
+    for (auto& [id, weak] : impl_->sessions) {
+      if (auto s = weak.lock()) sessions.push_back(std::move(s));
+    }
+  }
+  for (auto& s : sessions) s->close(errc::context_closed);
+  sessions.clear();
+  impl_->work.reset();
+  if (impl_->io.get_executor().running_in_this_thread()) return;  // cannot join from inside
+  // Closing sessions cancels their I/O, so the loop runs out of work; bounded all the same.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (!impl_->io.stopped() && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  impl_->io.stop();
+  for (auto& t : impl_->threads) {
+    if (t.joinable()) t.join();
+  }
+  // Run what is left (handlers of cancelled operations) so nothing holds a session.
+  impl_->io.restart();
+  impl_->io.poll();
+}
+
+Result<uint16_t> Context::listen(std::string_view host_port) {
+  auto hp = parse_host_port(host_port);
+  if (!hp) return errc::invalid_argument;
+  boost::system::error_code ec;
+  auto address = asio::ip::make_address(hp->host, ec);
+  if (ec) return errc::invalid_argument;
+  tcp::endpoint endpoint(address, static_cast<uint16_t>(std::stoi(hp->port)));
+  tcp::acceptor acceptor(impl_->io);
+  acceptor.open(endpoint.protocol(), ec);
+  if (!ec) acceptor.set_option(tcp::acceptor::reuse_address(true), ec);
+  if (!ec) acceptor.bind(endpoint, ec);
+  if (!ec) acceptor.listen(asio::socket_base::max_listen_connections, ec);
+  if (ec) return std::error_code(ec);
+  const uint16_t port = acceptor.local_endpoint().port();
+  {
+    std::lock_guard lock(impl_->mu);
+    impl_->acceptor.emplace(std::move(acceptor));
+    std::string host = hp->host;
+    if (host == "0.0.0.0" || host == "::") host = asio::ip::host_name();
+    impl_->listen_address = format_host_port(host, port);
+  }
+  impl_->accept_next();
+  return port;
+}
+
+std::string Context::address() const { return impl_->owner_address(); }
+
+void Context::set_advertise_address(std::string host_port) {
+  std::lock_guard lock(impl_->mu);
+  impl_->advertise_address = std::move(host_port);
+}
+
+void Context::start_connect(std::string address, ConnectHandler handler) {
+  auto impl = impl_;
+  auto io_ex = impl->io.get_executor();
+  auto deliver = [io_ex](ConnectHandler h, std::error_code ec, Peer peer) {
+    detail::post_completion(io_ex, std::move(h), boost::system::error_code(ec), std::move(peer));
+  };
+  auto hp = parse_host_port(address);
+  if (!hp || impl->closed) {
+    deliver(std::move(handler), impl->closed ? errc::context_closed : errc::invalid_argument, {});
+    return;
+  }
+  struct Op {
+    tcp::resolver resolver;
+    tcp::socket socket;
+    asio::steady_timer timer;
+    ConnectHandler handler;
+    bool timed_out = false;
+  };
+  auto op = std::make_shared<Op>(
+      Op{tcp::resolver(impl->io), tcp::socket(impl->io), asio::steady_timer(impl->io),
+         std::move(handler)});
+  op->timer.expires_after(impl->options.connect_timeout);
+  op->timer.async_wait([op](boost::system::error_code ec) {
+    if (ec) return;
+    op->timed_out = true;
+    op->resolver.cancel();
+    boost::system::error_code ignored;
+    op->socket.close(ignored);
+  });
+  op->resolver.async_resolve(hp->host, hp->port, [impl, op, deliver, address](
+                                                     boost::system::error_code ec,
+                                                     tcp::resolver::results_type results) {
+    if (ec) {
+      op->timer.cancel();
+      return deliver(std::move(op->handler),
+                     op->timed_out ? errc::timed_out : errc::connection_failed, {});
+    }
+    asio::async_connect(op->socket, results, [impl, op, deliver, address](
+                                                 boost::system::error_code ec, const auto&) {
+      op->timer.cancel();
+      if (ec) {
+        FERRY_LOG_INFO("connect to {} failed: {}", address, ec.message());
+        return deliver(std::move(op->handler),
+                       op->timed_out ? errc::timed_out : errc::connection_failed, {});
+      }
+      auto session = std::make_shared<Session>(impl, std::move(op->socket), true, address);
+      impl->add_session(session);
+      asio::post(session->strand(), [impl, op, session, deliver] {
+        session->start_client(impl->options.transport, [op, session, deliver](std::error_code ec) {
+          deliver(std::move(op->handler), ec, ec ? Peer() : Peer(session));
+        });
+      });
+    });
+  });
+}
+
+Result<Peer> Context::connect(std::string address) {
+  std::promise<std::pair<std::error_code, Peer>> promise;
+  auto future = promise.get_future();
+  start_connect(std::move(address),
+                [&promise](boost::system::error_code ec, Peer peer) {
+                  promise.set_value({std::error_code(ec), std::move(peer)});
+                });
+  // Both phases carry their own deadlines; this one only guards against a bug.
+  const auto limit = impl_->options.connect_timeout + impl_->options.handshake_timeout +
+                     std::chrono::seconds(5);
+  if (future.wait_for(limit) != std::future_status::ready) return errc::timed_out;
+  auto [ec, peer] = future.get();
+  if (ec) return ec;
+  return peer;
+}
+
+Result<ObjectRef> Context::put(std::vector<Tensor> tensors, std::shared_ptr<void> owner,
+                               PutOptions options) {
+  for (auto& t : tensors) {
+    if (t.meta.nbytes == 0 && t.meta.shape.empty()) t.meta = TensorMeta::bytes(t.data.size());
+    if (t.meta.nbytes != t.data.size()) return errc::size_mismatch;
+  }
+  if (!options.transport.empty() && !impl_->find_transport(options.transport)) {
+    return errc::transport_unknown;
+  }
+  auto& store = impl_->store;
+  const ObjectId id = options.copy
+                          ? store.put_copy(tensors, options.transport)
+                          : store.put(std::move(tensors), std::move(owner), options.transport);
+  auto object = store.find(id);
+  TransportMetadata md;
+  for (const auto& t : impl_->transports) {
+    if (!options.transport.empty() && t->name() != options.transport) continue;
+    if (auto ec = t->extract_metadata(*object, md)) {
+      store.release(id);
+      return ec;
+    }
+  }
+  if (!md.extension.empty()) store.set_extension(id, md.extension);
+  return impl_->make_ref(*store.find(id));
+}
+
+bool Context::release(const ObjectRef& ref) {
+  if (ref.owner_instance != impl_->instance) return false;
+  return impl_->store.release(ref.object_id);
+}
+
+std::vector<ObjectRef> Context::refs() const {
+  std::vector<ObjectRef> out;
+  for (ObjectId id : impl_->store.ids()) {
+    if (auto object = impl_->store.find(id)) out.push_back(impl_->make_ref(*object));
+  }
+  return out;
+}
+
+ObjectStore& Context::store() { return impl_->store; }
+
+std::vector<std::string> Context::transports() const {
+  std::vector<std::string> out;
+  for (const auto& t : impl_->transports) out.push_back(t->name());
+  return out;
+}
+
+std::shared_ptr<TransportManager> Context::transport(std::string_view name) const {
+  return impl_->find_transport(name);
+}
+
+size_t Context::peer_count() const {
+  std::lock_guard lock(impl_->mu);
+  size_t n = 0;
+  for (const auto& [id, weak] : impl_->sessions) {
+    if (auto s = weak.lock(); s && s->is_open()) ++n;
+  }
+  return n;
+}
+
+boost::asio::io_context& Context::io_context() { return impl_->io; }
+const ContextOptions& Context::options() const { return impl_->options; }
+uint64_t Context::instance() const { return impl_->instance; }
+
+}  // namespace ferry

@@ -1,0 +1,110 @@
+// Context: one io_context, its threads, the local store, the transports, the listener and the
+// peers. Everything in ferry hangs off a Context.
+#pragma once
+
+#include <boost/asio/async_result.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/system/error_code.hpp>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "net/object_ref.h"
+#include "net/peer.h"
+#include "net/result.h"
+#include "net/transport.h"
+#include "store/object_store.h"
+
+namespace ferry {
+
+inline constexpr uint32_t kProtocolVersion = 1;
+
+struct ContextOptions {
+  std::string name = "ferry";                  // shown to peers and in logs
+  int threads = 1;                             // threads running the io_context
+  std::vector<std::string> transports;         // registered transports to use; empty = all
+  std::string transport = "auto";              // preferred transport for connections we make
+  uint32_t max_frame_bytes = 4u << 20;         // metadata frames above this end the connection
+  size_t max_queued_control_bytes = 64u << 20; // a peer that does not read its control frames
+  std::chrono::milliseconds connect_timeout{10000};
+  std::chrono::milliseconds handshake_timeout{5000};
+  std::chrono::milliseconds heartbeat_interval{1000};
+  std::chrono::milliseconds peer_timeout{10000};  // silence after which a peer is declared dead
+  size_t tcp_chunk_bytes = 1u << 20;              // TCP data channel: bytes per chunk
+};
+
+struct PutOptions {
+  std::string transport;  // transport that owns the object ("" = the context's default)
+  bool copy = false;      // copy the bytes into the store instead of referencing them
+};
+
+class Context {
+ public:
+  // Starts `options.threads` threads running the io_context and instantiates the transports.
+  // Throws std::system_error for options naming an unknown transport (use create() to get a
+  // Result instead).
+  explicit Context(ContextOptions options = {});
+  static Result<std::unique_ptr<Context>> create(ContextOptions options = {});
+  // close(), then joins the threads.
+  ~Context();
+  Context(const Context&) = delete;
+  Context& operator=(const Context&) = delete;
+
+  // Listens for peers on "host:port" (port 0 = any). Returns the bound port. Refs made by put()
+  // name this address as their owner (set advertise_address() when peers must use another).
+  Result<uint16_t> listen(std::string_view host_port);
+  std::string address() const;
+  void set_advertise_address(std::string host_port);
+
+  // Connects to a peer's listener: TCP connect, Hello / HelloAnswer (transport negotiation),
+  // data channel set up. Completes with void(boost::system::error_code, Peer) on the context's
+  // executor, never inline; bounded by connect_timeout + handshake_timeout.
+  template <typename Token>
+  auto async_connect(std::string address, Token&& token) {
+    return boost::asio::async_initiate<Token, void(boost::system::error_code, Peer)>(
+        [this](auto handler, std::string address) {
+          start_connect(std::move(address), ConnectHandler(std::move(handler)));
+        },
+        token, std::move(address));
+  }
+  // Blocking convenience: async_connect, waited with the connect and handshake timeouts.
+  // Not from an io_context thread.
+  Result<Peer> connect(std::string address);
+
+  // Puts tensors into the store and returns their ref (one local reference held by this side;
+  // drop it with release()). The memory `owner` keeps alive must not change until collection.
+  Result<ObjectRef> put(std::vector<Tensor> tensors, std::shared_ptr<void> owner = nullptr,
+                        PutOptions options = {});
+  // Drops the local reference put() gave; collection follows when no peer holds the object.
+  bool release(const ObjectRef& ref);
+  // Refs of every object in the store.
+  std::vector<ObjectRef> refs() const;
+  ObjectStore& store();
+
+  // Names of the transports this context instantiated, best first.
+  std::vector<std::string> transports() const;
+  std::shared_ptr<TransportManager> transport(std::string_view name) const;
+
+  // Number of connected peers (both directions).
+  size_t peer_count() const;
+
+  boost::asio::io_context& io_context();
+  const ContextOptions& options() const;
+  uint64_t instance() const;
+
+  // Stops listening, closes every peer (their pending fetches fail with context_closed), stops
+  // the io_context. Idempotent; any thread but an io_context thread.
+  void close();
+
+  struct Impl;
+
+ private:
+  using ConnectHandler = boost::asio::any_completion_handler<void(boost::system::error_code, Peer)>;
+  void start_connect(std::string address, ConnectHandler handler);
+  std::shared_ptr<Impl> impl_;
+};
+
+}  // namespace ferry

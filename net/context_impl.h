@@ -1,0 +1,54 @@
+// Context::Impl (internal): the state behind a Context, shared with its sessions.
+#pragma once
+
+#include <boost/asio/executor_work_guard.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "net/context.h"
+
+namespace ferry {
+
+class Session;
+
+struct Context::Impl : std::enable_shared_from_this<Context::Impl> {
+  explicit Impl(ContextOptions opts);
+
+  ContextOptions options;
+  boost::asio::io_context io;
+  std::optional<boost::asio::executor_work_guard<boost::asio::io_context::executor_type>> work;
+  std::vector<std::thread> threads;
+  ObjectStore store;
+  std::vector<std::shared_ptr<TransportManager>> transports;  // best first
+  const uint64_t instance;
+
+  std::mutex mu;
+  std::optional<boost::asio::ip::tcp::acceptor> acceptor;
+  std::string listen_address;
+  std::string advertise_address;
+  std::unordered_map<uint64_t, std::weak_ptr<Session>> sessions;  // by local id
+  std::atomic<uint64_t> next_session_id{1};
+  std::atomic<bool> closed{false};
+
+  std::shared_ptr<TransportManager> find_transport(std::string_view name) const;
+  std::vector<TransportInfo> local_infos() const;
+  std::string owner_address();
+  ObjectRef make_ref(const StoredObject& object);
+
+  void add_session(const std::shared_ptr<Session>& s);
+  void remove_session(uint64_t local_id);
+  std::shared_ptr<Session> find_session(uint64_t local_id);
+
+  void accept_next();
+  void on_accepted(boost::asio::ip::tcp::socket socket);
+};
+
+}  // namespace ferry

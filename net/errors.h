@@ -1,0 +1,52 @@
+// ferry's error codes (std::error_code, category "ferry") and their failure scopes.
+//
+// The scope tells a caller what broke and so what to do: retry the operation, reconnect the
+// peer, fall back from a device, or rebuild the context (after UCX's error grouping).
+#pragma once
+
+#include <string_view>
+#include <system_error>
+
+namespace ferry {
+
+enum class errc {
+  ok = 0,
+  // operation scope: this request failed, the peer is fine
+  timed_out = 1,
+  aborted = 2,
+  object_not_found = 3,
+  size_mismatch = 4,
+  invalid_argument = 5,
+  stale_ref = 6,
+  unknown_message = 7,
+  // peer scope: the connection to this peer is gone or unusable
+  peer_closed = 20,
+  connection_failed = 21,
+  protocol_error = 22,
+  frame_too_large = 23,
+  version_mismatch = 24,
+  handshake_failed = 25,
+  peer_unresponsive = 26,
+  transport_unavailable = 27,
+  // registry (operation scope at the call site)
+  transport_unknown = 40,
+  transport_duplicate = 41,
+  // device scope
+  device_error = 60,
+  // context scope
+  context_closed = 80,
+};
+
+enum class Scope { none, operation, peer, device, context };
+
+const std::error_category& ferry_category() noexcept;
+std::error_code make_error_code(errc e) noexcept;
+
+// The failure scope of any error code (system and Asio errors from sockets are peer scope).
+Scope scope_of(const std::error_code& ec) noexcept;
+std::string_view scope_name(Scope s) noexcept;
+
+}  // namespace ferry
+
+template <>
+struct std::is_error_code_enum<ferry::errc> : std::true_type {};

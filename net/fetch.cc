@@ -1,0 +1,83 @@
+#include "net/fetch.h"
+
+#include "net/completion.h"
+#include "net/errors.h"
+
+namespace ferry::detail {
+
+FetchState::FetchState(uint64_t id, boost::asio::any_io_executor io_executor)
+    : id_(id), io_executor_(std::move(io_executor)) {}
+
+bool FetchState::complete(std::error_code ec) {
+  FetchHandler handler;
+  {
+    std::lock_guard lock(mu_);
+    if (done_) return false;
+    done_ = true;
+    ec_ = ec;
+    handler = std::move(handler_);
+    abort_hook_ = nullptr;
+  }
+  cv_.notify_all();
+  if (handler) {
+    FetchResult result = ec ? FetchResult{} : std::move(result_);
+    post_completion(io_executor_, std::move(handler), boost::system::error_code(ec),
+                    std::move(result));
+  }
+  return true;
+}
+
+std::error_code FetchState::wait(std::chrono::milliseconds timeout) {
+  std::unique_lock lock(mu_);
+  if (timeout.count() < 0) {
+    cv_.wait(lock, [&] { return done_; });
+  } else if (!cv_.wait_for(lock, timeout, [&] { return done_; })) {
+    return make_error_code(errc::timed_out);
+  }
+  return ec_;
+}
+
+bool FetchState::done() const {
+  std::lock_guard lock(mu_);
+  return done_;
+}
+
+std::error_code FetchState::error() const {
+  std::lock_guard lock(mu_);
+  return ec_;
+}
+
+void FetchState::set_handler(FetchHandler handler) {
+  std::lock_guard lock(mu_);
+  handler_ = std::move(handler);
+}
+
+void FetchState::set_abort_hook(std::function<void()> hook) {
+  std::lock_guard lock(mu_);
+  if (!done_) abort_hook_ = std::move(hook);
+}
+
+void FetchState::request_abort() {
+  std::function<void()> hook;
+  {
+    std::lock_guard lock(mu_);
+    if (done_) return;
+    hook = abort_hook_;
+  }
+  if (hook) hook();
+}
+
+}  // namespace ferry::detail
+
+namespace ferry {
+
+std::error_code FetchRequest::wait(std::chrono::milliseconds timeout) const {
+  if (!state_) return make_error_code(errc::invalid_argument);
+  return state_->wait(timeout);
+}
+
+void FetchRequest::abort() const {
+  if (state_) state_->request_abort();
+}
+
+}  // namespace ferry

@@ -1,0 +1,113 @@
+// FetchRequest and FetchResult: the two ways to hold a fetch in flight.
+//
+// A fetch completes exactly once: with success, an error, a timeout (its own deadline) or
+// operation aborted. Once it has completed, ferry never touches its target buffers again.
+#pragma once
+
+#include <boost/asio/any_completion_handler.hpp>
+#include <boost/asio/any_io_executor.hpp>
+#include <boost/system/error_code.hpp>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "net/object_ref.h"
+#include "store/tensor.h"
+
+namespace ferry {
+
+struct FetchResult {
+  ObjectRef ref;
+  std::vector<MutableBuffer> tensors;   // where each tensor landed
+  std::shared_ptr<std::byte[]> storage; // owns the memory when ferry allocated it; null otherwise
+  std::string transport;                // the transport that moved the bytes
+  uint64_t bytes = 0;
+  std::chrono::nanoseconds elapsed{0};
+};
+
+struct FetchOptions {
+  std::string transport;                    // "" = the ref's transport if both sides have it,
+                                            // else the one negotiated for the peer
+  std::chrono::milliseconds timeout{0};     // fetch deadline; 0 = none (peer liveness still bounds it)
+};
+
+// Completion signature of async_fetch. The error_code wraps a std::error_code of ferry's category
+// (std::error_code(ec) recovers it), so Asio's use_future / use_awaitable throw
+// boost::system::system_error on failure and as_tuple(...) delivers it without throwing.
+using FetchSignature = void(boost::system::error_code, FetchResult);
+using FetchHandler = boost::asio::any_completion_handler<FetchSignature>;
+
+namespace detail {
+
+// Shared by the FetchRequest handle, the session that runs the fetch and the handler.
+class FetchState {
+ public:
+  FetchState(uint64_t id, boost::asio::any_io_executor io_executor);
+
+  uint64_t id() const { return id_; }
+
+  // First call wins; later ones return false. Wakes waiters and posts the handler, if any
+  // (never runs it inline).
+  bool complete(std::error_code ec);
+
+  // Blocks until completion or `timeout` (negative: no limit; zero: poll). Returns the fetch's
+  // error, or errc::timed_out when the wait itself ran out (the fetch goes on).
+  std::error_code wait(std::chrono::milliseconds timeout);
+  bool done() const;
+  std::error_code error() const;
+
+  // The result is filled by the session before completion; read it only after done().
+  FetchResult& result() { return result_; }
+
+  void set_handler(FetchHandler handler);
+  // Asks the running side to abort (set by the session). Safe from any thread, any time.
+  void set_abort_hook(std::function<void()> hook);
+  void request_abort();
+
+ private:
+  const uint64_t id_;
+  boost::asio::any_io_executor io_executor_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  std::error_code ec_;
+  FetchResult result_;
+  FetchHandler handler_;
+  std::function<void()> abort_hook_;
+};
+
+}  // namespace detail
+
+// The TransportManager-style handle of one fetch (Ray's FetchRequest). Copyable; all copies
+// refer to the same fetch. Methods are thread-safe.
+class FetchRequest {
+ public:
+  FetchRequest() = default;
+  explicit FetchRequest(std::shared_ptr<detail::FetchState> state) : state_(std::move(state)) {}
+
+  bool valid() const { return state_ != nullptr; }
+  uint64_t id() const { return state_ ? state_->id() : 0; }
+
+  // -1 (any negative) waits without limit, 0 polls, a positive timeout returns errc::timed_out
+  // when it expires (the fetch itself continues). Otherwise returns the fetch's own result:
+  // success, or the error it completed with. Do not call from a ferry completion handler.
+  std::error_code wait(std::chrono::milliseconds timeout) const;
+  bool done() const { return state_ && state_->done(); }
+
+  // The result, valid once done() and successful.
+  FetchResult& result() const { return state_->result(); }
+
+  // Asks for the fetch to stop. Completes it with errc::aborted unless it completed first;
+  // asynchronous: wait() observes it. The peer stays usable.
+  void abort() const;
+
+ private:
+  std::shared_ptr<detail::FetchState> state_;
+};
+
+}  // namespace ferry

@@ -1,0 +1,53 @@
+#include "net/frame.h"
+
+#include "net/errors.h"
+#include "net/proto/ferry.pb.h"
+
+namespace ferry {
+
+std::string encode_frame(const wire::Envelope& env) {
+  const size_t n = env.ByteSizeLong();
+  std::string out(kFrameHeaderBytes + n, '\0');
+  out[0] = static_cast<char>((n >> 24) & 0xff);
+  out[1] = static_cast<char>((n >> 16) & 0xff);
+  out[2] = static_cast<char>((n >> 8) & 0xff);
+  out[3] = static_cast<char>(n & 0xff);
+  env.SerializeWithCachedSizesToArray(reinterpret_cast<uint8_t*>(out.data() + kFrameHeaderBytes));
+  return out;
+}
+
+FrameDecoder::FrameDecoder(uint32_t max_frame_bytes) : max_frame_bytes_(max_frame_bytes) {}
+
+std::error_code FrameDecoder::feed(std::string_view data, const FrameFn& on_frame) {
+  if (failed_) return errc::protocol_error;
+  buffer_.append(data);
+  size_t pos = 0;
+  std::error_code ec;
+  while (buffer_.size() - pos >= kFrameHeaderBytes) {
+    const auto* p = reinterpret_cast<const unsigned char*>(buffer_.data() + pos);
+    const uint32_t len = (uint32_t{p[0]} << 24) | (uint32_t{p[1]} << 16) |
+                         (uint32_t{p[2]} << 8) | uint32_t{p[3]};
+    if (len > max_frame_bytes_) {
+      ec = errc::frame_too_large;
+      break;
+    }
+    if (buffer_.size() - pos - kFrameHeaderBytes < len) break;
+    ec = on_frame(std::string_view(buffer_).substr(pos + kFrameHeaderBytes, len));
+    pos += kFrameHeaderBytes + len;
+    if (ec) break;
+  }
+  if (ec) {
+    failed_ = true;
+    buffer_.clear();
+    return ec;
+  }
+  buffer_.erase(0, pos);
+  return {};
+}
+
+std::error_code parse_envelope(std::string_view body, wire::Envelope& out) {
+  if (!out.ParseFromArray(body.data(), static_cast<int>(body.size()))) return errc::protocol_error;
+  return {};
+}
+
+}  // namespace ferry

@@ -1,0 +1,48 @@
+// Framing of the metadata channel: a 4-byte big-endian length, then one protobuf Envelope.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <string_view>
+#include <system_error>
+
+namespace ferry::wire {
+class Envelope;
+}
+
+namespace ferry {
+
+inline constexpr uint32_t kFrameHeaderBytes = 4;
+inline constexpr uint32_t kDefaultMaxFrameBytes = 4u << 20;
+
+// Serializes `env` into a frame (header + body).
+std::string encode_frame(const wire::Envelope& env);
+
+// Incremental decoder: feed it whatever the socket produced, it hands out whole frames.
+// A length above the maximum is an error at once (before any body byte is buffered), so a
+// peer cannot make us allocate what it claims.
+class FrameDecoder {
+ public:
+  // Called once per complete frame body; returning an error stops decoding.
+  using FrameFn = std::function<std::error_code(std::string_view body)>;
+
+  explicit FrameDecoder(uint32_t max_frame_bytes = kDefaultMaxFrameBytes);
+
+  // Consumes all of `data`. Returns the first error (frame_too_large, or whatever on_frame
+  // returned); the decoder is unusable after an error.
+  std::error_code feed(std::string_view data, const FrameFn& on_frame);
+
+  // Bytes buffered of a frame not yet complete.
+  size_t pending_bytes() const { return buffer_.size(); }
+
+ private:
+  uint32_t max_frame_bytes_;
+  std::string buffer_;
+  bool failed_ = false;
+};
+
+// Parses a frame body; protocol_error when it is not a valid Envelope.
+std::error_code parse_envelope(std::string_view body, wire::Envelope& out);
+
+}  // namespace ferry

@@ -1,0 +1,30 @@
+#include "net/log.h"
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+
+namespace ferry::log {
+
+Level current_level() {
+  static const Level level = [] {
+    const char* v = std::getenv("FERRY_LOG");
+    if (!v) return Level::warn;
+    if (!std::strcmp(v, "error")) return Level::error;
+    if (!std::strcmp(v, "info")) return Level::info;
+    if (!std::strcmp(v, "debug")) return Level::debug;
+    return Level::warn;
+  }();
+  return level;
+}
+
+void write(Level level, std::string_view message) {
+  static std::mutex mu;
+  static constexpr const char* kNames[] = {"error", "warn", "info", "debug"};
+  std::lock_guard lock(mu);
+  std::fprintf(stderr, "ferry[%s]: %.*s\n", kNames[static_cast<int>(level)],
+               static_cast<int>(message.size()), message.data());
+}
+
+}  // namespace ferry::log

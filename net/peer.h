@@ -1,0 +1,76 @@
+// Peer: a connected peer, as the application sees it. Cheap to copy (a shared handle).
+#pragma once
+
+#include <boost/asio/async_result.hpp>
+#include <chrono>
+#include <memory>
+#include <string>
+#include <system_error>
+#include <vector>
+
+#include "net/fetch.h"
+#include "net/object_ref.h"
+#include "net/result.h"
+#include "net/transport.h"
+
+namespace ferry {
+
+class Session;
+
+class Peer {
+ public:
+  Peer() = default;
+  explicit Peer(std::shared_ptr<Session> session);
+
+  bool valid() const { return session_ != nullptr; }
+  bool is_open() const;
+  const PeerInfo& info() const;
+  // The transport negotiated at Hello (used when a fetch names none).
+  std::string transport() const;
+
+  // Fetches `ref` from this peer. `targets` are where the tensors land (one buffer per tensor,
+  // each exactly the tensor's size); empty = ferry allocates. Completion:
+  // void(boost::system::error_code, FetchResult), delivered through the token's executor, never
+  // inline. Works with callbacks, use_future and use_awaitable.
+  template <typename Token>
+  auto async_fetch(ObjectRef ref, std::vector<MutableBuffer> targets, FetchOptions options,
+                   Token&& token) {
+    return boost::asio::async_initiate<Token, FetchSignature>(
+        [this](auto handler, ObjectRef ref, std::vector<MutableBuffer> targets,
+               FetchOptions options) {
+          start_fetch(std::move(ref), std::move(targets), std::move(options),
+                      FetchHandler(std::move(handler)));
+        },
+        token, std::move(ref), std::move(targets), std::move(options));
+  }
+  template <typename Token>
+  auto async_fetch(ObjectRef ref, std::vector<MutableBuffer> targets, Token&& token) {
+    return async_fetch(std::move(ref), std::move(targets), FetchOptions{},
+                       std::forward<Token>(token));
+  }
+  template <typename Token>
+  auto async_fetch(ObjectRef ref, Token&& token) {
+    return async_fetch(std::move(ref), {}, FetchOptions{}, std::forward<Token>(token));
+  }
+
+  // The TransportManager-style form: returns a handle to wait on or abort.
+  FetchRequest fetch(ObjectRef ref, std::vector<MutableBuffer> targets = {},
+                     FetchOptions options = {});
+
+  // Remote references: hold() keeps the object alive on its owner until release() (or until
+  // this connection ends). Blocking with `timeout`; not from an io_context thread.
+  std::error_code hold(const ObjectRef& ref, std::chrono::milliseconds timeout);
+  std::error_code release(const ObjectRef& ref, std::chrono::milliseconds timeout);
+  // The refs the peer's store holds. Blocking with `timeout`; not from an io_context thread.
+  Result<std::vector<ObjectRef>> list(std::chrono::milliseconds timeout);
+
+  // Closes the connection; pending fetches fail with peer_closed. Idempotent, any thread.
+  void close();
+
+ private:
+  void start_fetch(ObjectRef ref, std::vector<MutableBuffer> targets, FetchOptions options,
+                   FetchHandler handler);
+  std::shared_ptr<Session> session_;
+};
+
+}  // namespace ferry

@@ -1,0 +1,52 @@
+// The runtime transport registry: TCP, RDMA and a user's transport all register here.
+#pragma once
+
+#include <boost/asio/io_context.hpp>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <vector>
+
+#include "net/result.h"
+#include "net/transport.h"
+
+namespace ferry {
+
+class ObjectStore;
+
+// What a factory gets to build a transport instance for one Context.
+struct TransportEnv {
+  boost::asio::io_context& io;
+  ObjectStore& store;
+  const ContextOptions& options;
+};
+
+using TransportFactory =
+    std::function<Result<std::shared_ptr<TransportManager>>(const TransportEnv& env)>;
+
+struct RegisteredTransport {
+  std::string name;
+  std::vector<std::string> devices;
+};
+
+// Registers a transport process-wide. Contexts created afterwards instantiate it (each with its
+// own instance from `factory`). Errors: invalid_argument (empty name or null factory),
+// transport_duplicate (name taken). Thread-safe.
+std::error_code register_transport(std::string name, std::vector<std::string> devices,
+                                   TransportFactory factory);
+// Removes a registration; transport_unknown if there is none. Existing Contexts keep theirs.
+std::error_code unregister_transport(std::string_view name);
+std::vector<RegisteredTransport> registered_transports();
+
+namespace detail {
+struct RegistryEntry {
+  std::string name;
+  std::vector<std::string> devices;
+  TransportFactory factory;
+};
+std::vector<RegistryEntry> registry_snapshot();
+}  // namespace detail
+
+}  // namespace ferry

@@ -1,0 +1,821 @@
+#include "net/session.h"
+
+#include <boost/asio/bind_executor.hpp>
+#include <boost/asio/connect.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/read.hpp>
+#include <boost/asio/write.hpp>
+#include <random>
+
+#include "net/errors.h"
+#include "net/log.h"
+#include "net/wire_convert.h"
+
+namespace ferry {
+namespace asio = boost::asio;
+
+namespace {
+
+std::string random_token() {
+  std::random_device rd;
+  std::string t(16, '\0');
+  for (auto& c : t) c = static_cast<char>(rd() & 0xff);
+  return t;
+}
+
+std::error_code from_wire_code(uint32_t code) {
+  if (code == 0 || code > static_cast<uint32_t>(errc::context_closed)) return errc::protocol_error;
+  return make_error_code(static_cast<errc>(code));
+}
+
+uint32_t to_wire_code(std::error_code ec) {
+  if (ec.category() == ferry_category()) return static_cast<uint32_t>(ec.value());
+  return static_cast<uint32_t>(errc::peer_closed);
+}
+
+}  // namespace
+
+Session::Session(std::shared_ptr<Context::Impl> ctx, tcp::socket socket, bool initiator,
+                 std::string address)
+    : ctx_(std::move(ctx)),
+      local_id_(ctx_->next_session_id++),
+      strand_(asio::make_strand(ctx_->io)),
+      socket_(std::move(socket)),
+      decoder_(ctx_->options.max_frame_bytes),
+      handshake_timer_(ctx_->io),
+      heartbeat_timer_(ctx_->io) {
+  info_.address = std::move(address);
+  info_.initiator = initiator;
+  boost::system::error_code ignored;
+  socket_.set_option(tcp::no_delay(true), ignored);
+}
+
+Session::~Session() = default;
+
+std::string Session::chosen_transport() const { return chosen_; }
+
+// ---------------------------------------------------------------- handshake
+
+void Session::start_client(std::string requested_transport,
+                           std::function<void(std::error_code)> done) {
+  on_ready_ = std::move(done);
+  wire::Envelope env;
+  auto* hello = env.mutable_hello();
+  hello->set_protocol_version(kProtocolVersion);
+  hello->set_name(ctx_->options.name);
+  hello->set_instance(ctx_->instance);
+  if (requested_transport != "auto") hello->set_requested_transport(requested_transport);
+  for (const auto& t : ctx_->local_infos()) to_wire(t, *hello->add_transports());
+  handshake_timer_.expires_after(ctx_->options.handshake_timeout);
+  handshake_timer_.async_wait(
+      asio::bind_executor(strand_, [self = shared_from_this()](boost::system::error_code ec) {
+        if (!ec && self->state_ == State::handshaking) self->do_close(errc::handshake_failed);
+      }));
+  last_rx_ = Clock::now();
+  send(env);
+  start_reading();
+}
+
+void Session::start_server(const wire::Hello& hello, std::string leftover) {
+  last_rx_ = Clock::now();
+  info_.name = hello.name();
+  peer_instance_ = hello.instance();
+  info_.session_id = local_id_;
+  token_ = random_token();
+  for (const auto& t : hello.transports()) info_.transports.push_back(from_wire(t));
+  start_reading();
+  if (hello.protocol_version() != kProtocolVersion) {
+    send_error(0, errc::version_mismatch,
+               "protocol version " + std::to_string(hello.protocol_version()) +
+                   " is not supported; this side speaks " + std::to_string(kProtocolVersion),
+               true);
+    return;
+  }
+  std::error_code ec;
+  auto chosen = pick_transport(hello.requested_transport(), {}, ec);
+  if (!chosen) {
+    send_error(0, errc::transport_unavailable,
+               hello.requested_transport().empty()
+                   ? "no transport in common with peer '" + info_.name + "'"
+                   : "transport '" + hello.requested_transport() + "' is not available on '" +
+                         ctx_->options.name + "' for peer '" + info_.name + "'",
+               true);
+    return;
+  }
+  chosen_ = chosen->name();
+  wire::Envelope env;
+  auto* answer = env.mutable_hello_answer();
+  answer->set_protocol_version(kProtocolVersion);
+  answer->set_name(ctx_->options.name);
+  answer->set_chosen_transport(chosen_);
+  answer->set_session_id(local_id_);
+  answer->set_session_token(token_);
+  answer->set_instance(ctx_->instance);
+  for (const auto& t : ctx_->local_infos()) to_wire(t, *answer->add_transports());
+  state_ = State::open;
+  send(env);
+  FERRY_LOG_INFO("peer '{}' ({}) connected; transport {}", info_.name, info_.address, chosen_);
+  arm_heartbeat();
+  if (!leftover.empty()) {
+    auto err = decoder_.feed(leftover, [this](std::string_view body) { return on_frame(body); });
+    if (err) send_error(0, err, "bad frame after Hello", true);
+  }
+}
+
+std::error_code Session::on_hello_answer(const wire::HelloAnswer& answer) {
+  if (answer.protocol_version() != kProtocolVersion) return errc::version_mismatch;
+  info_.name = answer.name();
+  info_.session_id = answer.session_id();
+  token_ = answer.session_token();
+  for (const auto& t : answer.transports()) info_.transports.push_back(from_wire(t));
+  peer_instance_ = answer.instance();
+  auto transport = ctx_->find_transport(answer.chosen_transport());
+  if (!transport) return errc::transport_unavailable;
+  chosen_ = transport->name();
+  ensure_channel(transport, [self = shared_from_this()](std::error_code ec) {
+    self->handshake_timer_.cancel();
+    if (!ec && self->state_ == State::handshaking) {
+      self->state_ = State::open;
+      self->arm_heartbeat();
+      FERRY_LOG_INFO("connected to '{}' ({}); transport {}", self->info_.name,
+                     self->info_.address, self->chosen_);
+    }
+    if (ec) self->do_close(ec);
+    if (auto done = std::move(self->on_ready_)) done(ec ? ec : self->close_reason_);
+  });
+  return {};
+}
+
+// ---------------------------------------------------------------- reading and dispatch
+
+void Session::start_reading() {
+  socket_.async_read_some(
+      asio::buffer(read_buf_),
+      asio::bind_executor(strand_, [self = shared_from_this()](boost::system::error_code ec,
+                                                               size_t n) { self->on_read(ec, n); }));
+}
+
+void Session::on_read(const boost::system::error_code& ec, size_t n) {
+  if (state_ == State::closed) return;
+  if (ec) {
+    do_close(ec == asio::error::eof ? std::error_code(errc::peer_closed) : std::error_code(ec));
+    return;
+  }
+  last_rx_ = Clock::now();
+  auto err = decoder_.feed(std::string_view(read_buf_.data(), n),
+                           [this](std::string_view body) { return on_frame(body); });
+  if (err) {
+    FERRY_LOG_WARN("peer '{}' ({}): {}; closing its connection", info_.name, info_.address,
+                   err.message());
+    send_error(0, err,
+               err == errc::frame_too_large
+                   ? "frame length exceeds the maximum of " +
+                         std::to_string(ctx_->options.max_frame_bytes) + " bytes"
+                   : "malformed frame",
+               true);
+    return;  // stop reading: the connection ends once the error frame is out
+  }
+  if (state_ != State::closed && !close_after_write_) start_reading();
+}
+
+std::error_code Session::on_frame(std::string_view body) {
+  if (close_after_write_ || state_ == State::closed) return {};
+  wire::Envelope env;
+  if (auto ec = parse_envelope(body, env)) return ec;
+  return dispatch(env);
+}
+
+std::error_code Session::dispatch(const wire::Envelope& env) {
+  const uint64_t rid = env.request_id();
+  if (state_ == State::handshaking) {
+    if (env.has_hello_answer()) return on_hello_answer(env.hello_answer());
+    if (env.has_error()) {
+      auto ec = from_wire_code(env.error().code());
+      FERRY_LOG_WARN("peer {} refused the handshake: {} ({})", info_.address,
+                     env.error().message(), ec.message());
+      do_close(ec);
+      return {};
+    }
+    return errc::protocol_error;
+  }
+  switch (env.body_case()) {
+    case wire::Envelope::kFetch:
+      handle_fetch(rid, env.fetch());
+      return {};
+    case wire::Envelope::kCancel:
+      handle_cancel(rid);
+      return {};
+    case wire::Envelope::kError:
+      handle_error(rid, env.error());
+      return {};
+    case wire::Envelope::kAddRef:
+      handle_ref(rid, env.add_ref().object_id(), true);
+      return {};
+    case wire::Envelope::kReleaseRef:
+      handle_ref(rid, env.release_ref().object_id(), false);
+      return {};
+    case wire::Envelope::kListObjects:
+      handle_list(rid);
+      return {};
+    case wire::Envelope::kAck:
+    case wire::Envelope::kObjectList:
+      finish_rpc(rid, {}, env);
+      return {};
+    case wire::Envelope::kPing: {
+      wire::Envelope pong;
+      pong.mutable_pong()->set_nonce(env.ping().nonce());
+      send(pong);
+      return {};
+    }
+    case wire::Envelope::kPong:
+      return {};
+    case wire::Envelope::kTransportMessage: {
+      const auto& m = env.transport_message();
+      if (auto t = ctx_->find_transport(m.transport())) {
+        t->on_transport_message(*this, rid, m.payload());
+      } else {
+        send_error(rid, errc::transport_unknown, "no transport '" + m.transport() + "'", false);
+      }
+      return {};
+    }
+    case wire::Envelope::kHello:
+    case wire::Envelope::kHelloAnswer:
+    case wire::Envelope::kAttachChannel:
+      return errc::protocol_error;  // only valid as a connection's first frame
+    case wire::Envelope::BODY_NOT_SET:
+      break;
+  }
+  // A well-formed frame with a message this version does not know: say so, keep serving.
+  send_error(rid, errc::unknown_message, "unknown message type", false);
+  return {};
+}
+
+// ---------------------------------------------------------------- owner side
+
+void Session::handle_fetch(uint64_t rid, const wire::Fetch& msg) {
+  if (serving_.count(rid)) {
+    send_error(rid, errc::invalid_argument, "request id already in use", false);
+    return;
+  }
+  if (msg.owner_instance() != 0 && msg.owner_instance() != ctx_->instance) {
+    send_error(rid, errc::stale_ref, "ref is from an earlier instance of this owner", false);
+    return;
+  }
+  std::error_code ec;
+  auto transport = pick_transport(msg.transport(), {}, ec);
+  if (!transport) {
+    send_error(rid, ec, "transport '" + msg.transport() + "' is not available", false);
+    return;
+  }
+  auto pin = ctx_->store.pin(msg.object_id());
+  if (!pin) {
+    send_error(rid, errc::object_not_found,
+               "object " + std::to_string(msg.object_id()) + " not found on '" +
+                   ctx_->options.name + "'",
+               false);
+    return;
+  }
+  const auto& tensors = pin.object().tensors;
+  bool sizes_ok = static_cast<size_t>(msg.sizes_size()) == tensors.size();
+  for (size_t i = 0; sizes_ok && i < tensors.size(); ++i) {
+    sizes_ok = msg.sizes(static_cast<int>(i)) == tensors[i].data.size();
+  }
+  if (!sizes_ok) {
+    send_error(rid, errc::size_mismatch, "requested sizes do not match the object", false);
+    return;
+  }
+  if (!channel(transport->name())) {
+    send_error(rid, errc::transport_unavailable,
+               "no " + transport->name() + " data channel to this peer", false);
+    return;
+  }
+  serving_.emplace(rid, transport);
+  transport->send_multiple(*this, rid, std::move(pin),
+                           [self = shared_from_this(), rid](std::error_code ec) {
+                             self->serving_.erase(rid);
+                             if (ec && ec != errc::aborted && self->is_open()) {
+                               self->send_error(rid, ec, "send failed", false);
+                             }
+                           });
+}
+
+void Session::handle_cancel(uint64_t rid) {
+  auto it = serving_.find(rid);
+  if (it == serving_.end()) return;  // already finished: nothing to stop
+  auto transport = it->second;
+  transport->abort(*this, rid);
+}
+
+void Session::handle_ref(uint64_t rid, ObjectId id, bool add) {
+  bool ok = add ? ctx_->store.add_remote_ref(id, local_id_)
+                : ctx_->store.release_remote_ref(id, local_id_);
+  if (!ok) {
+    send_error(rid, errc::object_not_found,
+               add ? "object " + std::to_string(id) + " not found"
+                   : "no reference to object " + std::to_string(id) + " held by this peer",
+               false);
+    return;
+  }
+  wire::Envelope env;
+  env.set_request_id(rid);
+  env.mutable_ack();
+  send(env);
+}
+
+void Session::handle_list(uint64_t rid) {
+  wire::Envelope env;
+  env.set_request_id(rid);
+  auto* list = env.mutable_object_list();
+  for (ObjectId id : ctx_->store.ids()) {
+    if (auto object = ctx_->store.find(id)) to_wire(ctx_->make_ref(*object), *list->add_refs());
+  }
+  send(env);
+}
+
+void Session::handle_error(uint64_t rid, const wire::Error& err) {
+  auto ec = from_wire_code(err.code());
+  if (rid != 0 && fetches_.count(rid)) {
+    FERRY_LOG_INFO("fetch {} from '{}' failed: {} ({})", rid, info_.name, err.message(),
+                   ec.message());
+    complete_fetch(rid, ec);
+    return;
+  }
+  if (rid != 0 && rpcs_.count(rid)) {
+    finish_rpc(rid, ec, wire::Envelope{});
+    return;
+  }
+  FERRY_LOG_WARN("peer '{}' ({}) reports: {} ({})", info_.name, info_.address, err.message(),
+                 ec.message());
+  if (err.fatal()) do_close(ec);
+}
+
+void Session::finish_rpc(uint64_t rid, std::error_code ec, const wire::Envelope& env) {
+  auto it = rpcs_.find(rid);
+  if (it == rpcs_.end()) return;
+  auto done = std::move(it->second.done);
+  if (it->second.timer) it->second.timer->cancel();
+  rpcs_.erase(it);
+  done(ec, env);
+}
+
+// ---------------------------------------------------------------- fetcher side
+
+FetchRequest Session::fetch(ObjectRef ref, std::vector<MutableBuffer> targets,
+                            FetchOptions options, FetchHandler handler) {
+  const uint64_t id = next_request_id_++;
+  auto state = std::make_shared<detail::FetchState>(id, ctx_->io.get_executor());
+  if (handler) state->set_handler(std::move(handler));
+  state->set_abort_hook([weak = weak_from_this(), weak_state = std::weak_ptr(state), id] {
+    auto self = weak.lock();
+    if (!self) {
+      if (auto s = weak_state.lock()) s->complete(errc::aborted);
+      return;
+    }
+    asio::post(self->strand_, [self, weak_state, id] {
+      if (self->fetches_.count(id)) {
+        self->complete_fetch(id, errc::aborted);
+      } else if (auto s = weak_state.lock()) {
+        s->complete(errc::aborted);  // not started yet (channel opening): nothing to undo
+      }
+    });
+  });
+  asio::post(strand_, [self = shared_from_this(), state, ref = std::move(ref),
+                       targets = std::move(targets), options = std::move(options)]() mutable {
+    self->do_fetch(std::move(state), std::move(ref), std::move(targets), std::move(options));
+  });
+  return FetchRequest(state);
+}
+
+std::shared_ptr<TransportManager> Session::pick_transport(const std::string& requested,
+                                                          const std::string& ref_transport,
+                                                          std::error_code& ec) const {
+  if (!requested.empty() && requested != "auto") {
+    auto t = ctx_->find_transport(requested);
+    if (!t) {
+      ec = errc::transport_unknown;
+      return nullptr;
+    }
+    if (!t->peer_has_transport(info_)) {
+      ec = errc::transport_unavailable;
+      return nullptr;
+    }
+    return t;
+  }
+  if (!ref_transport.empty()) {
+    auto t = ctx_->find_transport(ref_transport);
+    if (t && t->peer_has_transport(info_) && channel(ref_transport)) return t;
+  }
+  if (!chosen_.empty()) return ctx_->find_transport(chosen_);
+  for (const auto& t : ctx_->transports) {  // best first
+    if (t->peer_has_transport(info_)) return t;
+  }
+  ec = errc::transport_unavailable;
+  return nullptr;
+}
+
+void Session::do_fetch(std::shared_ptr<detail::FetchState> state, ObjectRef ref,
+                       std::vector<MutableBuffer> targets, FetchOptions options) {
+  auto& result = state->result();
+  if (state_ != State::open) {
+    state->complete(close_reason_ ? close_reason_ : std::error_code(errc::peer_closed));
+    return;
+  }
+  if (ref.owner_instance != 0 && peer_instance_ != 0 && ref.owner_instance != peer_instance_) {
+    state->complete(errc::stale_ref);
+    return;
+  }
+  std::error_code ec;
+  auto transport = pick_transport(options.transport, ref.metadata.transport, ec);
+  if (!transport) {
+    FERRY_LOG_WARN("fetch from '{}': transport '{}': {}", info_.name, options.transport,
+                   ec.message());
+    state->complete(ec);
+    return;
+  }
+  const auto& tensors = ref.metadata.tensors;
+  if (targets.empty()) {
+    // One allocation, 64-byte aligned slots.
+    size_t total = 0;
+    std::vector<size_t> offsets;
+    for (const auto& t : tensors) {
+      offsets.push_back(total);
+      total += (t.nbytes + 63) & ~uint64_t{63};
+    }
+    result.storage.reset(new std::byte[total ? total : 1]);
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      targets.emplace_back(result.storage.get() + offsets[i], tensors[i].nbytes);
+    }
+  } else {
+    bool ok = targets.size() == tensors.size();
+    for (size_t i = 0; ok && i < tensors.size(); ++i) ok = targets[i].size() == tensors[i].nbytes;
+    if (!ok) {
+      state->complete(errc::size_mismatch);
+      return;
+    }
+  }
+  result.ref = std::move(ref);
+  result.tensors = targets;
+  result.transport = transport->name();
+  result.bytes = result.ref.metadata.total_bytes();
+  auto timeout = options.timeout;
+  ensure_channel(transport, [self = shared_from_this(), state, transport,
+                             targets = std::move(targets), timeout](std::error_code ec) mutable {
+    if (ec) {
+      state->complete(ec);
+      return;
+    }
+    self->start_transfer(std::move(state), std::move(transport), std::move(targets), timeout);
+  });
+}
+
+void Session::start_transfer(std::shared_ptr<detail::FetchState> state,
+                             std::shared_ptr<TransportManager> transport,
+                             std::vector<MutableBuffer> targets, std::chrono::milliseconds timeout) {
+  if (state->done()) return;  // aborted while the channel was opening
+  if (state_ != State::open) {
+    state->complete(close_reason_ ? close_reason_ : std::error_code(errc::peer_closed));
+    return;
+  }
+  const uint64_t id = state->id();
+  const auto& ref = state->result().ref;
+  PendingFetch pending{state, transport, nullptr, Clock::now()};
+  if (timeout.count() > 0) {
+    pending.timer = std::make_unique<asio::steady_timer>(ctx_->io, timeout);
+    pending.timer->async_wait(asio::bind_executor(
+        strand_, [self = shared_from_this(), id](boost::system::error_code ec) {
+          if (!ec) self->complete_fetch(id, errc::timed_out);
+        }));
+  }
+  fetches_.emplace(id, std::move(pending));
+  FetchOp op{id, ref, std::move(targets)};
+  auto ec = transport->is_one_sided() ? transport->fetch_multiple(*this, op)
+                                      : transport->recv_multiple(*this, op);
+  if (ec) {
+    complete_fetch(id, ec);
+    return;
+  }
+  wire::Envelope env;
+  env.set_request_id(id);
+  auto* f = env.mutable_fetch();
+  f->set_object_id(ref.object_id);
+  f->set_transport(transport->name());
+  f->set_owner_instance(ref.owner_instance);
+  for (const auto& t : ref.metadata.tensors) f->add_sizes(t.nbytes);
+  send(env);
+}
+
+void Session::complete_fetch(uint64_t request_id, std::error_code ec) {
+  auto it = fetches_.find(request_id);
+  if (it == fetches_.end()) return;
+  auto pending = std::move(it->second);
+  fetches_.erase(it);
+  if (pending.timer) pending.timer->cancel();
+  if (ec) {
+    // The transport lets go of the targets before the caller hears of the failure.
+    pending.transport->abort(*this, request_id);
+    if ((ec == errc::aborted || ec == errc::timed_out) && state_ == State::open) {
+      wire::Envelope env;
+      env.set_request_id(request_id);
+      env.mutable_cancel();
+      send(env);
+    }
+  }
+  pending.state->result().elapsed = Clock::now() - pending.started;
+  pending.state->complete(ec);
+}
+
+void Session::ensure_channel(const std::shared_ptr<TransportManager>& transport,
+                             std::function<void(std::error_code)> done) {
+  auto& slot = channels_[transport->name()];
+  if (slot.channel) {
+    done({});
+    return;
+  }
+  slot.waiters.push_back(std::move(done));
+  if (slot.opening) return;
+  if (!info_.initiator) {
+    // Channels are opened by the side that connected; it did so for the negotiated transport.
+    auto waiters = std::move(slot.waiters);
+    channels_.erase(transport->name());
+    for (auto& w : waiters) w(errc::transport_unavailable);
+    return;
+  }
+  slot.opening = true;
+  transport->async_open_channel(
+      shared_from_this(), [self = shared_from_this(), name = transport->name()](
+                              std::error_code ec, std::shared_ptr<TransportChannel> ch) {
+        auto& slot = self->channels_[name];
+        auto waiters = std::move(slot.waiters);
+        slot.opening = false;
+        if (!ec && self->state_ == State::closed) {
+          ch->close(self->close_reason_);
+          ec = self->close_reason_;
+        }
+        if (ec) {
+          self->channels_.erase(name);
+        } else {
+          slot.channel = std::move(ch);
+        }
+        for (auto& w : waiters) w(ec);
+      });
+}
+
+std::shared_ptr<TransportChannel> Session::channel(std::string_view transport) const {
+  auto it = channels_.find(std::string(transport));
+  return it == channels_.end() ? nullptr : it->second.channel;
+}
+
+void Session::attach_side_connection(const std::string& transport_name, tcp::socket socket) {
+  auto transport = ctx_->find_transport(transport_name);
+  if (state_ != State::open || !transport || channel(transport_name)) {
+    boost::system::error_code ignored;
+    socket.close(ignored);
+    return;
+  }
+  std::shared_ptr<TransportChannel> ch;
+  if (auto ec = transport->accept_side_connection(shared_from_this(), std::move(socket), ch)) {
+    FERRY_LOG_WARN("peer '{}': {} refused its data channel: {}", info_.name, transport_name,
+                   ec.message());
+    return;
+  }
+  channels_[transport_name].channel = std::move(ch);
+}
+
+void Session::async_open_side_connection(std::string_view transport_name,
+                                          SideConnectionHandler done) {
+  struct Op {
+    tcp::socket socket;
+    asio::steady_timer timer;
+    std::string out;
+    std::array<unsigned char, 4> header{};
+    std::string body;
+    SideConnectionHandler done;
+    bool finished = false;
+    void finish(std::error_code ec) {
+      if (finished) return;
+      finished = true;
+      timer.cancel();
+      if (ec) {
+        boost::system::error_code ignored;
+        socket.close(ignored);
+      }
+      auto d = std::move(done);
+      d(ec, std::move(socket));
+    }
+  };
+  boost::system::error_code err;
+  auto endpoint = socket_.remote_endpoint(err);
+  if (err || !info_.initiator) {
+    done(err ? std::error_code(err) : std::error_code(errc::invalid_argument),
+         tcp::socket(ctx_->io));
+    return;
+  }
+  auto op = std::make_shared<Op>(Op{tcp::socket(ctx_->io), asio::steady_timer(ctx_->io), {}, {},
+                                    {}, std::move(done)});
+  wire::Envelope env;
+  auto* attach = env.mutable_attach_channel();
+  attach->set_session_id(info_.session_id);
+  attach->set_session_token(token_);
+  attach->set_transport(std::string(transport_name));
+  op->out = encode_frame(env);
+  op->timer.expires_after(ctx_->options.connect_timeout);
+  op->timer.async_wait(asio::bind_executor(strand_, [op](boost::system::error_code ec) {
+    if (!ec && !op->finished) {
+      boost::system::error_code ignored;
+      op->socket.close(ignored);
+    }
+  }));
+  auto self = shared_from_this();
+  op->socket.async_connect(endpoint, asio::bind_executor(strand_, [self, op](
+                                                                      boost::system::error_code ec) {
+    if (ec) return op->finish(errc::connection_failed);
+    boost::system::error_code ignored;
+    op->socket.set_option(tcp::no_delay(true), ignored);
+    asio::async_write(op->socket, asio::buffer(op->out), asio::bind_executor(self->strand_, [self, op](
+        boost::system::error_code ec, size_t) {
+      if (ec) return op->finish(errc::connection_failed);
+      asio::async_read(op->socket, asio::buffer(op->header), asio::bind_executor(self->strand_, [self, op](
+          boost::system::error_code ec, size_t) {
+        if (ec) return op->finish(errc::handshake_failed);
+        const uint32_t len = (uint32_t{op->header[0]} << 24) | (uint32_t{op->header[1]} << 16) |
+                             (uint32_t{op->header[2]} << 8) | uint32_t{op->header[3]};
+        if (len > 4096) return op->finish(errc::protocol_error);
+        op->body.resize(len);
+        asio::async_read(op->socket, asio::buffer(op->body), asio::bind_executor(self->strand_, [self, op](
+            boost::system::error_code ec, size_t) {
+          if (ec) return op->finish(errc::handshake_failed);
+          wire::Envelope reply;
+          if (parse_envelope(op->body, reply)) return op->finish(errc::protocol_error);
+          if (reply.has_error()) return op->finish(from_wire_code(reply.error().code()));
+          if (!reply.has_ack()) return op->finish(errc::protocol_error);
+          op->finish({});
+        }));
+      }));
+    }));
+  }));
+}
+
+// ---------------------------------------------------------------- control requests
+
+void Session::rpc(wire::Envelope request, std::chrono::milliseconds timeout, RpcHandler done) {
+  const uint64_t id = next_request_id_++;
+  request.set_request_id(id);
+  asio::post(strand_, [self = shared_from_this(), id, request = std::move(request), timeout,
+                       done = std::move(done)]() mutable {
+    if (self->state_ != State::open) {
+      done(self->close_reason_ ? self->close_reason_ : std::error_code(errc::peer_closed), {});
+      return;
+    }
+    PendingRpc pending{std::move(done), std::make_unique<asio::steady_timer>(self->ctx_->io)};
+    pending.timer->expires_after(timeout);
+    pending.timer->async_wait(
+        asio::bind_executor(self->strand_, [self, id](boost::system::error_code ec) {
+          if (!ec) self->finish_rpc(id, errc::timed_out, {});
+        }));
+    self->rpcs_.emplace(id, std::move(pending));
+    self->send(request);
+  });
+}
+
+// ---------------------------------------------------------------- writing
+
+void Session::send(const wire::Envelope& env) {
+  if (state_ == State::closed || close_after_write_) return;
+  auto frame = encode_frame(env);
+  queued_bytes_ += frame.size();
+  write_queue_.push_back(std::move(frame));
+  if (queued_bytes_ > ctx_->options.max_queued_control_bytes) {
+    // The peer does not read what we send it: it cannot be served, and must not cost memory.
+    FERRY_LOG_WARN("peer '{}' ({}) is not reading its control channel; closing it", info_.name,
+                   info_.address);
+    do_close(errc::peer_unresponsive);
+    return;
+  }
+  write_more();
+}
+
+void Session::send_error(uint64_t rid, std::error_code ec, const std::string& message,
+                         bool fatal) {
+  wire::Envelope env;
+  env.set_request_id(rid);
+  auto* err = env.mutable_error();
+  err->set_code(to_wire_code(ec));
+  err->set_message(message);
+  err->set_fatal(fatal);
+  send(env);
+  if (fatal) {
+    close_after_write_ = true;
+    close_after_write_ec_ = ec;
+    // Bounded: a peer that never reads the error does not keep the connection.
+    handshake_timer_.expires_after(std::chrono::seconds(1));
+    handshake_timer_.async_wait(
+        asio::bind_executor(strand_, [self = shared_from_this()](boost::system::error_code e) {
+          if (!e) self->do_close(self->close_after_write_ec_);
+        }));
+    if (writing_.empty()) do_close(ec);
+  }
+}
+
+void Session::write_more() {
+  if (!writing_.empty() || write_queue_.empty() || state_ == State::closed) return;
+  std::vector<asio::const_buffer> buffers;
+  while (!write_queue_.empty() && writing_.size() < 64) {
+    writing_.push_back(std::move(write_queue_.front()));
+    write_queue_.pop_front();
+  }
+  for (const auto& f : writing_) buffers.emplace_back(asio::buffer(f));
+  asio::async_write(
+      socket_, buffers,
+      asio::bind_executor(strand_, [self = shared_from_this()](boost::system::error_code ec,
+                                                               size_t n) {
+        self->queued_bytes_ -= n;
+        self->writing_.clear();
+        if (self->state_ == State::closed) return;
+        if (ec) {
+          self->do_close(errc::peer_closed);
+          return;
+        }
+        if (self->close_after_write_ && self->write_queue_.empty()) {
+          self->do_close(self->close_after_write_ec_);
+          return;
+        }
+        self->write_more();
+      }));
+}
+
+// ---------------------------------------------------------------- liveness and closing
+
+void Session::arm_heartbeat() {
+  heartbeat_timer_.expires_after(ctx_->options.heartbeat_interval);
+  heartbeat_timer_.async_wait(
+      asio::bind_executor(strand_, [self = shared_from_this()](boost::system::error_code ec) {
+        if (ec || self->state_ != State::open) return;
+        if (Clock::now() - self->last_rx_ > self->ctx_->options.peer_timeout) {
+          FERRY_LOG_WARN("peer '{}' ({}) silent for {} ms; closing", self->info_.name,
+                         self->info_.address, self->ctx_->options.peer_timeout.count());
+          self->do_close(errc::peer_unresponsive);
+          return;
+        }
+        wire::Envelope ping;
+        ping.mutable_ping()->set_nonce(0);
+        self->send(ping);
+        self->arm_heartbeat();
+      }));
+}
+
+void Session::fail(std::error_code ec) { do_close(ec); }
+
+void Session::send_transport_message(std::string_view transport, uint64_t request_id,
+                                     std::string payload) {
+  wire::Envelope env;
+  env.set_request_id(request_id);
+  auto* m = env.mutable_transport_message();
+  m->set_transport(std::string(transport));
+  m->set_payload(std::move(payload));
+  send(env);
+}
+
+void Session::close(std::error_code ec) {
+  asio::post(strand_, [self = shared_from_this(), ec] { self->do_close(ec); });
+}
+
+void Session::do_close(std::error_code ec) {
+  if (state_ == State::closed) return;
+  const bool was_open = state_ == State::open;
+  state_ = State::closed;
+  close_reason_ = ec ? ec : std::error_code(errc::peer_closed);
+  if (was_open) {
+    FERRY_LOG_INFO("peer '{}' ({}) closed: {}", info_.name, info_.address, close_reason_.message());
+  }
+  handshake_timer_.cancel();
+  heartbeat_timer_.cancel();
+  boost::system::error_code ignored;
+  socket_.shutdown(tcp::socket::shutdown_both, ignored);
+  socket_.close(ignored);
+  // Channels first: they drop their hold on every target buffer and pinned object.
+  auto channels = std::move(channels_);
+  channels_.clear();
+  for (auto& [name, slot] : channels) {
+    if (slot.channel) slot.channel->close(close_reason_);
+    for (auto& w : slot.waiters) w(close_reason_);
+  }
+  auto fetches = std::move(fetches_);
+  fetches_.clear();
+  for (auto& [id, pending] : fetches) {
+    if (pending.timer) pending.timer->cancel();
+    pending.state->result().elapsed = Clock::now() - pending.started;
+    pending.state->complete(close_reason_);
+  }
+  serving_.clear();
+  auto rpcs = std::move(rpcs_);
+  rpcs_.clear();
+  for (auto& [id, pending] : rpcs) {
+    if (pending.timer) pending.timer->cancel();
+    pending.done(close_reason_, {});
+  }
+  ctx_->store.release_holder(local_id_);
+  ctx_->remove_session(local_id_);
+  if (auto done = std::move(on_ready_)) done(close_reason_);
+}
+
+}  // namespace ferry

@@ -1,0 +1,147 @@
+// Session: the core's per-peer state (internal). One metadata connection, the transports'
+// data channels, the fetches this side runs against the peer and the requests it serves.
+// Everything mutable is touched only on the session's strand.
+#pragma once
+
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "net/context_impl.h"
+#include "net/fetch.h"
+#include "net/frame.h"
+#include "net/proto/ferry.pb.h"
+#include "net/transport.h"
+
+namespace ferry {
+
+class Session final : public PeerLink, public std::enable_shared_from_this<Session> {
+ public:
+  using tcp = boost::asio::ip::tcp;
+  using Clock = std::chrono::steady_clock;
+  using RpcHandler = std::function<void(std::error_code, const wire::Envelope&)>;
+
+  Session(std::shared_ptr<Context::Impl> ctx, tcp::socket socket, bool initiator,
+          std::string address);
+  ~Session() override;
+
+  // Initiator: Hello, HelloAnswer, open the chosen transport's channel. `done` runs once, on
+  // the strand.
+  void start_client(std::string requested_transport, std::function<void(std::error_code)> done);
+  // Acceptor: the Hello was read by the accept path; answer it and serve. Strand.
+  void start_server(const wire::Hello& hello, std::string leftover);
+  // Acceptor: a side connection authenticated for this session. Strand.
+  void attach_side_connection(const std::string& transport, tcp::socket socket);
+
+  // Any thread.
+  FetchRequest fetch(ObjectRef ref, std::vector<MutableBuffer> targets, FetchOptions options,
+                     FetchHandler handler);
+  void rpc(wire::Envelope request, std::chrono::milliseconds timeout, RpcHandler done);
+  void close(std::error_code ec);
+
+  uint64_t local_id() const { return local_id_; }
+  uint64_t wire_session_id() const { return info_.session_id; }
+  const std::string& token() const { return token_; }
+  std::string chosen_transport() const;
+
+  // PeerLink
+  PeerStrand& strand() override { return strand_; }
+  const PeerInfo& info() const override { return info_; }
+  bool is_open() const override { return state_.load() == State::open; }
+  std::shared_ptr<TransportChannel> channel(std::string_view transport) const override;
+  void complete_fetch(uint64_t request_id, std::error_code ec) override;
+  void fail(std::error_code ec) override;
+  void send_transport_message(std::string_view transport, uint64_t request_id,
+                              std::string payload) override;
+  void async_open_side_connection(std::string_view transport,
+                                  SideConnectionHandler done) override;
+
+ private:
+  enum class State { handshaking, open, closed };
+
+  struct PendingFetch {
+    std::shared_ptr<detail::FetchState> state;
+    std::shared_ptr<TransportManager> transport;
+    std::unique_ptr<boost::asio::steady_timer> timer;
+    Clock::time_point started;
+  };
+  struct ChannelSlot {
+    std::shared_ptr<TransportChannel> channel;
+    bool opening = false;
+    std::vector<std::function<void(std::error_code)>> waiters;
+  };
+  struct PendingRpc {
+    RpcHandler done;
+    std::unique_ptr<boost::asio::steady_timer> timer;
+  };
+
+  void start_reading();
+  void on_read(const boost::system::error_code& ec, size_t n);
+  std::error_code on_frame(std::string_view body);
+  std::error_code dispatch(const wire::Envelope& env);
+  std::error_code on_hello_answer(const wire::HelloAnswer& answer);
+
+  void handle_fetch(uint64_t rid, const wire::Fetch& msg);
+  void handle_cancel(uint64_t rid);
+  void handle_error(uint64_t rid, const wire::Error& err);
+  void handle_ref(uint64_t rid, ObjectId id, bool add);
+  void handle_list(uint64_t rid);
+  void finish_rpc(uint64_t rid, std::error_code ec, const wire::Envelope& env);
+
+  void do_fetch(std::shared_ptr<detail::FetchState> state, ObjectRef ref,
+                std::vector<MutableBuffer> targets, FetchOptions options);
+  void start_transfer(std::shared_ptr<detail::FetchState> state,
+                      std::shared_ptr<TransportManager> transport, std::vector<MutableBuffer> targets,
+                      std::chrono::milliseconds timeout);
+  void ensure_channel(const std::shared_ptr<TransportManager>& transport,
+                      std::function<void(std::error_code)> done);
+  std::shared_ptr<TransportManager> pick_transport(const std::string& requested,
+                                                   const std::string& ref_transport,
+                                                   std::error_code& ec) const;
+
+  void send(const wire::Envelope& env);
+  void send_error(uint64_t rid, std::error_code ec, const std::string& message, bool fatal);
+  void write_more();
+  void arm_heartbeat();
+  void do_close(std::error_code ec);
+
+  std::shared_ptr<Context::Impl> ctx_;
+  const uint64_t local_id_;
+  PeerStrand strand_;
+  tcp::socket socket_;
+  PeerInfo info_;
+  std::string token_;
+  std::string chosen_;
+  uint64_t peer_instance_ = 0;
+  std::atomic<State> state_{State::handshaking};
+  std::error_code close_reason_;
+
+  FrameDecoder decoder_;
+  std::array<char, 64 * 1024> read_buf_;
+  std::deque<std::string> write_queue_;
+  std::vector<std::string> writing_;
+  size_t queued_bytes_ = 0;
+  bool close_after_write_ = false;
+  std::error_code close_after_write_ec_;
+
+  boost::asio::steady_timer handshake_timer_;
+  boost::asio::steady_timer heartbeat_timer_;
+  Clock::time_point last_rx_;
+  std::function<void(std::error_code)> on_ready_;
+
+  std::atomic<uint64_t> next_request_id_{1};
+  std::unordered_map<uint64_t, PendingFetch> fetches_;
+  std::unordered_map<uint64_t, std::shared_ptr<TransportManager>> serving_;
+  std::unordered_map<uint64_t, PendingRpc> rpcs_;
+  std::unordered_map<std::string, ChannelSlot> channels_;
+};
+
+}  // namespace ferry

@@ -1,0 +1,28 @@
+// The TCP data channel's chunk header. Bulk bytes follow it unframed, straight from the owner's
+// memory into the fetcher's target buffer.
+#pragma once
+
+#include <bit>
+#include <cstdint>
+#include <cstring>
+
+namespace ferry::tcp {
+
+static_assert(std::endian::native == std::endian::little,
+              "the data channel header is written in host order, which must be little-endian");
+
+inline constexpr uint32_t kDataMagic = 0x44595246;  // "FRYD"
+inline constexpr uint32_t kFlagEnd = 1;             // last chunk of the request
+
+struct DataHeader {
+  uint32_t magic = kDataMagic;
+  uint32_t flags = 0;
+  uint64_t request_id = 0;
+  uint32_t tensor = 0;
+  uint32_t reserved = 0;
+  uint64_t offset = 0;  // within the tensor
+  uint64_t length = 0;  // payload bytes after this header
+};
+static_assert(sizeof(DataHeader) == 40);
+
+}  // namespace ferry::tcp

@@ -1,0 +1,269 @@
+#include "tcp/tcp_channel.h"
+
+#include <sys/socket.h>
+
+#include <algorithm>
+#include <boost/asio/bind_executor.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/write.hpp>
+#include <cerrno>
+
+#include "net/errors.h"
+#include "net/log.h"
+
+namespace ferry::tcp {
+namespace asio = boost::asio;
+
+namespace {
+constexpr size_t kScratchBytes = 256 * 1024;
+// Bytes one handler may receive before yielding the strand to other work of the peer.
+constexpr size_t kReadBudget = 16u << 20;
+}  // namespace
+
+TcpChannel::TcpChannel(std::shared_ptr<PeerLink> link, asio::ip::tcp::socket socket,
+                       size_t chunk_bytes)
+    : link_(link), strand_(link->strand()), socket_(std::move(socket)), chunk_bytes_(chunk_bytes) {
+  boost::system::error_code ignored;
+  socket_.set_option(asio::ip::tcp::no_delay(true), ignored);
+  socket_.non_blocking(true, ignored);
+}
+
+void TcpChannel::start() { arm_read(); }
+
+// ---------------------------------------------------------------- receiving
+
+void TcpChannel::post_recv(const FetchOp& op) {
+  Recv r;
+  r.targets = op.targets;
+  for (const auto& t : op.targets) r.remaining += t.size();
+  recvs_[op.request_id] = std::move(r);
+}
+
+void TcpChannel::arm_read() {
+  if (closed_) return;
+  socket_.async_wait(asio::ip::tcp::socket::wait_read,
+                     asio::bind_executor(strand_, [self = shared_from_this()](
+                                                      boost::system::error_code ec) {
+                       if (self->closed_) return;
+                       if (ec) return self->fail(errc::peer_closed);
+                       self->on_readable();
+                     }));
+}
+
+void TcpChannel::on_readable() {
+  const int fd = socket_.native_handle();
+  size_t budget = kReadBudget;
+  while (!closed_) {
+    ssize_t n;
+    if (read_state_ == ReadState::header) {
+      n = ::recv(fd, reinterpret_cast<char*>(&header_) + header_got_,
+                 sizeof(DataHeader) - header_got_, MSG_DONTWAIT);
+      if (n > 0) {
+        header_got_ += static_cast<size_t>(n);
+        if (header_got_ == sizeof(DataHeader) && !on_header()) return;
+        continue;
+      }
+    } else {
+      std::byte* dst = payload_dst_;
+      size_t want = static_cast<size_t>(payload_left_);
+      if (!dst) {
+        if (scratch_.empty()) scratch_.resize(kScratchBytes);
+        dst = scratch_.data();
+        want = std::min(want, scratch_.size());
+      }
+      n = ::recv(fd, dst, want, MSG_DONTWAIT);
+      if (n > 0) {
+        payload_left_ -= static_cast<uint64_t>(n);
+        if (payload_dst_) payload_dst_ += n;
+        if (payload_left_ == 0) {
+          read_state_ = ReadState::header;
+          header_got_ = 0;
+          if (header_.flags & kFlagEnd) {
+            auto it = recvs_.find(header_.request_id);
+            if (it != recvs_.end()) {
+              const bool complete = it->second.remaining == 0;
+              recvs_.erase(it);
+              if (auto link = link_.lock()) {
+                link->complete_fetch(header_.request_id,
+                                     complete ? std::error_code() : errc::protocol_error);
+              }
+            }
+          }
+        }
+        if (static_cast<size_t>(n) >= budget) {
+          asio::post(strand_, [self = shared_from_this()] { self->on_readable(); });
+          return;
+        }
+        budget -= static_cast<size_t>(n);
+        continue;
+      }
+    }
+    if (n == 0) return fail(errc::peer_closed);
+    if (errno == EINTR) continue;
+    if (errno == EAGAIN || errno == EWOULDBLOCK) return arm_read();
+    return fail(std::error_code(errno, std::system_category()));
+  }
+}
+
+bool TcpChannel::on_header() {
+  if (header_.magic != kDataMagic) {
+    FERRY_LOG_WARN("TCP data channel: bad chunk header; closing the peer");
+    fail(errc::protocol_error);
+    return false;
+  }
+  payload_dst_ = nullptr;
+  payload_left_ = header_.length;
+  auto it = recvs_.find(header_.request_id);
+  if (it != recvs_.end()) {
+    auto& r = it->second;
+    const bool fits = header_.tensor < r.targets.size() &&
+                      header_.offset <= r.targets[header_.tensor].size() &&
+                      header_.length <= r.targets[header_.tensor].size() - header_.offset &&
+                      header_.length <= r.remaining;
+    if (!fits) {
+      FERRY_LOG_WARN("TCP data channel: chunk outside the target of request {}; closing the peer",
+                     header_.request_id);
+      fail(errc::protocol_error);
+      return false;
+    }
+    r.remaining -= header_.length;
+    payload_dst_ = r.targets[header_.tensor].data() + header_.offset;
+  }
+  // Unknown requests (aborted, timed out) are read into scratch and dropped.
+  if (payload_left_ > 0) {
+    read_state_ = ReadState::payload;
+    return true;
+  }
+  // An empty chunk: only meaningful as the end marker.
+  header_got_ = 0;
+  if (header_.flags & kFlagEnd && it != recvs_.end()) {
+    const bool complete = it->second.remaining == 0;
+    recvs_.erase(it);
+    if (auto link = link_.lock()) {
+      link->complete_fetch(header_.request_id, complete ? std::error_code() : errc::protocol_error);
+    }
+  }
+  return true;
+}
+
+// ---------------------------------------------------------------- sending
+
+void TcpChannel::post_send(uint64_t request_id, ObjectStore::Pin object, SendDone done) {
+  if (closed_) {
+    done(errc::peer_closed);
+    return;
+  }
+  Send s;
+  s.request_id = request_id;
+  s.object = std::move(object);
+  s.done = std::move(done);
+  sends_.push_back(std::move(s));
+  pump();
+}
+
+void TcpChannel::pump() {
+  if (writing_ || closed_ || sends_.empty()) return;
+  Send& s = sends_.front();
+  const auto& tensors = s.object.object().tensors;
+  while (s.tensor < tensors.size() && s.offset >= tensors[s.tensor].data.size()) {
+    ++s.tensor;
+    s.offset = 0;
+  }
+  const std::byte* data = nullptr;
+  uint64_t len = 0;
+  if (s.tensor < tensors.size()) {
+    data = tensors[s.tensor].data.data() + s.offset;
+    len = std::min<uint64_t>(chunk_bytes_, tensors[s.tensor].data.size() - s.offset);
+  }
+  bool last = true;
+  if (s.tensor < tensors.size()) {
+    if (s.offset + len < tensors[s.tensor].data.size()) last = false;
+    for (size_t i = s.tensor + 1; last && i < tensors.size(); ++i) {
+      if (!tensors[i].data.empty()) last = false;
+    }
+  }
+  out_header_ = DataHeader{};
+  out_header_.flags = last ? kFlagEnd : 0;
+  out_header_.request_id = s.request_id;
+  out_header_.tensor = static_cast<uint32_t>(std::min(s.tensor, tensors.size()));
+  if (s.tensor >= tensors.size()) out_header_.tensor = 0;
+  out_header_.offset = s.offset;
+  out_header_.length = len;
+  s.offset += len;
+  s.sent_end = last;
+  writing_ = true;
+  writing_request_ = s.request_id;
+  std::array<asio::const_buffer, 2> buffers{asio::buffer(&out_header_, sizeof(out_header_)),
+                                            asio::buffer(data, len)};
+  asio::async_write(socket_, buffers,
+                    asio::bind_executor(strand_, [self = shared_from_this()](
+                                                     boost::system::error_code ec, size_t) {
+                      self->writing_ = false;
+                      if (self->closed_) return;
+                      if (ec) return self->fail(errc::peer_closed);
+                      auto it = self->sends_.begin();  // the one just written is at the front
+                      if (it->sent_end) {
+                        self->finish_send(it, {});
+                      } else if (self->sends_.size() > 1) {
+                        // Round-robin: a small request is not stuck behind a large one.
+                        self->sends_.push_back(std::move(*it));
+                        self->sends_.pop_front();
+                      }
+                      self->pump();
+                    }));
+}
+
+void TcpChannel::finish_send(std::deque<Send>::iterator it, std::error_code ec) {
+  auto done = std::move(it->done);
+  sends_.erase(it);  // drops the pin
+  if (done) done(ec);
+}
+
+// ---------------------------------------------------------------- abort and close
+
+void TcpChannel::abort(uint64_t request_id) {
+  // Receive side: stop landing bytes in its targets, now.
+  if (recvs_.erase(request_id) && read_state_ == ReadState::payload &&
+      header_.request_id == request_id) {
+    payload_dst_ = nullptr;
+  }
+  // Send side: a chunk being written finishes first (its bytes are in flight), then the send
+  // ends with an end marker missing: the fetcher has dropped the request already.
+  for (auto it = sends_.begin(); it != sends_.end(); ++it) {
+    if (it->request_id != request_id) continue;
+    if (writing_ && it == sends_.begin()) {
+      it->sent_end = true;  // finish after this chunk
+      auto done = std::move(it->done);
+      it->done = nullptr;
+      if (done) done(errc::aborted);
+    } else {
+      finish_send(it, errc::aborted);
+    }
+    return;
+  }
+}
+
+void TcpChannel::fail(std::error_code ec) {
+  if (closed_) return;
+  if (auto link = link_.lock()) {
+    link->fail(ec);  // the session closes every channel, this one included
+  } else {
+    close(ec);
+  }
+}
+
+void TcpChannel::close(std::error_code ec) {
+  if (closed_) return;
+  closed_ = true;
+  boost::system::error_code ignored;
+  socket_.shutdown(asio::ip::tcp::socket::shutdown_both, ignored);
+  socket_.close(ignored);  // after this no read or write touches any buffer
+  recvs_.clear();
+  auto sends = std::move(sends_);
+  sends_.clear();
+  for (auto& s : sends) {
+    if (s.done) s.done(ec);
+  }
+}
+
+}  // namespace ferry::tcp

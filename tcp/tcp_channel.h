@@ -1,0 +1,79 @@
+// TcpChannel: one peer's TCP data channel (internal to the TCP transport).
+//
+// Receiving: the socket is waited on for readability and read with non-blocking recv() inside
+// strand handlers, so bytes land in a target buffer only while its fetch is live; abort() on the
+// strand is therefore final: no read is in flight into a buffer once its request is gone.
+// Sending: requests are served round-robin in chunks of `chunk_bytes`, each an async_write of
+// {header, payload} straight from the pinned object.
+#pragma once
+
+#include <boost/asio/ip/tcp.hpp>
+#include <deque>
+#include <memory>
+#include <unordered_map>
+#include <vector>
+
+#include "net/transport.h"
+#include "tcp/data_frame.h"
+
+namespace ferry::tcp {
+
+class TcpChannel final : public TransportChannel, public std::enable_shared_from_this<TcpChannel> {
+ public:
+  TcpChannel(std::shared_ptr<PeerLink> link, boost::asio::ip::tcp::socket socket,
+             size_t chunk_bytes);
+
+  // Starts reading. Strand.
+  void start();
+  // Strand, all of them.
+  void post_recv(const FetchOp& op);
+  void post_send(uint64_t request_id, ObjectStore::Pin object, SendDone done);
+  void abort(uint64_t request_id);
+  void close(std::error_code ec) override;
+
+ private:
+  struct Recv {
+    std::vector<MutableBuffer> targets;
+    uint64_t remaining = 0;
+  };
+  struct Send {
+    uint64_t request_id = 0;
+    ObjectStore::Pin object;
+    SendDone done;
+    size_t tensor = 0;
+    uint64_t offset = 0;
+    bool sent_end = false;
+  };
+  enum class ReadState { header, payload };
+
+  void arm_read();
+  void on_readable();
+  // Returns false when the channel failed.
+  bool on_header();
+  void fail(std::error_code ec);
+  void pump();
+  void finish_send(std::deque<Send>::iterator it, std::error_code ec);
+
+  std::weak_ptr<PeerLink> link_;
+  PeerStrand strand_;
+  boost::asio::ip::tcp::socket socket_;
+  const size_t chunk_bytes_;
+  bool closed_ = false;
+
+  // receive side
+  std::unordered_map<uint64_t, Recv> recvs_;
+  ReadState read_state_ = ReadState::header;
+  DataHeader header_;
+  size_t header_got_ = 0;
+  std::byte* payload_dst_ = nullptr;  // null: discard (request aborted or unknown)
+  uint64_t payload_left_ = 0;
+  std::vector<std::byte> scratch_;
+
+  // send side
+  std::deque<Send> sends_;
+  bool writing_ = false;
+  uint64_t writing_request_ = 0;
+  DataHeader out_header_;
+};
+
+}  // namespace ferry::tcp

@@ -1,0 +1,78 @@
+#include "tcp/tcp_transport.h"
+
+#include "net/context.h"
+#include "net/errors.h"
+#include "tcp/tcp_channel.h"
+
+namespace ferry::tcp {
+
+TcpTransport::TcpTransport(const TransportEnv& env)
+    : chunk_bytes_(env.options.tcp_chunk_bytes ? env.options.tcp_chunk_bytes : (1u << 20)) {}
+
+TransportInfo TcpTransport::local_info() const {
+  TransportInfo info;
+  info.name = kTransportName;
+  info.devices = {"cpu"};
+  info.priority = 10;
+  return info;
+}
+
+void TcpTransport::async_open_channel(std::shared_ptr<PeerLink> link, ChannelOpenHandler done) {
+  auto chunk = chunk_bytes_;
+  link->async_open_side_connection(
+      kTransportName, [link, done = std::move(done), chunk](std::error_code ec,
+                                                            boost::asio::ip::tcp::socket socket) {
+        if (ec) return done(ec, nullptr);
+        auto channel = std::make_shared<TcpChannel>(link, std::move(socket), chunk);
+        channel->start();
+        done({}, channel);
+      });
+}
+
+std::error_code TcpTransport::accept_side_connection(std::shared_ptr<PeerLink> link,
+                                                     boost::asio::ip::tcp::socket socket,
+                                                     std::shared_ptr<TransportChannel>& channel) {
+  auto ch = std::make_shared<TcpChannel>(link, std::move(socket), chunk_bytes_);
+  ch->start();
+  channel = ch;
+  return {};
+}
+
+std::error_code TcpTransport::recv_multiple(PeerLink& link, const FetchOp& op) {
+  auto ch = std::static_pointer_cast<TcpChannel>(link.channel(kTransportName));
+  if (!ch) return errc::transport_unavailable;
+  ch->post_recv(op);
+  return {};
+}
+
+void TcpTransport::send_multiple(PeerLink& link, uint64_t request_id, ObjectStore::Pin object,
+                                 SendDone done) {
+  auto ch = std::static_pointer_cast<TcpChannel>(link.channel(kTransportName));
+  if (!ch) return done(errc::transport_unavailable);
+  ch->post_send(request_id, std::move(object), std::move(done));
+}
+
+void TcpTransport::abort(PeerLink& link, uint64_t request_id) {
+  if (auto ch = std::static_pointer_cast<TcpChannel>(link.channel(kTransportName))) {
+    ch->abort(request_id);
+  }
+}
+
+void TcpTransport::garbage_collect(const StoredObject&) {
+  // The TCP transport holds nothing per object; the store frees the memory after this returns.
+  ++collected_;
+}
+
+bool register_tcp_transport() {
+  static const bool registered = [] {
+    auto ec = register_transport(kTransportName, {"cpu"},
+                                 [](const TransportEnv& env) -> Result<std::shared_ptr<TransportManager>> {
+                                   return std::shared_ptr<TransportManager>(
+                                       std::make_shared<TcpTransport>(env));
+                                 });
+    return !ec || ec == errc::transport_duplicate;
+  }();
+  return registered;
+}
+
+}  // namespace ferry::tcp
