@@ -9,19 +9,19 @@ FetchState::FetchState(uint64_t id, boost::asio::any_io_executor io_executor)
     : id_(id), io_executor_(std::move(io_executor)) {}
 
 bool FetchState::complete(std::error_code ec) {
-  FetchHandler handler;
+  std::optional<FetchHandler> handler;
   {
     std::lock_guard lock(mu_);
     if (done_) return false;
     done_ = true;
     ec_ = ec;
-    handler = std::move(handler_);
+    handler.swap(handler_);
     abort_hook_ = nullptr;
   }
   cv_.notify_all();
   if (handler) {
     FetchResult result = ec ? FetchResult{} : std::move(result_);
-    post_completion(io_executor_, std::move(handler), boost::system::error_code(ec),
+    post_completion(io_executor_, std::move(*handler), boost::system::error_code(ec),
                     std::move(result));
   }
   return true;
@@ -49,7 +49,7 @@ std::error_code FetchState::error() const {
 
 void FetchState::set_handler(FetchHandler handler) {
   std::lock_guard lock(mu_);
-  handler_ = std::move(handler);
+  handler_.emplace(std::move(handler));
 }
 
 void FetchState::set_abort_hook(std::function<void()> hook) {

@@ -13,6 +13,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -77,7 +78,8 @@ class FetchState {
   bool done_ = false;
   std::error_code ec_;
   FetchResult result_;
-  FetchHandler handler_;
+  // optional: Boost 1.81's any_completion_handler cannot be moved while empty.
+  std::optional<FetchHandler> handler_;
   std::function<void()> abort_hook_;
 };
 
