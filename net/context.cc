@@ -1,5 +1,6 @@
 #include "net/context.h"
 
+#include <algorithm>
 #include <boost/asio/bind_executor.hpp>
 #include <boost/asio/connect.hpp>
 #include <boost/asio/ip/host_name.hpp>
@@ -7,7 +8,6 @@
 #include <boost/asio/read.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/write.hpp>
-#include <algorithm>
 #include <future>
 #include <random>
 
@@ -123,16 +123,16 @@ std::shared_ptr<Session> Context::Impl::find_session(uint64_t local_id) {
 void Context::Impl::accept_next() {
   std::lock_guard lock(mu);
   if (!acceptor || closed) return;
-  acceptor->async_accept([self = shared_from_this()](boost::system::error_code ec,
-                                                     tcp::socket socket) {
-    if (ec == asio::error::operation_aborted || self->closed) return;
-    if (!ec) {
-      self->on_accepted(std::move(socket));
-    } else {
-      FERRY_LOG_WARN("accept failed: {}", ec.message());
-    }
-    self->accept_next();
-  });
+  acceptor->async_accept(
+      [self = shared_from_this()](boost::system::error_code ec, tcp::socket socket) {
+        if (ec == asio::error::operation_aborted || self->closed) return;
+        if (!ec) {
+          self->on_accepted(std::move(socket));
+        } else {
+          FERRY_LOG_WARN("accept failed: {}", ec.message());
+        }
+        self->accept_next();
+      });
 }
 
 // A new connection's first frame says what it is: Hello (a peer) or AttachChannel (a data
@@ -148,7 +148,10 @@ void Context::Impl::on_accepted(tcp::socket socket) {
   boost::system::error_code ignored;
   auto remote = socket.remote_endpoint(ignored);
   auto g = std::make_shared<Greeting>(
-      Greeting{std::move(socket), asio::steady_timer(io), {}, {},
+      Greeting{std::move(socket),
+               asio::steady_timer(io),
+               {},
+               {},
                format_host_port(remote.address().to_string(), remote.port())});
   g->timer.expires_after(options.handshake_timeout);
   g->timer.async_wait([g](boost::system::error_code ec) {
@@ -164,66 +167,68 @@ void Context::Impl::on_accepted(tcp::socket socket) {
     env.mutable_error()->set_message(why);
     env.mutable_error()->set_fatal(true);
     auto frame = std::make_shared<std::string>(encode_frame(env));
-    asio::async_write(g->socket, asio::buffer(*frame), [g, frame](boost::system::error_code,
-                                                                  size_t) {
-      boost::system::error_code ignored;
-      g->socket.shutdown(tcp::socket::shutdown_both, ignored);
-      g->socket.close(ignored);
-      g->timer.cancel();
-    });
+    asio::async_write(g->socket, asio::buffer(*frame),
+                      [g, frame](boost::system::error_code, size_t) {
+                        boost::system::error_code ignored;
+                        g->socket.shutdown(tcp::socket::shutdown_both, ignored);
+                        g->socket.close(ignored);
+                        g->timer.cancel();
+                      });
   };
   auto self = shared_from_this();
-  asio::async_read(g->socket, asio::buffer(g->header), [self, g, reject](
-                                                           boost::system::error_code ec, size_t) {
-    if (ec) return;
-    const uint32_t len = (uint32_t{g->header[0]} << 24) | (uint32_t{g->header[1]} << 16) |
-                         (uint32_t{g->header[2]} << 8) | uint32_t{g->header[3]};
-    if (len > self->options.max_frame_bytes) {
-      return reject(errc::frame_too_large, "first frame of " + std::to_string(len) +
-                                               " bytes exceeds the maximum of " +
-                                               std::to_string(self->options.max_frame_bytes));
-    }
-    g->body.resize(len);
-    asio::async_read(g->socket, asio::buffer(g->body), [self, g, reject](
-                                                           boost::system::error_code ec, size_t) {
-      if (ec) return;
-      wire::Envelope env;
-      if (parse_envelope(g->body, env)) return reject(errc::protocol_error, "malformed frame");
-      if (self->closed) return reject(errc::context_closed, "shutting down");
-      if (env.has_hello()) {
-        g->timer.cancel();
-        auto session = std::make_shared<Session>(self, std::move(g->socket), false, g->peer);
-        self->add_session(session);
-        asio::post(session->strand(),
-                   [session, hello = env.hello()] { session->start_server(hello, {}); });
-        return;
-      }
-      if (env.has_attach_channel()) {
-        const auto& a = env.attach_channel();
-        auto session = self->find_session(a.session_id());
-        if (!session || session->info().initiator || !same_token(session->token(),
-                                                                 a.session_token())) {
-          return reject(errc::handshake_failed, "unknown session or bad token");
+  asio::async_read(
+      g->socket, asio::buffer(g->header), [self, g, reject](boost::system::error_code ec, size_t) {
+        if (ec) return;
+        const uint32_t len = (uint32_t{g->header[0]} << 24) | (uint32_t{g->header[1]} << 16) |
+                             (uint32_t{g->header[2]} << 8) | uint32_t{g->header[3]};
+        if (len > self->options.max_frame_bytes) {
+          return reject(errc::frame_too_large, "first frame of " + std::to_string(len) +
+                                                   " bytes exceeds the maximum of " +
+                                                   std::to_string(self->options.max_frame_bytes));
         }
-        if (!self->find_transport(a.transport())) {
-          return reject(errc::transport_unknown, "no transport '" + a.transport() + "'");
-        }
-        g->timer.cancel();
-        wire::Envelope ack;
-        ack.mutable_ack();
-        // The socket is fresh and the frame tiny: this write completes at once.
-        boost::system::error_code wec;
-        asio::write(g->socket, asio::buffer(encode_frame(ack)), wec);
-        if (wec) return;
-        asio::post(session->strand(),
-                   [session, g, transport = a.transport()] {
-                     session->attach_side_connection(transport, std::move(g->socket));
-                   });
-        return;
-      }
-      reject(errc::protocol_error, "expected Hello or AttachChannel as the first frame");
-    });
-  });
+        g->body.resize(len);
+        asio::async_read(
+            g->socket, asio::buffer(g->body),
+            [self, g, reject](boost::system::error_code ec, size_t) {
+              if (ec) return;
+              wire::Envelope env;
+              if (parse_envelope(g->body, env))
+                return reject(errc::protocol_error, "malformed frame");
+              if (self->closed) return reject(errc::context_closed, "shutting down");
+              if (env.has_hello()) {
+                g->timer.cancel();
+                auto session =
+                    std::make_shared<Session>(self, std::move(g->socket), false, g->peer);
+                self->add_session(session);
+                asio::post(session->strand(),
+                           [session, hello = env.hello()] { session->start_server(hello, {}); });
+                return;
+              }
+              if (env.has_attach_channel()) {
+                const auto& a = env.attach_channel();
+                auto session = self->find_session(a.session_id());
+                if (!session || session->info().initiator ||
+                    !same_token(session->token(), a.session_token())) {
+                  return reject(errc::handshake_failed, "unknown session or bad token");
+                }
+                if (!self->find_transport(a.transport())) {
+                  return reject(errc::transport_unknown, "no transport '" + a.transport() + "'");
+                }
+                g->timer.cancel();
+                wire::Envelope ack;
+                ack.mutable_ack();
+                // The socket is fresh and the frame tiny: this write completes at once.
+                boost::system::error_code wec;
+                asio::write(g->socket, asio::buffer(encode_frame(ack)), wec);
+                if (wec) return;
+                asio::post(session->strand(), [session, g, transport = a.transport()] {
+                  session->attach_side_connection(transport, std::move(g->socket));
+                });
+                return;
+              }
+              reject(errc::protocol_error, "expected Hello or AttachChannel as the first frame");
+            });
+      });
 }
 
 // ---------------------------------------------------------------- Context
@@ -281,6 +286,10 @@ void Context::close() {
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
   while (!impl_->io.stopped() && std::chrono::steady_clock::now() < deadline) {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  if (!impl_->io.stopped()) {
+    FERRY_LOG_WARN("context '{}': work still pending 5 s after close; stopping the loop",
+                   impl_->options.name);
   }
   impl_->io.stop();
   for (auto& t : impl_->threads) {
@@ -341,9 +350,8 @@ void Context::start_connect(std::string address, ConnectHandler handler) {
     ConnectHandler handler;
     bool timed_out = false;
   };
-  auto op = std::make_shared<Op>(
-      Op{tcp::resolver(impl->io), tcp::socket(impl->io), asio::steady_timer(impl->io),
-         std::move(handler)});
+  auto op = std::make_shared<Op>(Op{tcp::resolver(impl->io), tcp::socket(impl->io),
+                                    asio::steady_timer(impl->io), std::move(handler)});
   op->timer.expires_after(impl->options.connect_timeout);
   op->timer.async_wait([op](boost::system::error_code ec) {
     if (ec) return;
@@ -352,43 +360,45 @@ void Context::start_connect(std::string address, ConnectHandler handler) {
     boost::system::error_code ignored;
     op->socket.close(ignored);
   });
-  op->resolver.async_resolve(hp->host, hp->port, [impl, op, deliver, address](
-                                                     boost::system::error_code ec,
-                                                     tcp::resolver::results_type results) {
-    if (ec) {
-      op->timer.cancel();
-      return deliver(std::move(op->handler),
-                     op->timed_out ? errc::timed_out : errc::connection_failed, {});
-    }
-    asio::async_connect(op->socket, results, [impl, op, deliver, address](
-                                                 boost::system::error_code ec, const auto&) {
-      op->timer.cancel();
-      if (ec) {
-        FERRY_LOG_INFO("connect to {} failed: {}", address, ec.message());
-        return deliver(std::move(op->handler),
-                       op->timed_out ? errc::timed_out : errc::connection_failed, {});
-      }
-      auto session = std::make_shared<Session>(impl, std::move(op->socket), true, address);
-      impl->add_session(session);
-      asio::post(session->strand(), [impl, op, session, deliver] {
-        session->start_client(impl->options.transport, [op, session, deliver](std::error_code ec) {
-          deliver(std::move(op->handler), ec, ec ? Peer() : Peer(session));
-        });
+  op->resolver.async_resolve(
+      hp->host, hp->port,
+      [impl, op, deliver, address](boost::system::error_code ec,
+                                   tcp::resolver::results_type results) {
+        if (ec) {
+          op->timer.cancel();
+          return deliver(std::move(op->handler),
+                         op->timed_out ? errc::timed_out : errc::connection_failed, {});
+        }
+        asio::async_connect(
+            op->socket, results,
+            [impl, op, deliver, address](boost::system::error_code ec, const auto&) {
+              op->timer.cancel();
+              if (ec) {
+                FERRY_LOG_INFO("connect to {} failed: {}", address, ec.message());
+                return deliver(std::move(op->handler),
+                               op->timed_out ? errc::timed_out : errc::connection_failed, {});
+              }
+              auto session = std::make_shared<Session>(impl, std::move(op->socket), true, address);
+              impl->add_session(session);
+              asio::post(session->strand(), [impl, op, session, deliver] {
+                session->start_client(
+                    impl->options.transport, [op, session, deliver](std::error_code ec) {
+                      deliver(std::move(op->handler), ec, ec ? Peer() : Peer(session));
+                    });
+              });
+            });
       });
-    });
-  });
 }
 
 Result<Peer> Context::connect(std::string address) {
   std::promise<std::pair<std::error_code, Peer>> promise;
   auto future = promise.get_future();
-  start_connect(std::move(address),
-                [&promise](boost::system::error_code ec, Peer peer) {
-                  promise.set_value({std::error_code(ec), std::move(peer)});
-                });
+  start_connect(std::move(address), [&promise](boost::system::error_code ec, Peer peer) {
+    promise.set_value({std::error_code(ec), std::move(peer)});
+  });
   // Both phases carry their own deadlines; this one only guards against a bug.
-  const auto limit = impl_->options.connect_timeout + impl_->options.handshake_timeout +
-                     std::chrono::seconds(5);
+  const auto limit =
+      impl_->options.connect_timeout + impl_->options.handshake_timeout + std::chrono::seconds(5);
   if (future.wait_for(limit) != std::future_status::ready) return errc::timed_out;
   auto [ec, peer] = future.get();
   if (ec) return ec;

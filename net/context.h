@@ -23,12 +23,12 @@ namespace ferry {
 inline constexpr uint32_t kProtocolVersion = 1;
 
 struct ContextOptions {
-  std::string name = "ferry";                  // shown to peers and in logs
-  int threads = 1;                             // threads running the io_context
-  std::vector<std::string> transports;         // registered transports to use; empty = all
-  std::string transport = "auto";              // preferred transport for connections we make
-  uint32_t max_frame_bytes = 4u << 20;         // metadata frames above this end the connection
-  size_t max_queued_control_bytes = 64u << 20; // a peer that does not read its control frames
+  std::string name = "ferry";                   // shown to peers and in logs
+  int threads = 1;                              // threads running the io_context
+  std::vector<std::string> transports;          // registered transports to use; empty = all
+  std::string transport = "auto";               // preferred transport for connections we make
+  uint32_t max_frame_bytes = 4u << 20;          // metadata frames above this end the connection
+  size_t max_queued_control_bytes = 64u << 20;  // a peer that does not read its control frames
   std::chrono::milliseconds connect_timeout{10000};
   std::chrono::milliseconds handshake_timeout{5000};
   std::chrono::milliseconds heartbeat_interval{1000};

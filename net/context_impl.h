@@ -1,10 +1,10 @@
 // Context::Impl (internal): the state behind a Context, shared with its sessions.
 #pragma once
 
+#include <atomic>
 #include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
-#include <atomic>
 #include <memory>
 #include <mutex>
 #include <optional>

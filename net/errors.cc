@@ -10,26 +10,46 @@ class FerryCategory final : public std::error_category {
   const char* name() const noexcept override { return "ferry"; }
   std::string message(int ev) const override {
     switch (static_cast<errc>(ev)) {
-      case errc::ok: return "success";
-      case errc::timed_out: return "operation timed out";
-      case errc::aborted: return "operation aborted";
-      case errc::object_not_found: return "object not found on its owner";
-      case errc::size_mismatch: return "target buffers do not match the object's tensors";
-      case errc::invalid_argument: return "invalid argument";
-      case errc::stale_ref: return "object reference is from an earlier instance of its owner";
-      case errc::unknown_message: return "unknown message";
-      case errc::peer_closed: return "peer closed the connection";
-      case errc::connection_failed: return "could not connect to the peer";
-      case errc::protocol_error: return "protocol error";
-      case errc::frame_too_large: return "frame exceeds the maximum size";
-      case errc::version_mismatch: return "protocol version mismatch";
-      case errc::handshake_failed: return "handshake failed";
-      case errc::peer_unresponsive: return "peer stopped answering heartbeats";
-      case errc::transport_unavailable: return "transport not available on both sides";
-      case errc::transport_unknown: return "no transport registered under that name";
-      case errc::transport_duplicate: return "a transport is already registered under that name";
-      case errc::device_error: return "device error";
-      case errc::context_closed: return "context closed";
+      case errc::ok:
+        return "success";
+      case errc::timed_out:
+        return "operation timed out";
+      case errc::aborted:
+        return "operation aborted";
+      case errc::object_not_found:
+        return "object not found on its owner";
+      case errc::size_mismatch:
+        return "target buffers do not match the object's tensors";
+      case errc::invalid_argument:
+        return "invalid argument";
+      case errc::stale_ref:
+        return "object reference is from an earlier instance of its owner";
+      case errc::unknown_message:
+        return "unknown message";
+      case errc::peer_closed:
+        return "peer closed the connection";
+      case errc::connection_failed:
+        return "could not connect to the peer";
+      case errc::protocol_error:
+        return "protocol error";
+      case errc::frame_too_large:
+        return "frame exceeds the maximum size";
+      case errc::version_mismatch:
+        return "protocol version mismatch";
+      case errc::handshake_failed:
+        return "handshake failed";
+      case errc::peer_unresponsive:
+        return "peer stopped answering heartbeats";
+      case errc::transport_unavailable:
+        return "transport not available on both sides";
+      case errc::transport_unknown:
+        return "no transport registered under that name";
+      case errc::transport_duplicate:
+        return "a transport is already registered under that name";
+      case errc::device_error:
+        return "device error";
+      case errc::context_closed:
+        return "context closed";
     }
     return "unknown ferry error " + std::to_string(ev);
   }
@@ -42,9 +62,7 @@ const std::error_category& ferry_category() noexcept {
   return category;
 }
 
-std::error_code make_error_code(errc e) noexcept {
-  return {static_cast<int>(e), ferry_category()};
-}
+std::error_code make_error_code(errc e) noexcept { return {static_cast<int>(e), ferry_category()}; }
 
 Scope scope_of(const std::error_code& ec) noexcept {
   if (!ec) return Scope::none;
@@ -62,11 +80,16 @@ Scope scope_of(const std::error_code& ec) noexcept {
 
 std::string_view scope_name(Scope s) noexcept {
   switch (s) {
-    case Scope::none: return "none";
-    case Scope::operation: return "operation";
-    case Scope::peer: return "peer";
-    case Scope::device: return "device";
-    case Scope::context: return "context";
+    case Scope::none:
+      return "none";
+    case Scope::operation:
+      return "operation";
+    case Scope::peer:
+      return "peer";
+    case Scope::device:
+      return "device";
+    case Scope::context:
+      return "context";
   }
   return "unknown";
 }

@@ -24,17 +24,17 @@ namespace ferry {
 
 struct FetchResult {
   ObjectRef ref;
-  std::vector<MutableBuffer> tensors;   // where each tensor landed
-  std::shared_ptr<std::byte[]> storage; // owns the memory when ferry allocated it; null otherwise
-  std::string transport;                // the transport that moved the bytes
+  std::vector<MutableBuffer> tensors;    // where each tensor landed
+  std::shared_ptr<std::byte[]> storage;  // owns the memory when ferry allocated it; null otherwise
+  std::string transport;                 // the transport that moved the bytes
   uint64_t bytes = 0;
   std::chrono::nanoseconds elapsed{0};
 };
 
 struct FetchOptions {
-  std::string transport;                    // "" = the ref's transport if both sides have it,
-                                            // else the one negotiated for the peer
-  std::chrono::milliseconds timeout{0};     // fetch deadline; 0 = none (peer liveness still bounds it)
+  std::string transport;                 // "" = the ref's transport if both sides have it,
+                                         // else the one negotiated for the peer
+  std::chrono::milliseconds timeout{0};  // fetch deadline; 0 = none (peer liveness still bounds it)
 };
 
 // Completion signature of async_fetch. The error_code wraps a std::error_code of ferry's category

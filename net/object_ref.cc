@@ -32,12 +32,18 @@ bool base64url_decode(std::string_view in, std::string& out) {
   int bits = 0;
   for (char c : in) {
     int v;
-    if (c >= 'A' && c <= 'Z') v = c - 'A';
-    else if (c >= 'a' && c <= 'z') v = c - 'a' + 26;
-    else if (c >= '0' && c <= '9') v = c - '0' + 52;
-    else if (c == '-') v = 62;
-    else if (c == '_') v = 63;
-    else return false;
+    if (c >= 'A' && c <= 'Z')
+      v = c - 'A';
+    else if (c >= 'a' && c <= 'z')
+      v = c - 'a' + 26;
+    else if (c >= '0' && c <= '9')
+      v = c - '0' + 52;
+    else if (c == '-')
+      v = 62;
+    else if (c == '_')
+      v = 63;
+    else
+      return false;
     acc = (acc << 6) | static_cast<uint32_t>(v);
     bits += 6;
     if (bits >= 8) {
@@ -118,7 +124,8 @@ std::string ObjectRef::serialize() const {
 
 Result<ObjectRef> ObjectRef::parse(std::string_view bytes) {
   wire::ObjectRef w;
-  if (!w.ParseFromArray(bytes.data(), static_cast<int>(bytes.size()))) return errc::invalid_argument;
+  if (!w.ParseFromArray(bytes.data(), static_cast<int>(bytes.size())))
+    return errc::invalid_argument;
   ObjectRef ref;
   if (!from_wire(w, ref)) return errc::invalid_argument;
   return ref;

@@ -24,7 +24,7 @@ struct TransportMetadata {
 };
 
 struct ObjectRef {
-  std::string owner;            // host:port of the owner's listener
+  std::string owner;  // host:port of the owner's listener
   ObjectId object_id = 0;
   uint64_t owner_instance = 0;  // changes when the owner restarts: stale refs are detected
   TransportMetadata metadata;

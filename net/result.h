@@ -11,7 +11,7 @@ namespace ferry {
 template <typename T>
 class Result {
  public:
-  Result(T value) : v_(std::move(value)) {}  // NOLINT: implicit by design
+  Result(T value) : v_(std::move(value)) {}            // NOLINT: implicit by design
   Result(std::error_code ec) : v_(ec) { assert(ec); }  // NOLINT
   template <typename E, typename = std::enable_if_t<std::is_error_code_enum_v<E>>>
   Result(E e) : Result(std::error_code(make_error_code(e))) {}  // NOLINT

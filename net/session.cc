@@ -137,8 +137,8 @@ std::error_code Session::on_hello_answer(const wire::HelloAnswer& answer) {
     if (!ec && self->state_ == State::handshaking) {
       self->state_ = State::open;
       self->arm_heartbeat();
-      FERRY_LOG_INFO("connected to '{}' ({}); transport {}", self->info_.name,
-                     self->info_.address, self->chosen_);
+      FERRY_LOG_INFO("connected to '{}' ({}); transport {}", self->info_.name, self->info_.address,
+                     self->chosen_);
     }
     if (ec) self->do_close(ec);
     if (auto done = std::move(self->on_ready_)) done(ec ? ec : self->close_reason_);
@@ -149,10 +149,11 @@ std::error_code Session::on_hello_answer(const wire::HelloAnswer& answer) {
 // ---------------------------------------------------------------- reading and dispatch
 
 void Session::start_reading() {
-  socket_.async_read_some(
-      asio::buffer(read_buf_),
-      asio::bind_executor(strand_, [self = shared_from_this()](boost::system::error_code ec,
-                                                               size_t n) { self->on_read(ec, n); }));
+  socket_.async_read_some(asio::buffer(read_buf_),
+                          asio::bind_executor(strand_, [self = shared_from_this()](
+                                                           boost::system::error_code ec, size_t n) {
+                            self->on_read(ec, n);
+                          }));
 }
 
 void Session::on_read(const boost::system::error_code& ec, size_t n) {
@@ -191,8 +192,8 @@ std::error_code Session::dispatch(const wire::Envelope& env) {
     if (env.has_hello_answer()) return on_hello_answer(env.hello_answer());
     if (env.has_error()) {
       auto ec = from_wire_code(env.error().code());
-      FERRY_LOG_WARN("peer {} refused the handshake: {} ({})", info_.address,
-                     env.error().message(), ec.message());
+      FERRY_LOG_WARN("peer {} refused the handshake: {} ({})", info_.address, env.error().message(),
+                     ec.message());
       do_close(ec);
       return {};
     }
@@ -269,10 +270,10 @@ void Session::handle_fetch(uint64_t rid, const wire::Fetch& msg) {
   }
   auto pin = ctx_->store.pin(msg.object_id());
   if (!pin) {
-    send_error(rid, errc::object_not_found,
-               "object " + std::to_string(msg.object_id()) + " not found on '" +
-                   ctx_->options.name + "'",
-               false);
+    send_error(
+        rid, errc::object_not_found,
+        "object " + std::to_string(msg.object_id()) + " not found on '" + ctx_->options.name + "'",
+        false);
     return;
   }
   const auto& tensors = pin.object().tensors;
@@ -360,8 +361,8 @@ void Session::finish_rpc(uint64_t rid, std::error_code ec, const wire::Envelope&
 
 // ---------------------------------------------------------------- fetcher side
 
-FetchRequest Session::fetch(ObjectRef ref, std::vector<MutableBuffer> targets,
-                            FetchOptions options, FetchHandler handler) {
+FetchRequest Session::fetch(ObjectRef ref, std::vector<MutableBuffer> targets, FetchOptions options,
+                            FetchHandler handler) {
   const uint64_t id = next_request_id_++;
   auto state = std::make_shared<detail::FetchState>(id, ctx_->io.get_executor());
   if (handler) state->set_handler(std::move(handler));
@@ -470,7 +471,8 @@ void Session::do_fetch(std::shared_ptr<detail::FetchState> state, ObjectRef ref,
 
 void Session::start_transfer(std::shared_ptr<detail::FetchState> state,
                              std::shared_ptr<TransportManager> transport,
-                             std::vector<MutableBuffer> targets, std::chrono::milliseconds timeout) {
+                             std::vector<MutableBuffer> targets,
+                             std::chrono::milliseconds timeout) {
   if (state->done()) return;  // aborted while the channel was opening
   if (state_ != State::open) {
     state->complete(close_reason_ ? close_reason_ : std::error_code(errc::peer_closed));
@@ -481,8 +483,8 @@ void Session::start_transfer(std::shared_ptr<detail::FetchState> state,
   PendingFetch pending{state, transport, nullptr, Clock::now()};
   if (timeout.count() > 0) {
     pending.timer = std::make_unique<asio::steady_timer>(ctx_->io, timeout);
-    pending.timer->async_wait(asio::bind_executor(
-        strand_, [self = shared_from_this(), id](boost::system::error_code ec) {
+    pending.timer->async_wait(
+        asio::bind_executor(strand_, [self = shared_from_this(), id](boost::system::error_code ec) {
           if (!ec) self->complete_fetch(id, errc::timed_out);
         }));
   }
@@ -541,23 +543,23 @@ void Session::ensure_channel(const std::shared_ptr<TransportManager>& transport,
     return;
   }
   slot.opening = true;
-  transport->async_open_channel(
-      shared_from_this(), [self = shared_from_this(), name = transport->name()](
-                              std::error_code ec, std::shared_ptr<TransportChannel> ch) {
-        auto& slot = self->channels_[name];
-        auto waiters = std::move(slot.waiters);
-        slot.opening = false;
-        if (!ec && self->state_ == State::closed) {
-          ch->close(self->close_reason_);
-          ec = self->close_reason_;
-        }
-        if (ec) {
-          self->channels_.erase(name);
-        } else {
-          slot.channel = std::move(ch);
-        }
-        for (auto& w : waiters) w(ec);
-      });
+  transport->async_open_channel(shared_from_this(),
+                                [self = shared_from_this(), name = transport->name()](
+                                    std::error_code ec, std::shared_ptr<TransportChannel> ch) {
+                                  auto& slot = self->channels_[name];
+                                  auto waiters = std::move(slot.waiters);
+                                  slot.opening = false;
+                                  if (!ec && self->state_ == State::closed) {
+                                    ch->close(self->close_reason_);
+                                    ec = self->close_reason_;
+                                  }
+                                  if (ec) {
+                                    self->channels_.erase(name);
+                                  } else {
+                                    slot.channel = std::move(ch);
+                                  }
+                                  for (auto& w : waiters) w(ec);
+                                });
 }
 
 std::shared_ptr<TransportChannel> Session::channel(std::string_view transport) const {
@@ -582,7 +584,7 @@ void Session::attach_side_connection(const std::string& transport_name, tcp::soc
 }
 
 void Session::async_open_side_connection(std::string_view transport_name,
-                                          SideConnectionHandler done) {
+                                         SideConnectionHandler done) {
   struct Op {
     tcp::socket socket;
     asio::steady_timer timer;
@@ -610,8 +612,8 @@ void Session::async_open_side_connection(std::string_view transport_name,
          tcp::socket(ctx_->io));
     return;
   }
-  auto op = std::make_shared<Op>(Op{tcp::socket(ctx_->io), asio::steady_timer(ctx_->io), {}, {},
-                                    {}, std::move(done)});
+  auto op = std::make_shared<Op>(
+      Op{tcp::socket(ctx_->io), asio::steady_timer(ctx_->io), {}, {}, {}, std::move(done)});
   wire::Envelope env;
   auto* attach = env.mutable_attach_channel();
   attach->set_session_id(info_.session_id);
@@ -626,33 +628,41 @@ void Session::async_open_side_connection(std::string_view transport_name,
     }
   }));
   auto self = shared_from_this();
-  op->socket.async_connect(endpoint, asio::bind_executor(strand_, [self, op](
-                                                                      boost::system::error_code ec) {
-    if (ec) return op->finish(errc::connection_failed);
-    boost::system::error_code ignored;
-    op->socket.set_option(tcp::no_delay(true), ignored);
-    asio::async_write(op->socket, asio::buffer(op->out), asio::bind_executor(self->strand_, [self, op](
-        boost::system::error_code ec, size_t) {
-      if (ec) return op->finish(errc::connection_failed);
-      asio::async_read(op->socket, asio::buffer(op->header), asio::bind_executor(self->strand_, [self, op](
-          boost::system::error_code ec, size_t) {
-        if (ec) return op->finish(errc::handshake_failed);
-        const uint32_t len = (uint32_t{op->header[0]} << 24) | (uint32_t{op->header[1]} << 16) |
-                             (uint32_t{op->header[2]} << 8) | uint32_t{op->header[3]};
-        if (len > 4096) return op->finish(errc::protocol_error);
-        op->body.resize(len);
-        asio::async_read(op->socket, asio::buffer(op->body), asio::bind_executor(self->strand_, [self, op](
-            boost::system::error_code ec, size_t) {
-          if (ec) return op->finish(errc::handshake_failed);
-          wire::Envelope reply;
-          if (parse_envelope(op->body, reply)) return op->finish(errc::protocol_error);
-          if (reply.has_error()) return op->finish(from_wire_code(reply.error().code()));
-          if (!reply.has_ack()) return op->finish(errc::protocol_error);
-          op->finish({});
-        }));
+  op->socket.async_connect(
+      endpoint, asio::bind_executor(strand_, [self, op](boost::system::error_code ec) {
+        if (ec) return op->finish(errc::connection_failed);
+        boost::system::error_code ignored;
+        op->socket.set_option(tcp::no_delay(true), ignored);
+        asio::async_write(
+            op->socket, asio::buffer(op->out),
+            asio::bind_executor(self->strand_, [self, op](boost::system::error_code ec, size_t) {
+              if (ec) return op->finish(errc::connection_failed);
+              asio::async_read(
+                  op->socket, asio::buffer(op->header),
+                  asio::bind_executor(
+                      self->strand_, [self, op](boost::system::error_code ec, size_t) {
+                        if (ec) return op->finish(errc::handshake_failed);
+                        const uint32_t len =
+                            (uint32_t{op->header[0]} << 24) | (uint32_t{op->header[1]} << 16) |
+                            (uint32_t{op->header[2]} << 8) | uint32_t{op->header[3]};
+                        if (len > 4096) return op->finish(errc::protocol_error);
+                        op->body.resize(len);
+                        asio::async_read(
+                            op->socket, asio::buffer(op->body),
+                            asio::bind_executor(
+                                self->strand_, [self, op](boost::system::error_code ec, size_t) {
+                                  if (ec) return op->finish(errc::handshake_failed);
+                                  wire::Envelope reply;
+                                  if (parse_envelope(op->body, reply))
+                                    return op->finish(errc::protocol_error);
+                                  if (reply.has_error())
+                                    return op->finish(from_wire_code(reply.error().code()));
+                                  if (!reply.has_ack()) return op->finish(errc::protocol_error);
+                                  op->finish({});
+                                }));
+                      }));
+            }));
       }));
-    }));
-  }));
 }
 
 // ---------------------------------------------------------------- control requests
@@ -694,8 +704,7 @@ void Session::send(const wire::Envelope& env) {
   write_more();
 }
 
-void Session::send_error(uint64_t rid, std::error_code ec, const std::string& message,
-                         bool fatal) {
+void Session::send_error(uint64_t rid, std::error_code ec, const std::string& message, bool fatal) {
   wire::Envelope env;
   env.set_request_id(rid);
   auto* err = env.mutable_error();
@@ -724,23 +733,22 @@ void Session::write_more() {
     write_queue_.pop_front();
   }
   for (const auto& f : writing_) buffers.emplace_back(asio::buffer(f));
-  asio::async_write(
-      socket_, buffers,
-      asio::bind_executor(strand_, [self = shared_from_this()](boost::system::error_code ec,
-                                                               size_t n) {
-        self->queued_bytes_ -= n;
-        self->writing_.clear();
-        if (self->state_ == State::closed) return;
-        if (ec) {
-          self->do_close(errc::peer_closed);
-          return;
-        }
-        if (self->close_after_write_ && self->write_queue_.empty()) {
-          self->do_close(self->close_after_write_ec_);
-          return;
-        }
-        self->write_more();
-      }));
+  asio::async_write(socket_, buffers,
+                    asio::bind_executor(strand_, [self = shared_from_this()](
+                                                     boost::system::error_code ec, size_t n) {
+                      self->queued_bytes_ -= n;
+                      self->writing_.clear();
+                      if (self->state_ == State::closed) return;
+                      if (ec) {
+                        self->do_close(errc::peer_closed);
+                        return;
+                      }
+                      if (self->close_after_write_ && self->write_queue_.empty()) {
+                        self->do_close(self->close_after_write_ec_);
+                        return;
+                      }
+                      self->write_more();
+                    }));
 }
 
 // ---------------------------------------------------------------- liveness and closing

@@ -3,10 +3,10 @@
 // Everything mutable is touched only on the session's strand.
 #pragma once
 
-#include <boost/asio/ip/tcp.hpp>
-#include <boost/asio/steady_timer.hpp>
 #include <array>
 #include <atomic>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/steady_timer.hpp>
 #include <chrono>
 #include <deque>
 #include <functional>
@@ -61,8 +61,7 @@ class Session final : public PeerLink, public std::enable_shared_from_this<Sessi
   void fail(std::error_code ec) override;
   void send_transport_message(std::string_view transport, uint64_t request_id,
                               std::string payload) override;
-  void async_open_side_connection(std::string_view transport,
-                                  SideConnectionHandler done) override;
+  void async_open_side_connection(std::string_view transport, SideConnectionHandler done) override;
 
  private:
   enum class State { handshaking, open, closed };
@@ -99,8 +98,8 @@ class Session final : public PeerLink, public std::enable_shared_from_this<Sessi
   void do_fetch(std::shared_ptr<detail::FetchState> state, ObjectRef ref,
                 std::vector<MutableBuffer> targets, FetchOptions options);
   void start_transfer(std::shared_ptr<detail::FetchState> state,
-                      std::shared_ptr<TransportManager> transport, std::vector<MutableBuffer> targets,
-                      std::chrono::milliseconds timeout);
+                      std::shared_ptr<TransportManager> transport,
+                      std::vector<MutableBuffer> targets, std::chrono::milliseconds timeout);
   void ensure_channel(const std::shared_ptr<TransportManager>& transport,
                       std::function<void(std::error_code)> done);
   std::shared_ptr<TransportManager> pick_transport(const std::string& requested,

@@ -16,11 +16,16 @@ namespace {
 
 const char* port_state_name(ibv_port_state s) {
   switch (s) {
-    case IBV_PORT_ACTIVE: return "ACTIVE";
-    case IBV_PORT_DOWN: return "DOWN";
-    case IBV_PORT_INIT: return "INIT";
-    case IBV_PORT_ARMED: return "ARMED";
-    default: return "OTHER";
+    case IBV_PORT_ACTIVE:
+      return "ACTIVE";
+    case IBV_PORT_DOWN:
+      return "DOWN";
+    case IBV_PORT_INIT:
+      return "INIT";
+    case IBV_PORT_ARMED:
+      return "ARMED";
+    default:
+      return "OTHER";
   }
 }
 

@@ -10,8 +10,8 @@ namespace ferry::rdma {
 
 struct PortInfo {
   uint8_t port = 0;
-  std::string state;      // "ACTIVE", "DOWN", ...
-  std::string link_layer;  // "Ethernet" (RoCE), "InfiniBand"
+  std::string state;              // "ACTIVE", "DOWN", ...
+  std::string link_layer;         // "Ethernet" (RoCE), "InfiniBand"
   std::vector<std::string> gids;  // non-zero GIDs, as text
 };
 

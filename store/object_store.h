@@ -29,9 +29,9 @@ using HolderId = uint64_t;
 struct StoredObject {
   ObjectId id = 0;
   std::vector<Tensor> tensors;
-  std::string transport;         // the transport that garbage-collects it
-  std::string extension;         // transport-defined metadata fields, opaque to the store
-  std::shared_ptr<void> owner;   // keeps the tensors' memory alive until collection
+  std::string transport;        // the transport that garbage-collects it
+  std::string extension;        // transport-defined metadata fields, opaque to the store
+  std::shared_ptr<void> owner;  // keeps the tensors' memory alive until collection
 
   uint64_t total_bytes() const;
 };

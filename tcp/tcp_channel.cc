@@ -41,13 +41,13 @@ void TcpChannel::post_recv(const FetchOp& op) {
 
 void TcpChannel::arm_read() {
   if (closed_) return;
-  socket_.async_wait(asio::ip::tcp::socket::wait_read,
-                     asio::bind_executor(strand_, [self = shared_from_this()](
-                                                      boost::system::error_code ec) {
-                       if (self->closed_) return;
-                       if (ec) return self->fail(errc::peer_closed);
-                       self->on_readable();
-                     }));
+  socket_.async_wait(
+      asio::ip::tcp::socket::wait_read,
+      asio::bind_executor(strand_, [self = shared_from_this()](boost::system::error_code ec) {
+        if (self->closed_) return;
+        if (ec) return self->fail(errc::peer_closed);
+        self->on_readable();
+      }));
 }
 
 void TcpChannel::on_readable() {
@@ -196,21 +196,21 @@ void TcpChannel::pump() {
   std::array<asio::const_buffer, 2> buffers{asio::buffer(&out_header_, sizeof(out_header_)),
                                             asio::buffer(data, len)};
   asio::async_write(socket_, buffers,
-                    asio::bind_executor(strand_, [self = shared_from_this()](
-                                                     boost::system::error_code ec, size_t) {
-                      self->writing_ = false;
-                      if (self->closed_) return;
-                      if (ec) return self->fail(errc::peer_closed);
-                      auto it = self->sends_.begin();  // the one just written is at the front
-                      if (it->sent_end) {
-                        self->finish_send(it, {});
-                      } else if (self->sends_.size() > 1) {
-                        // Round-robin: a small request is not stuck behind a large one.
-                        self->sends_.push_back(std::move(*it));
-                        self->sends_.pop_front();
-                      }
-                      self->pump();
-                    }));
+                    asio::bind_executor(
+                        strand_, [self = shared_from_this()](boost::system::error_code ec, size_t) {
+                          self->writing_ = false;
+                          if (self->closed_) return;
+                          if (ec) return self->fail(errc::peer_closed);
+                          auto it = self->sends_.begin();  // the one just written is at the front
+                          if (it->sent_end) {
+                            self->finish_send(it, {});
+                          } else if (self->sends_.size() > 1) {
+                            // Round-robin: a small request is not stuck behind a large one.
+                            self->sends_.push_back(std::move(*it));
+                            self->sends_.pop_front();
+                          }
+                          self->pump();
+                        }));
 }
 
 void TcpChannel::finish_send(std::deque<Send>::iterator it, std::error_code ec) {

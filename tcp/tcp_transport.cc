@@ -65,11 +65,11 @@ void TcpTransport::garbage_collect(const StoredObject&) {
 
 bool register_tcp_transport() {
   static const bool registered = [] {
-    auto ec = register_transport(kTransportName, {"cpu"},
-                                 [](const TransportEnv& env) -> Result<std::shared_ptr<TransportManager>> {
-                                   return std::shared_ptr<TransportManager>(
-                                       std::make_shared<TcpTransport>(env));
-                                 });
+    auto ec = register_transport(
+        kTransportName, {"cpu"},
+        [](const TransportEnv& env) -> Result<std::shared_ptr<TransportManager>> {
+          return std::shared_ptr<TransportManager>(std::make_shared<TcpTransport>(env));
+        });
     return !ec || ec == errc::transport_duplicate;
   }();
   return registered;

@@ -1,0 +1,214 @@
+// Bad input on the metadata port: every case gets a clear error (or the connection is closed
+// with one), and an honest client fetching throughout never sees an error.
+#include <gtest/gtest.h>
+#include <sys/socket.h>
+
+#include <boost/asio/connect.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/read.hpp>
+#include <boost/asio/write.hpp>
+#include <optional>
+#include <thread>
+
+#include "net/frame.h"
+#include "net/proto/ferry.pb.h"
+#include "tests/test_util.h"
+
+namespace ferry::test {
+namespace {
+
+namespace asio = boost::asio;
+using tcp = asio::ip::tcp;
+
+// A blocking client that speaks raw frames, with a receive timeout on every read.
+class RawClient {
+ public:
+  explicit RawClient(uint16_t port) : socket_(io_) {
+    socket_.connect(tcp::endpoint(asio::ip::make_address("127.0.0.1"), port));
+    timeval tv{5, 0};
+    ::setsockopt(socket_.native_handle(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  }
+  void send_raw(std::string_view bytes) { asio::write(socket_, asio::buffer(bytes)); }
+  void send(const wire::Envelope& env) { send_raw(encode_frame(env)); }
+  void shutdown_send() { socket_.shutdown(tcp::socket::shutdown_send); }
+
+  // Next frame, or nullopt on EOF / timeout / error.
+  std::optional<wire::Envelope> read() {
+    unsigned char h[4];
+    boost::system::error_code ec;
+    asio::read(socket_, asio::buffer(h), ec);
+    if (ec) return std::nullopt;
+    uint32_t len = (uint32_t{h[0]} << 24) | (uint32_t{h[1]} << 16) | (uint32_t{h[2]} << 8) | h[3];
+    std::string body(len, '\0');
+    asio::read(socket_, asio::buffer(body), ec);
+    if (ec) return std::nullopt;
+    wire::Envelope env;
+    if (!env.ParseFromString(body)) return std::nullopt;
+    return env;
+  }
+  // True when the server closed the connection (EOF or reset), within the read timeout.
+  bool closed_by_server() {
+    char c;
+    boost::system::error_code ec;
+    socket_.read_some(asio::buffer(&c, 1), ec);
+    return ec == asio::error::eof || ec == asio::error::connection_reset;
+  }
+
+  // Hello + HelloAnswer; returns the answer (or nullopt).
+  std::optional<wire::Envelope> handshake(uint32_t version = kProtocolVersion) {
+    wire::Envelope env;
+    auto* hello = env.mutable_hello();
+    hello->set_protocol_version(version);
+    hello->set_name("raw");
+    hello->add_transports()->set_name("TCP");
+    send(env);
+    return read();
+  }
+
+ private:
+  asio::io_context io_;
+  tcp::socket socket_;
+};
+
+struct BadInput : ::testing::Test {
+  void SetUp() override {
+    bytes = make_pattern(3u << 20, 77);
+    ref = server.put(bytes);
+    honest_peer = connect_or_fail(honest_ctx, server.address());
+    honest = std::thread([this] {
+      while (!stop) {
+        auto req = honest_peer.fetch(ref);
+        auto ec = req.wait(20s);
+        if (ec || !same_bytes(req.result().tensors[0], *bytes)) {
+          ++honest_errors;
+        } else {
+          ++honest_fetches;
+        }
+      }
+    });
+  }
+  void TearDown() override {
+    // Let the honest client keep going for a moment after the last bad input.
+    std::this_thread::sleep_for(100ms);
+    stop = true;
+    honest.join();
+    EXPECT_EQ(honest_errors, 0) << "the honest client saw errors";
+    EXPECT_GT(honest_fetches, 0);
+  }
+  static void expect_error(const std::optional<wire::Envelope>& env, errc code) {
+    ASSERT_TRUE(env.has_value()) << "no error frame before close";
+    ASSERT_TRUE(env->has_error()) << env->DebugString();
+    EXPECT_EQ(env->error().code(), static_cast<uint32_t>(code));
+    EXPECT_FALSE(env->error().message().empty());
+  }
+
+  Server server;
+  std::shared_ptr<std::vector<std::byte>> bytes;
+  ObjectRef ref;
+  Context honest_ctx{ContextOptions{.name = "honest"}};
+  Peer honest_peer;
+  std::thread honest;
+  std::atomic<bool> stop{false};
+  std::atomic<int> honest_errors{0};
+  std::atomic<int> honest_fetches{0};
+};
+
+TEST_F(BadInput, GarbageBytes) {
+  RawClient c(server.port);
+  c.send_raw("GET / HTTP/1.1\r\nHost: x\r\n\r\n");  // "GET " read as a length: 1.2 GB
+  expect_error(c.read(), errc::frame_too_large);
+  EXPECT_TRUE(c.closed_by_server());
+}
+
+TEST_F(BadInput, GarbageAfterHandshake) {
+  RawClient c(server.port);
+  ASSERT_TRUE(c.handshake()->has_hello_answer());
+  c.send_raw(std::string("\x00\x00\x00\x08\xff\xff\xff\xff\xff\xff\xff\xff", 12));
+  expect_error(c.read(), errc::protocol_error);
+  EXPECT_TRUE(c.closed_by_server());
+}
+
+TEST_F(BadInput, FourGigabyteFrameLength) {
+  RawClient c(server.port);
+  ASSERT_TRUE(c.handshake()->has_hello_answer());
+  c.send_raw(std::string("\xff\xff\xff\xff", 4));
+  expect_error(c.read(), errc::frame_too_large);
+  EXPECT_TRUE(c.closed_by_server());
+}
+
+TEST_F(BadInput, TruncatedFrame) {
+  RawClient c(server.port);
+  ASSERT_TRUE(c.handshake()->has_hello_answer());
+  c.send_raw(std::string("\x00\x00\x01\x00partial", 11));  // says 256 bytes, sends 7
+  c.shutdown_send();
+  // The server sees the stream end mid-frame and closes this connection.
+  EXPECT_TRUE(c.closed_by_server());
+}
+
+TEST_F(BadInput, TruncatedFirstFrameIsDroppedAfterTheHandshakeTimeout) {
+  RawClient c(server.port);
+  c.send_raw(std::string("\x00\x00\x01\x00partial", 11));
+  EXPECT_TRUE(c.closed_by_server());  // within handshake_timeout (5 s) + margin
+}
+
+TEST_F(BadInput, UnknownMessageGetsAnErrorAndTheConnectionLives) {
+  RawClient c(server.port);
+  ASSERT_TRUE(c.handshake()->has_hello_answer());
+  // Envelope{request_id: 5, field 99 (not in this protocol version): varint 1}.
+  c.send_raw(std::string("\x00\x00\x00\x05\x08\x05\x98\x06\x01", 9));
+  auto reply = c.read();
+  expect_error(reply, errc::unknown_message);
+  EXPECT_EQ(reply->request_id(), 5u);
+  EXPECT_FALSE(reply->error().fatal());
+  wire::Envelope ping;
+  ping.mutable_ping()->set_nonce(42);
+  c.send(ping);
+  auto pong = c.read();
+  while (pong && pong->has_ping()) pong = c.read();  // the server's own heartbeats
+  ASSERT_TRUE(pong && pong->has_pong());
+  EXPECT_EQ(pong->pong().nonce(), 42u);
+}
+
+TEST_F(BadInput, WrongProtocolVersion) {
+  RawClient c(server.port);
+  expect_error(c.handshake(999), errc::version_mismatch);
+  EXPECT_TRUE(c.closed_by_server());
+}
+
+TEST_F(BadInput, FetchOfAnObjectThatDoesNotExist) {
+  RawClient c(server.port);
+  ASSERT_TRUE(c.handshake()->has_hello_answer());
+  wire::Envelope env;
+  env.set_request_id(17);
+  env.mutable_fetch()->set_object_id(123456789);
+  env.mutable_fetch()->add_sizes(10);
+  c.send(env);
+  auto reply = c.read();
+  while (reply && reply->has_ping()) reply = c.read();
+  expect_error(reply, errc::object_not_found);
+  EXPECT_EQ(reply->request_id(), 17u);
+  EXPECT_FALSE(reply->error().fatal());
+}
+
+TEST_F(BadInput, ForgedDataChannelAttach) {
+  RawClient c(server.port);
+  wire::Envelope env;
+  env.mutable_attach_channel()->set_session_id(1);
+  env.mutable_attach_channel()->set_session_token("guess");
+  env.mutable_attach_channel()->set_transport("TCP");
+  c.send(env);
+  expect_error(c.read(), errc::handshake_failed);
+  EXPECT_TRUE(c.closed_by_server());
+}
+
+TEST_F(BadInput, HelloTwiceIsAProtocolError) {
+  RawClient c(server.port);
+  ASSERT_TRUE(c.handshake()->has_hello_answer());
+  auto again = c.handshake();
+  while (again && again->has_ping()) again = c.read();
+  expect_error(again, errc::protocol_error);
+  EXPECT_TRUE(c.closed_by_server());
+}
+
+}  // namespace
+}  // namespace ferry::test

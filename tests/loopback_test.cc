@@ -1,0 +1,395 @@
+// Real sockets on loopback, one process: fetch shapes and styles, concurrency, GC, abort,
+// timeouts, transport selection.
+#include <gtest/gtest.h>
+
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/use_awaitable.hpp>
+#include <boost/asio/use_future.hpp>
+#include <future>
+#include <thread>
+
+#include "tests/test_util.h"
+
+namespace ferry::test {
+namespace {
+
+namespace asio = boost::asio;
+
+struct Loopback : ::testing::Test {
+  Server server;
+  Context client{ContextOptions{.name = "client"}};
+  Peer peer;
+  void SetUp() override { peer = connect_or_fail(client, server.address()); }
+};
+
+TEST_F(Loopback, NegotiatesTcpAndSeesThePeer) {
+  EXPECT_TRUE(peer.is_open());
+  EXPECT_EQ(peer.transport(), "TCP");
+  EXPECT_EQ(peer.info().name, "ferry");
+  EXPECT_NE(peer.info().find_transport("TCP"), nullptr);
+  // Both sides count the connection.
+  for (int i = 0; i < 200 && server.ctx.peer_count() == 0; ++i) std::this_thread::sleep_for(5ms);
+  EXPECT_EQ(server.ctx.peer_count(), 1u);
+}
+
+TEST_F(Loopback, ByteExactForEdgeSizesIntoAllocatedAndGivenBuffers) {
+  for (size_t size :
+       {size_t{0}, size_t{1}, size_t{4096}, size_t{(1u << 20) + 1}, size_t{256u << 20}}) {
+    SCOPED_TRACE(size);
+    auto bytes = make_pattern(size, size);
+    auto ref = server.put(bytes);
+    // Allocated by ferry.
+    auto req = peer.fetch(ref);
+    ASSERT_FALSE(req.wait(60s));
+    ASSERT_EQ(req.result().tensors.size(), 1u);
+    EXPECT_TRUE(same_bytes(req.result().tensors[0], *bytes));
+    EXPECT_EQ(req.result().bytes, size);
+    EXPECT_EQ(req.result().transport, "TCP");
+    // Into the caller's buffer.
+    std::vector<std::byte> target(size, std::byte{0xee});
+    auto req2 = peer.fetch(ref, {MutableBuffer(target)});
+    ASSERT_FALSE(req2.wait(60s));
+    EXPECT_EQ(req2.result().storage, nullptr);
+    EXPECT_TRUE(same_bytes(target, *bytes));
+    server.ctx.release(ref);
+  }
+}
+
+TEST_F(Loopback, MultiTensorObjectsKeepShapesAndBytes) {
+  auto a = make_pattern(3 * 4 * 4, 1);
+  auto b = make_pattern(0, 2);
+  auto c = make_pattern(1000003, 3);
+  auto keep =
+      std::make_shared<std::vector<std::shared_ptr<std::vector<std::byte>>>>(std::vector{a, b, c});
+  auto ref = server.ctx.put(
+      {Tensor{*a, TensorMeta::dense({3, 4}, DType::kFloat32)}, Tensor{*b, TensorMeta::bytes(0)},
+       Tensor{*c, TensorMeta::dense({1000003}, DType::kInt8)}},
+      keep);
+  ASSERT_TRUE(ref.ok());
+  ASSERT_EQ(ref->metadata.tensors.size(), 3u);
+  EXPECT_EQ(ref->metadata.tensors[0].shape, (std::vector<int64_t>{3, 4}));
+  EXPECT_EQ(ref->metadata.tensors[0].dtype, DType::kFloat32);
+  auto req = peer.fetch(*ref);
+  ASSERT_FALSE(req.wait(30s));
+  const auto& r = req.result();
+  ASSERT_EQ(r.tensors.size(), 3u);
+  EXPECT_TRUE(same_bytes(r.tensors[0], *a));
+  EXPECT_TRUE(same_bytes(r.tensors[1], *b));
+  EXPECT_TRUE(same_bytes(r.tensors[2], *c));
+  EXPECT_EQ(r.ref.metadata.tensors[2].dtype, DType::kInt8);
+}
+
+TEST_F(Loopback, CallbackStyleCompletesOnceAndNeverInline) {
+  auto bytes = make_pattern(12345, 9);
+  auto ref = server.put(bytes);
+  std::promise<void> done;
+  std::atomic<int> calls{0};
+  std::atomic<bool> initiating{true};
+  bool inline_call = false;
+  FetchResult got;
+  peer.async_fetch(ref, [&](boost::system::error_code ec, FetchResult r) {
+    inline_call = initiating.load();
+    EXPECT_FALSE(ec) << ec.message();
+    got = std::move(r);
+    if (++calls == 1) done.set_value();
+  });
+  initiating = false;
+  ASSERT_EQ(done.get_future().wait_for(10s), std::future_status::ready);
+  EXPECT_FALSE(inline_call);
+  EXPECT_TRUE(same_bytes(got.tensors[0], *bytes));
+  std::this_thread::sleep_for(50ms);
+  EXPECT_EQ(calls, 1);
+
+  // An immediate failure (size mismatch) is not delivered inline either.
+  std::vector<std::byte> wrong(3);
+  std::promise<std::error_code> failed;
+  initiating = true;
+  peer.async_fetch(ref, {MutableBuffer(wrong)}, [&](boost::system::error_code ec, FetchResult) {
+    inline_call = initiating.load();
+    failed.set_value(ec);
+  });
+  initiating = false;
+  auto f = failed.get_future();
+  ASSERT_EQ(f.wait_for(10s), std::future_status::ready);
+  EXPECT_EQ(f.get(), errc::size_mismatch);
+  EXPECT_FALSE(inline_call);
+}
+
+TEST_F(Loopback, FutureStyleDeliversValueOrThrows) {
+  auto bytes = make_pattern(1 << 16, 4);
+  auto ref = server.put(bytes);
+  auto fut = peer.async_fetch(ref, asio::use_future);
+  ASSERT_EQ(fut.wait_for(10s), std::future_status::ready);
+  EXPECT_TRUE(same_bytes(fut.get().tensors[0], *bytes));
+
+  ObjectRef missing = ref;
+  missing.object_id = 999999;
+  auto bad = peer.async_fetch(missing, asio::use_future);
+  ASSERT_EQ(bad.wait_for(10s), std::future_status::ready);
+  try {
+    bad.get();
+    ADD_FAILURE() << "fetch of a missing object succeeded";
+  } catch (const boost::system::system_error& e) {
+    EXPECT_EQ(std::error_code(e.code()), errc::object_not_found);
+  }
+}
+
+TEST_F(Loopback, CoroutineStyleConnectsAndFetches) {
+  auto bytes = make_pattern(300000, 5);
+  auto ref = server.put(bytes);
+  auto addr = server.address();
+  auto fut = asio::co_spawn(
+      client.io_context(),
+      [&]() -> asio::awaitable<bool> {
+        Peer p = co_await client.async_connect(addr, asio::use_awaitable);
+        FetchResult r = co_await p.async_fetch(ref, asio::use_awaitable);
+        co_return same_bytes(r.tensors[0], *bytes);
+      },
+      asio::use_future);
+  ASSERT_EQ(fut.wait_for(20s), std::future_status::ready);
+  EXPECT_TRUE(fut.get());
+}
+
+TEST_F(Loopback, MissingObjectAndStaleRefAreOperationErrors) {
+  auto ref = server.put(make_pattern(10, 1));
+  ObjectRef missing = ref;
+  missing.object_id += 1000;
+  auto req = peer.fetch(missing);
+  EXPECT_EQ(req.wait(10s), errc::object_not_found);
+  ObjectRef stale = ref;
+  stale.owner_instance ^= 1;
+  EXPECT_EQ(peer.fetch(stale).wait(10s), errc::stale_ref);
+  EXPECT_EQ(scope_of(errc::stale_ref), Scope::operation);
+  // The peer is still fine.
+  EXPECT_FALSE(peer.fetch(ref).wait(10s));
+}
+
+TEST_F(Loopback, ListHoldAndReleaseOverTheWire) {
+  auto ref = server.put(make_pattern(64, 1));
+  auto list = peer.list(5s);
+  ASSERT_TRUE(list.ok()) << list.error().message();
+  ASSERT_EQ(list->size(), 1u);
+  EXPECT_EQ((*list)[0], ref);
+  ObjectRef missing = ref;
+  missing.object_id += 1;
+  EXPECT_EQ(peer.hold(missing, 5s), errc::object_not_found);
+  EXPECT_EQ(peer.release(ref, 5s), errc::object_not_found);  // holds none yet
+}
+
+TEST(Concurrency, ThousandFetchesOverSixteenPeers) {
+  Server server;
+  constexpr int kObjects = 40;
+  std::vector<std::shared_ptr<std::vector<std::byte>>> data;
+  std::vector<ObjectRef> refs;
+  for (int i = 0; i < kObjects; ++i) {
+    data.push_back(make_pattern(1 + (size_t{1} << (i % 19)) + i, i));
+    refs.push_back(server.put(data.back()));
+  }
+  constexpr int kPeers = 16;
+  constexpr int kFetches = 1000;
+  std::vector<std::unique_ptr<Context>> clients;
+  std::vector<Peer> peers;
+  for (int i = 0; i < kPeers; ++i) {
+    clients.push_back(std::make_unique<Context>(ContextOptions{.name = "c" + std::to_string(i)}));
+    peers.push_back(connect_or_fail(*clients.back(), server.address()));
+  }
+  std::vector<FetchRequest> reqs;
+  std::vector<int> which;
+  for (int i = 0; i < kFetches; ++i) {  // all issued before any is waited on
+    which.push_back(i % kObjects);
+    reqs.push_back(peers[i % kPeers].fetch(refs[which.back()]));
+  }
+  int ok = 0;
+  for (int i = 0; i < kFetches; ++i) {
+    auto ec = reqs[i].wait(60s);
+    ASSERT_FALSE(ec) << "fetch " << i << ": " << ec.message();
+    ok += same_bytes(reqs[i].result().tensors[0], *data[which[i]]);
+  }
+  EXPECT_EQ(ok, kFetches);
+}
+
+TEST(GarbageCollection, RunsOnceAfterLastLocalAndRemoteReference) {
+  Server server;
+  auto tcp = std::static_pointer_cast<tcp::TcpTransport>(server.ctx.transport("TCP"));
+  ASSERT_TRUE(tcp);
+  Context client1({.name = "c1"});
+  Context client2({.name = "c2"});
+  auto p1 = connect_or_fail(client1, server.address());
+  auto p2 = connect_or_fail(client2, server.address());
+  auto ref = server.put(make_pattern(1 << 20, 3));
+  const auto id = ref.object_id;
+  ASSERT_FALSE(p1.hold(ref, 5s));
+  ASSERT_FALSE(p2.hold(ref, 5s));
+  ASSERT_FALSE(p2.hold(ref, 5s));
+  EXPECT_EQ(server.ctx.store().counts(id)->remote, 3u);
+  EXPECT_TRUE(server.ctx.release(ref));
+  EXPECT_FALSE(server.ctx.release(ref));  // the local reference is gone already
+  EXPECT_EQ(tcp->collected(), 0u);
+  EXPECT_FALSE(p1.fetch(ref).wait(10s));  // still fetchable: remote holders keep it
+  ASSERT_FALSE(p1.release(ref, 5s));
+  ASSERT_FALSE(p2.release(ref, 5s));
+  EXPECT_EQ(tcp->collected(), 0u);
+  // A fetch in flight pins it; p2's last release during the fetch does not free it under us.
+  auto req = p2.fetch(ref);
+  ASSERT_FALSE(p2.release(ref, 5s));
+  ASSERT_FALSE(req.wait(10s));
+  for (int i = 0; i < 500 && tcp->collected() == 0; ++i) std::this_thread::sleep_for(2ms);
+  EXPECT_EQ(tcp->collected(), 1u);
+  EXPECT_FALSE(server.ctx.store().find(id));
+  EXPECT_EQ(p1.fetch(ref).wait(10s), errc::object_not_found);
+  std::this_thread::sleep_for(50ms);
+  EXPECT_EQ(tcp->collected(), 1u);  // exactly once
+}
+
+TEST(GarbageCollection, PeerThatGoesAwayDropsItsReferences) {
+  Server server;
+  auto tcp = std::static_pointer_cast<tcp::TcpTransport>(server.ctx.transport("TCP"));
+  auto ref = server.put(make_pattern(100, 1));
+  {
+    Context client({.name = "leaver"});
+    auto p = connect_or_fail(client, server.address());
+    ASSERT_FALSE(p.hold(ref, 5s));
+    server.ctx.release(ref);
+    EXPECT_EQ(tcp->collected(), 0u);
+  }  // the client context closes; the server drops what it held
+  for (int i = 0; i < 1000 && tcp->collected() == 0; ++i) std::this_thread::sleep_for(5ms);
+  EXPECT_EQ(tcp->collected(), 1u);
+}
+
+// Blocks a Context's io_context thread until released: a stalled peer, in one process.
+struct Staller {
+  explicit Staller(Context& ctx) {
+    asio::post(ctx.io_context(), [f = gate.get_future().share()] { f.wait_for(30s); });
+  }
+  ~Staller() { release(); }
+  void release() {
+    if (!released) gate.set_value();
+    released = true;
+  }
+  std::promise<void> gate;
+  bool released = false;
+};
+
+TEST_F(Loopback, WaitTimesOutOnAStalledTransferThenAbortLeavesPeerUsable) {
+  auto big = make_pattern(64u << 20, 8);
+  auto ref = server.put(big);
+  auto small = make_pattern(1000, 9);
+  auto small_ref = server.put(small);
+  Staller stall(server.ctx);
+  std::vector<std::byte> target(big->size());
+  auto req = peer.fetch(ref, {MutableBuffer(target)});
+  auto t0 = std::chrono::steady_clock::now();
+  EXPECT_EQ(req.wait(300ms), errc::timed_out);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 2s);
+  EXPECT_FALSE(req.done());
+  req.abort();
+  EXPECT_EQ(req.wait(5s), errc::aborted);
+  EXPECT_EQ(scope_of(req.wait(0ms)), Scope::operation);
+  // Once aborted, nothing writes into the target any more: poison it and watch.
+  std::fill(target.begin(), target.end(), std::byte{0x5a});
+  stall.release();
+  auto after = peer.fetch(small_ref);
+  ASSERT_FALSE(after.wait(20s)) << "peer unusable after abort";
+  EXPECT_TRUE(same_bytes(after.result().tensors[0], *small));
+  auto again = peer.fetch(ref);
+  ASSERT_FALSE(again.wait(30s));
+  EXPECT_TRUE(same_bytes(again.result().tensors[0], *big));
+  EXPECT_TRUE(
+      std::all_of(target.begin(), target.end(), [](std::byte b) { return b == std::byte{0x5a}; }));
+}
+
+TEST_F(Loopback, AbortInFlightCompletesWithAbortedExactlyOnce) {
+  auto big = make_pattern(128u << 20, 8);
+  auto ref = server.put(big);
+  for (int round = 0; round < 20; ++round) {
+    std::atomic<int> calls{0};
+    std::promise<std::error_code> got;
+    FetchRequest req = peer.fetch(ref);
+    std::this_thread::sleep_for(std::chrono::milliseconds(round % 5));
+    req.abort();
+    auto ec = req.wait(10s);
+    // Either the abort won, or the fetch had already completed: never both, never neither.
+    ASSERT_TRUE(ec == errc::aborted || !ec) << ec.message();
+    if (!ec) EXPECT_TRUE(same_bytes(req.result().tensors[0], *big));
+    req.abort();  // a second abort changes nothing
+    EXPECT_EQ(req.wait(0ms), ec);
+  }
+  auto last = peer.fetch(ref);
+  ASSERT_FALSE(last.wait(30s));
+  EXPECT_TRUE(same_bytes(last.result().tensors[0], *big));
+}
+
+TEST_F(Loopback, FetchDeadlineTimesOutWithinItsBound) {
+  auto big = make_pattern(32u << 20, 2);
+  auto ref = server.put(big);
+  Staller stall(server.ctx);
+  FetchOptions options;
+  options.timeout = 200ms;
+  auto t0 = std::chrono::steady_clock::now();
+  auto req = peer.fetch(ref, {}, options);
+  EXPECT_EQ(req.wait(5s), errc::timed_out);
+  EXPECT_TRUE(req.done());
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 2s);
+}
+
+TEST(Transports, UnknownAndUnavailableNamesAreTypedErrors) {
+  auto factory = [](const TransportEnv&) -> Result<std::shared_ptr<TransportManager>> {
+    return std::shared_ptr<TransportManager>(std::make_shared<FakeTransport>("FAKE"));
+  };
+  ASSERT_FALSE(register_transport("FAKE", {"cpu"}, factory));
+  Server server({.transports = {"TCP"}});  // the owner lacks FAKE
+  Context client({.name = "client"});      // the fetcher has TCP and FAKE
+  auto peer = connect_or_fail(client, server.address());
+  EXPECT_EQ(peer.transport(), "TCP");
+  auto ref = server.put(make_pattern(10, 1));
+  FetchOptions unknown;
+  unknown.transport = "NOPE";
+  EXPECT_EQ(peer.fetch(ref, {}, unknown).wait(5s), errc::transport_unknown);
+  FetchOptions fake;
+  fake.transport = "FAKE";
+  EXPECT_EQ(peer.fetch(ref, {}, fake).wait(5s), errc::transport_unavailable);
+  // Forcing a transport the server lacks at connect time fails the handshake, clearly.
+  Context forcing({.name = "forcing", .transport = "FAKE"});
+  auto refused = forcing.connect(server.address());
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.error(), errc::transport_unavailable);
+  EXPECT_FALSE(peer.fetch(ref).wait(5s));  // TCP still fine
+  EXPECT_FALSE(unregister_transport("FAKE"));
+}
+
+TEST(Connect, RefusedAndClosedContextsFailPromptly) {
+  Context client({.name = "client"});
+  uint16_t port;
+  {
+    Server gone;
+    port = gone.port;
+  }
+  auto t0 = std::chrono::steady_clock::now();
+  auto r = client.connect("127.0.0.1:" + std::to_string(port));
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.error(), errc::connection_failed);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 5s);
+  EXPECT_EQ(client.connect("not an address").error(), errc::invalid_argument);
+}
+
+TEST(Close, ClosingTheServerFailsPendingFetchesWithPeerScope) {
+  auto server = std::make_unique<Server>();
+  Context client({.name = "client"});
+  auto peer = connect_or_fail(client, server->address());
+  auto ref = server->put(make_pattern(64u << 20, 1));
+  std::optional<Staller> stall(server->ctx);
+  auto req = peer.fetch(ref);
+  EXPECT_EQ(req.wait(100ms), errc::timed_out);
+  stall.reset();
+  server.reset();  // closes its peers
+  auto ec = req.wait(10s);
+  if (ec) EXPECT_EQ(scope_of(ec), Scope::peer) << ec.message();
+  for (int i = 0; i < 400 && peer.is_open(); ++i) std::this_thread::sleep_for(5ms);
+  EXPECT_FALSE(peer.is_open());
+  EXPECT_EQ(scope_of(peer.fetch(ref).wait(5s)), Scope::peer);
+}
+
+}  // namespace
+}  // namespace ferry::test

@@ -1,0 +1,90 @@
+// Shared helpers for ferry's tests: byte patterns, bounded waits, a fake transport.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "ferry.h"
+
+namespace ferry::test {
+
+using namespace std::chrono_literals;
+
+// Deterministic bytes: a different pattern per (seed, position), cheap to check.
+inline std::shared_ptr<std::vector<std::byte>> make_pattern(size_t size, uint64_t seed) {
+  auto v = std::make_shared<std::vector<std::byte>>(size);
+  uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
+  for (size_t i = 0; i < size; ++i) {
+    if ((i & 7) == 0) {
+      x ^= x << 13;
+      x ^= x >> 7;
+      x ^= x << 17;
+    }
+    (*v)[i] = static_cast<std::byte>((x >> ((i & 7) * 8)) & 0xff);
+  }
+  return v;
+}
+
+inline bool same_bytes(std::span<const std::byte> a, std::span<const std::byte> b) {
+  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size()) == 0);
+}
+
+// A server Context listening on loopback with a port chosen by the kernel.
+struct Server {
+  explicit Server(ContextOptions options = {}) : ctx(std::move(options)) {
+    auto p = ctx.listen("127.0.0.1:0");
+    EXPECT_TRUE(p.ok()) << p.error().message();
+    port = p.ok() ? *p : 0;
+  }
+  std::string address() const { return "127.0.0.1:" + std::to_string(port); }
+  // Puts `bytes` (kept alive by the returned ref's object) and returns its ref.
+  ObjectRef put(std::shared_ptr<std::vector<std::byte>> bytes) {
+    auto ref = ctx.put({Tensor::bytes(*bytes)}, bytes);
+    EXPECT_TRUE(ref.ok());
+    return *ref;
+  }
+  Context ctx;
+  uint16_t port = 0;
+};
+
+inline Peer connect_or_fail(Context& ctx, const std::string& address) {
+  auto peer = ctx.connect(address);
+  EXPECT_TRUE(peer.ok()) << "connect " << address << ": " << peer.error().message();
+  return peer.ok() ? *peer : Peer();
+}
+
+// Counts collections; otherwise refuses to move anything. Used to test the registry and
+// transport selection without a second real transport.
+class FakeTransport final : public TransportManager {
+ public:
+  explicit FakeTransport(std::string name, uint32_t priority = 1)
+      : name_(std::move(name)), priority_(priority) {}
+  std::string name() const override { return name_; }
+  bool is_one_sided() const override { return false; }
+  bool can_abort() const override { return true; }
+  TransportInfo local_info() const override { return {name_, {"cpu"}, "", priority_}; }
+  void async_open_channel(std::shared_ptr<PeerLink>, ChannelOpenHandler done) override {
+    done(make_error_code(errc::transport_unavailable), nullptr);
+  }
+  void send_multiple(PeerLink&, uint64_t, ObjectStore::Pin, SendDone done) override {
+    done(make_error_code(errc::transport_unavailable));
+  }
+  void abort(PeerLink&, uint64_t) override {}
+  void garbage_collect(const StoredObject&) override { ++collected; }
+  std::atomic<int> collected{0};
+
+ private:
+  std::string name_;
+  uint32_t priority_;
+};
+
+}  // namespace ferry::test
