@@ -29,10 +29,15 @@ std::optional<HostPort> parse_host_port(std::string_view text) {
 }
 
 std::string format_host_port(std::string_view host, unsigned port) {
-  if (host.find(':') != std::string_view::npos) {
-    return "[" + std::string(host) + "]:" + std::to_string(port);
-  }
-  return std::string(host) + ":" + std::to_string(port);
+  const bool v6 = host.find(':') != std::string_view::npos;
+  std::string out;
+  out.reserve(host.size() + 8);
+  if (v6) out.push_back('[');
+  out.append(host);
+  if (v6) out.push_back(']');
+  out.push_back(':');
+  out.append(std::to_string(port));
+  return out;
 }
 
 }  // namespace ferry

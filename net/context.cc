@@ -304,9 +304,10 @@ Result<uint16_t> Context::listen(std::string_view host_port) {
   auto hp = parse_host_port(host_port);
   if (!hp) return errc::invalid_argument;
   boost::system::error_code ec;
-  auto address = asio::ip::make_address(hp->host, ec);
-  if (ec) return errc::invalid_argument;
-  tcp::endpoint endpoint(address, static_cast<uint16_t>(std::stoi(hp->port)));
+  tcp::resolver resolver(impl_->io);
+  auto results = resolver.resolve(hp->host, hp->port, tcp::resolver::passive, ec);
+  if (ec || results.empty()) return errc::invalid_argument;
+  tcp::endpoint endpoint = results.begin()->endpoint();
   tcp::acceptor acceptor(impl_->io);
   acceptor.open(endpoint.protocol(), ec);
   if (!ec) acceptor.set_option(tcp::acceptor::reuse_address(true), ec);
@@ -332,8 +333,8 @@ void Context::set_advertise_address(std::string host_port) {
   impl_->advertise_address = std::move(host_port);
 }
 
-void Context::start_connect(std::string address, ConnectHandler handler) {
-  auto impl = impl_;
+void Context::start_connect(std::shared_ptr<Impl> impl, std::string address,
+                            ConnectHandler handler) {
   auto io_ex = impl->io.get_executor();
   auto deliver = [io_ex](ConnectHandler h, std::error_code ec, Peer peer) {
     detail::post_completion(io_ex, std::move(h), boost::system::error_code(ec), std::move(peer));
@@ -393,7 +394,7 @@ void Context::start_connect(std::string address, ConnectHandler handler) {
 Result<Peer> Context::connect(std::string address) {
   std::promise<std::pair<std::error_code, Peer>> promise;
   auto future = promise.get_future();
-  start_connect(std::move(address), [&promise](boost::system::error_code ec, Peer peer) {
+  start_connect(impl_, std::move(address), [&promise](boost::system::error_code ec, Peer peer) {
     promise.set_value({std::error_code(ec), std::move(peer)});
   });
   // Both phases carry their own deadlines; this one only guards against a bug.

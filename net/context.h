@@ -65,8 +65,8 @@ class Context {
   template <typename Token>
   auto async_connect(std::string address, Token&& token) {
     return boost::asio::async_initiate<Token, void(boost::system::error_code, Peer)>(
-        [this](auto handler, std::string address) {
-          start_connect(std::move(address), ConnectHandler(std::move(handler)));
+        [impl = impl_](auto handler, std::string address) {
+          start_connect(impl, std::move(address), ConnectHandler(std::move(handler)));
         },
         token, std::move(address));
   }
@@ -76,6 +76,7 @@ class Context {
 
   // Puts tensors into the store and returns their ref (one local reference held by this side;
   // drop it with release()). The memory `owner` keeps alive must not change until collection.
+  // Refs name this context's listen (or advertise) address as their owner: listen() first.
   Result<ObjectRef> put(std::vector<Tensor> tensors, std::shared_ptr<void> owner = nullptr,
                         PutOptions options = {});
   // Drops the local reference put() gave; collection follows when no peer holds the object.
@@ -103,7 +104,8 @@ class Context {
 
  private:
   using ConnectHandler = boost::asio::any_completion_handler<void(boost::system::error_code, Peer)>;
-  void start_connect(std::string address, ConnectHandler handler);
+  static void start_connect(std::shared_ptr<Impl> impl, std::string address,
+                            ConnectHandler handler);
   std::shared_ptr<Impl> impl_;
 };
 

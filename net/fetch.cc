@@ -20,9 +20,8 @@ bool FetchState::complete(std::error_code ec) {
   }
   cv_.notify_all();
   if (handler) {
-    FetchResult result = ec ? FetchResult{} : std::move(result_);
     post_completion(io_executor_, std::move(*handler), boost::system::error_code(ec),
-                    std::move(result));
+                    std::move(result_));
   }
   return true;
 }

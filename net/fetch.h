@@ -22,6 +22,8 @@
 
 namespace ferry {
 
+// What a fetch produced. On failure the handler still gets ref, transport and elapsed; the
+// tensors must not be read then.
 struct FetchResult {
   ObjectRef ref;
   std::vector<MutableBuffer> tensors;    // where each tensor landed

@@ -40,7 +40,7 @@ const PeerInfo& Peer::info() const { return session_ ? session_->info() : kNoPee
 std::string Peer::transport() const { return session_ ? session_->chosen_transport() : ""; }
 
 void Peer::start_fetch(ObjectRef ref, std::vector<MutableBuffer> targets, FetchOptions options,
-                       FetchHandler handler) {
+                       FetchHandler handler) const {
   if (!session_) {
     // No session, so no io_context: complete through the system executor (never inline).
     detail::post_completion(boost::asio::system_executor(), std::move(handler),

@@ -36,10 +36,10 @@ class Peer {
   auto async_fetch(ObjectRef ref, std::vector<MutableBuffer> targets, FetchOptions options,
                    Token&& token) {
     return boost::asio::async_initiate<Token, FetchSignature>(
-        [this](auto handler, ObjectRef ref, std::vector<MutableBuffer> targets,
-               FetchOptions options) {
-          start_fetch(std::move(ref), std::move(targets), std::move(options),
-                      FetchHandler(std::move(handler)));
+        [self = *this](auto handler, ObjectRef ref, std::vector<MutableBuffer> targets,
+                       FetchOptions options) {
+          self.start_fetch(std::move(ref), std::move(targets), std::move(options),
+                           FetchHandler(std::move(handler)));
         },
         token, std::move(ref), std::move(targets), std::move(options));
   }
@@ -69,7 +69,7 @@ class Peer {
 
  private:
   void start_fetch(ObjectRef ref, std::vector<MutableBuffer> targets, FetchOptions options,
-                   FetchHandler handler);
+                   FetchHandler handler) const;
   std::shared_ptr<Session> session_;
 };
 

@@ -165,6 +165,10 @@ void Session::on_read(const boost::system::error_code& ec, size_t n) {
   last_rx_ = Clock::now();
   auto err = decoder_.feed(std::string_view(read_buf_.data(), n),
                            [this](std::string_view body) { return on_frame(body); });
+  if (err && state_ == State::handshaking) {
+    do_close(errc::handshake_failed);  // whatever answered is not a ferry peer
+    return;
+  }
   if (err) {
     FERRY_LOG_WARN("peer '{}' ({}): {}; closing its connection", info_.name, info_.address,
                    err.message());

@@ -1,0 +1,267 @@
+#include "cli/fetch.h"
+
+#include <cerrno>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <cstring>
+#include <deque>
+#include <filesystem>
+#include <mutex>
+#include <optional>
+
+#include "cli/checksum.h"
+#include "cli/manifest.h"
+#include "cli/progress.h"
+#include "cli/report.h"
+#include "cli/status.h"
+#include "ferry.h"
+
+namespace ferry::cli {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// One object to fetch, and what it must contain when a manifest says so.
+struct Target {
+  ObjectRef ref;
+  std::string text;
+  const ManifestObject* expected = nullptr;
+};
+
+struct Completion {
+  size_t index = 0;
+  std::error_code ec;
+  FetchResult result;
+  std::chrono::nanoseconds latency{0};
+};
+
+// Completed fetches, handed from ferry's threads to the main thread.
+class CompletionQueue {
+ public:
+  // Adds a completion and wakes the waiter. Any thread.
+  void push(Completion c) {
+    {
+      std::lock_guard lock(mu_);
+      items_.push_back(std::move(c));
+    }
+    cv_.notify_one();
+  }
+  // The oldest completion, waiting at most `timeout`; nullopt when none arrived in time.
+  std::optional<Completion> pop(std::chrono::milliseconds timeout) {
+    std::unique_lock lock(mu_);
+    if (!cv_.wait_for(lock, timeout, [this] { return !items_.empty(); })) return std::nullopt;
+    Completion c = std::move(items_.front());
+    items_.pop_front();
+    return c;
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Completion> items_;
+};
+
+std::string describe(const Target& t) {
+  return "object " + std::to_string(t.ref.object_id) + " (" + t.text.substr(0, 24) + "...)";
+}
+
+// Compares the received tensors with the manifest entry; "" when every byte matches.
+std::string mismatch(const FetchResult& r, const ManifestObject& expected) {
+  if (r.tensors.size() != expected.tensors.size()) {
+    return std::to_string(r.tensors.size()) + " tensors received, the manifest lists " +
+           std::to_string(expected.tensors.size());
+  }
+  for (size_t i = 0; i < r.tensors.size(); ++i) {
+    const auto& want = expected.tensors[i];
+    const std::string which = "tensor " + std::to_string(i) + ": ";
+    if (r.tensors[i].size() != want.bytes) {
+      return which + std::to_string(r.tensors[i].size()) + " bytes received, the manifest says " +
+             std::to_string(want.bytes);
+    }
+    if (const uint64_t got = checksum(r.tensors[i]); got != want.checksum) {
+      return which + "checksum " + checksum_hex(got) + " differs from the manifest's " +
+             checksum_hex(want.checksum);
+    }
+  }
+  return "";
+}
+
+// Writes tensor i of the object to <dir>/<object_id>.<i>.bin; "" on success, else what failed.
+std::string write_tensors(const std::filesystem::path& dir, const FetchResult& r) {
+  for (size_t i = 0; i < r.tensors.size(); ++i) {
+    const auto path = dir / (std::to_string(r.ref.object_id) + "." + std::to_string(i) + ".bin");
+    std::FILE* f = std::fopen(path.c_str(), "wb");
+    bool ok =
+        f && std::fwrite(r.tensors[i].data(), 1, r.tensors[i].size(), f) == r.tensors[i].size();
+    if (f && std::fclose(f) != 0) ok = false;
+    if (!ok) return "write " + path.string() + ": " + std::strerror(errno);
+  }
+  return "";
+}
+
+// Fills `targets` from the refs on the command line or from the manifest. Returns an exit code.
+int collect_targets(const FetchArgs& args, const Manifest& manifest, std::vector<Target>& targets) {
+  for (const auto& text : args.refs) {
+    auto ref = ObjectRef::from_string(text);
+    if (!ref) return fail(kExitUsage, "'" + text + "' is not a ferry ref", ref.error());
+    targets.push_back({std::move(*ref), text, nullptr});
+  }
+  for (size_t i = 0; i < manifest.objects.size(); ++i) {
+    const auto& object = manifest.objects[i];
+    auto ref = ObjectRef::from_string(object.ref);
+    if (!ref) {
+      return fail(kExitUsage,
+                  "manifest " + args.manifest + ": object " + std::to_string(i) + ": bad ref",
+                  ref.error());
+    }
+    targets.push_back({std::move(*ref), object.ref, &object});
+  }
+  return kExitOk;
+}
+
+// The peer to fetch from: --from, else the manifest's server, else the first ref's owner.
+std::string peer_address(const FetchArgs& args, const Manifest& manifest,
+                         const std::vector<Target>& targets) {
+  if (!args.from.empty()) return args.from;
+  if (!manifest.server.empty()) return manifest.server;
+  return targets.empty() ? "" : targets.front().ref.owner;
+}
+
+// Verifies one fetched object (when it has a manifest entry) and writes it out (with --out).
+// Returns an exit code; a verification failure is reported and counted, not returned.
+int finish_object(const FetchArgs& args, const Target& target, const FetchResult& result,
+                  FetchSummary& summary, Progress& progress) {
+  if (target.expected) {
+    if (auto why = mismatch(result, *target.expected); !why.empty()) {
+      progress.clear();
+      fail(kExitVerifyFailed, "verify " + describe(target) + ": " + why);
+      ++summary.mismatched;
+    }
+  }
+  if (!args.out.empty()) {
+    if (auto why = write_tensors(args.out, result); !why.empty()) {
+      progress.clear();
+      return fail(kExitFetchFailed, why);
+    }
+  }
+  return kExitOk;
+}
+
+// Fetches every target with at most `args.concurrency` in flight, and so at most that many
+// objects in memory: a new fetch starts only once a finished one has been verified, written and
+// released. Fills `summary`; returns an exit code, stopping at the first failed fetch.
+int fetch_targets(const FetchArgs& args, Peer& peer, const std::vector<Target>& targets,
+                  FetchSummary& summary) {
+  FetchOptions options;
+  if (args.transport != "auto") options.transport = args.transport;
+  options.timeout = std::chrono::milliseconds(args.timeout_ms);
+  uint64_t total_bytes = 0;
+  for (const auto& t : targets) total_bytes += t.ref.metadata.total_bytes();
+  Progress progress(args.quiet ? ProgressMode::kNever : parse_progress_mode(args.progress),
+                    targets.size(), total_bytes);
+  auto queue = std::make_shared<CompletionQueue>();  // outlives late completions
+  auto issue = [&](size_t i) {
+    peer.async_fetch(
+        targets[i].ref, {}, options,
+        [queue, i, issued = Clock::now()](boost::system::error_code ec, FetchResult result) {
+          queue->push({i, ec, std::move(result), Clock::now() - issued});
+        });
+  };
+
+  const auto start = Clock::now();
+  const auto window = static_cast<size_t>(args.concurrency);
+  size_t next = 0, in_flight = 0;
+  int rc = kExitOk;
+  while (rc == kExitOk && (next < targets.size() || in_flight > 0)) {
+    for (; in_flight < window && next < targets.size(); ++next, ++in_flight) issue(next);
+    // Each fetch has its own deadline; this bound only guards against a lost completion.
+    auto done = queue->pop(options.timeout + std::chrono::seconds(5));
+    if (!done) {
+      progress.clear();
+      rc = fail(kExitTimeout,
+                "no fetch completed within " + std::to_string(args.timeout_ms + 5000) + " ms");
+      break;
+    }
+    --in_flight;
+    if (done->ec) {
+      progress.clear();
+      rc = fail(done->ec == errc::timed_out ? kExitTimeout : kExitFetchFailed,
+                "fetch " + describe(targets[done->index]), done->ec);
+      break;
+    }
+    summary.objects += 1;
+    summary.tensors += done->result.tensors.size();
+    summary.bytes += done->result.bytes;
+    summary.latencies.push_back(done->latency);
+    rc = finish_object(args, targets[done->index], done->result, summary, progress);
+    progress.update(summary.objects, summary.bytes);
+  }  // each iteration's `done` releases its object's memory
+  summary.wall = Clock::now() - start;
+  progress.finish();
+  return rc;
+}
+
+}  // namespace
+
+int run_fetch(const FetchArgs& args) {
+  Manifest manifest;
+  if (std::string error; !args.manifest.empty() && !read_manifest(args.manifest, manifest, error)) {
+    return fail(kExitUsage, "manifest " + args.manifest + ": " + error);
+  }
+  std::vector<Target> targets;
+  if (int rc = collect_targets(args, manifest, targets)) return rc;
+  if (targets.empty() && args.manifest.empty() && !args.all) {
+    return fail(kExitUsage, "nothing to fetch: give REF..., --manifest FILE or --all");
+  }
+  const std::string from = peer_address(args, manifest, targets);
+  if (from.empty()) return fail(kExitUsage, "no peer to fetch from: give --from HOST:PORT");
+  if (!args.out.empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(args.out, ec);
+    if (ec) return fail(kExitFetchFailed, "create directory " + args.out, ec);
+  }
+
+  ContextOptions options;
+  options.name = "ferry-fetch";
+  options.threads = args.threads;
+  options.transport = args.transport;
+  auto ctx = Context::create(options);
+  if (!ctx) return fail(kExitUsage, "transport '" + args.transport + "'", ctx.error());
+  auto connected = (*ctx)->connect(from);
+  if (connected.error() == errc::invalid_argument) {
+    return fail(kExitUsage, "connect to " + from + ": expected HOST:PORT");
+  }
+  if (!connected) return fail(kExitConnect, "connect to " + from, connected.error());
+  Peer peer = std::move(*connected);
+  if (args.all) {
+    auto refs = peer.list(std::chrono::milliseconds(args.timeout_ms));
+    if (!refs) {
+      return fail(refs.error() == errc::timed_out ? kExitTimeout : kExitFetchFailed,
+                  "list objects on " + from, refs.error());
+    }
+    for (auto& ref : *refs) {
+      std::string text = ref.to_string();
+      targets.push_back({std::move(ref), std::move(text), nullptr});
+    }
+  }
+
+  FetchSummary summary;
+  summary.transport = peer.transport();
+  const int rc = fetch_targets(args, peer, targets, summary);
+  (*ctx)->close();  // fails whatever is still in flight after an error
+  if (rc != kExitOk) return rc;
+  if (!args.manifest.empty()) {
+    summary.verified =
+        summary.mismatched ? FetchSummary::Verified::kFailed : FetchSummary::Verified::kYes;
+  }
+  if (args.json) {
+    std::fputs(summary_json(summary).c_str(), stdout);
+  } else if (!args.quiet) {
+    std::printf("ferry fetch from %s, %d in flight\n", from.c_str(), args.concurrency);
+    print_table(stdout, summary);
+  }
+  return summary.mismatched ? kExitVerifyFailed : kExitOk;
+}
+
+}  // namespace ferry::cli

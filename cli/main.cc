@@ -1,0 +1,159 @@
+// ferry: the command-line tool. This file only wires the subcommands to their runners.
+#include <CLI/CLI.hpp>
+
+#include <csignal>
+#include <cstdio>
+#include <exception>
+#include <string>
+#include <vector>
+
+#include "cli/fetch.h"
+#include "cli/info.h"
+#include "cli/serve.h"
+#include "cli/status.h"
+#include "cli/units.h"
+#include "ferry.h"
+
+namespace ferry::cli {
+namespace {
+
+// CLI11 checks: "" when `text` is valid, else what is wrong with it.
+std::string check_size(const std::string& text) {
+  return parse_size(text) ? "" : "expected a size such as 4096, 64K, 1.5M or 1G";
+}
+std::string check_size_range(const std::string& text) {
+  return parse_range(text, parse_size) ? "" : "expected MIN-MAX sizes such as 4K-64M";
+}
+std::string check_count_range(const std::string& text) {
+  auto range = parse_range(text, parse_count);
+  return range && range->first >= 1 ? "" : "expected MIN-MAX counts of at least 1, such as 1-3";
+}
+
+std::vector<std::string> transport_choices() {
+  std::vector<std::string> names{"auto"};
+  for (const auto& t : registered_transports()) names.push_back(t.name);
+  return names;
+}
+
+void add_serve(CLI::App& app, ServeArgs& a) {
+  auto* cmd = app.add_subcommand("serve", "Put objects into a store and serve them to peers");
+  cmd->add_option("--listen", a.listen, "Address to listen on; port 0 picks a free port")
+      ->type_name("IP:PORT")
+      ->capture_default_str();
+  cmd->add_option("--objects", a.objects, "Number of random objects")->type_name("N");
+  cmd->add_option("--tensors", a.tensors, "Tensors per random object")
+      ->type_name("MIN-MAX")
+      ->check(check_count_range)
+      ->capture_default_str();
+  cmd->add_option("--sizes", a.sizes, "Tensor sizes, log-uniform (suffixes K, M, G)")
+      ->type_name("MIN-MAX")
+      ->check(check_size_range)
+      ->capture_default_str();
+  cmd->add_option("--total", a.total, "Scale random tensors up until they total at least SIZE")
+      ->type_name("SIZE")
+      ->check(check_size);
+  cmd->add_option("--seed", a.seed, "Seed of the random objects")->capture_default_str();
+  cmd->add_option("--file", a.files, "Serve a file's bytes as one object (repeatable)")
+      ->type_name("PATH")
+      ->allow_extra_args(false)
+      ->check(CLI::ExistingFile.description(""));
+  cmd->add_option("--manifest", a.manifest, "Write refs and checksums to FILE (JSON)")
+      ->type_name("FILE");
+  cmd->add_flag("--json", a.json, "Print the objects as a JSON document");
+  cmd->add_option("--duration", a.duration, "Stop after SECONDS (default: on SIGINT/SIGTERM)")
+      ->type_name("SECONDS")
+      ->check(CLI::NonNegativeNumber.description(""));
+  cmd->add_option("--threads", a.threads, "Threads running the context")
+      ->type_name("N")
+      ->check(CLI::Range(1, 256))
+      ->capture_default_str();
+  cmd->footer(
+      std::string("Puts random objects (--objects) and/or files (--file) into a ferry store and\n"
+                  "serves them until SIGINT/SIGTERM or --duration. Prints one line per object\n"
+                  "(`REF BYTES CHECKSUMS`, or a JSON document with --json), then `ready ADDRESS`\n"
+                  "once peers can connect.\n\n") +
+      kExitCodeHelp);
+}
+
+void add_fetch(CLI::App& app, FetchArgs& a) {
+  auto* cmd = app.add_subcommand("fetch", "Fetch objects from a peer and verify them");
+  cmd->add_option("--from", a.from, "Peer to fetch from (default: the manifest's server)")
+      ->type_name("HOST:PORT");
+  auto* refs = cmd->add_option("refs", a.refs, "Refs to fetch (ferry1:...)")->type_name("REF");
+  auto* manifest =
+      cmd->add_option("--manifest", a.manifest, "Fetch and verify a manifest's objects")
+          ->type_name("FILE")
+          ->check(CLI::ExistingFile.description(""));
+  auto* all = cmd->add_flag("--all", a.all, "Fetch every object the peer's store holds");
+  refs->excludes(manifest);
+  all->excludes(refs);
+  all->excludes(manifest);
+  cmd->add_option("--concurrency", a.concurrency, "Fetches in flight")
+      ->type_name("N")
+      ->check(CLI::Range(1, 4096))
+      ->capture_default_str();
+  cmd->add_option("--out", a.out, "Write tensors to DIR/<object_id>.<tensor_index>.bin")
+      ->type_name("DIR");
+  cmd->add_option("--transport", a.transport, "Transport to use")
+      ->type_name("NAME")
+      ->transform(CLI::IsMember(transport_choices(), CLI::ignore_case))
+      ->capture_default_str();
+  cmd->add_option("--timeout", a.timeout_ms, "Deadline of each fetch")
+      ->type_name("MS")
+      ->check(CLI::Range(int64_t{1}, int64_t{86400000}))
+      ->capture_default_str();
+  cmd->add_flag("--json", a.json, "Print the summary as JSON");
+  cmd->add_option("--progress", a.progress, "Progress on stderr (auto: a bar on a terminal)")
+      ->type_name("WHEN")
+      ->transform(CLI::IsMember({"auto", "always", "never"}))
+      ->capture_default_str();
+  cmd->add_flag("-q,--quiet", a.quiet, "No progress and no table (errors still go to stderr)");
+  cmd->add_option("--threads", a.threads, "Threads running the context")
+      ->type_name("N")
+      ->check(CLI::Range(1, 256))
+      ->capture_default_str();
+  cmd->footer(
+      std::string(
+          "Fetches the refs given, a manifest's objects (verifying every byte against its\n"
+          "checksums) or everything the peer holds (--all), at most --concurrency at a\n"
+          "time, then prints a summary: bytes, throughput, fetch latency, verification.\n\n") +
+      kExitCodeHelp);
+}
+
+int run(int argc, char** argv) {
+  CLI::App app("ferry " + std::string(kVersion) +
+                   ": asynchronous tensor and buffer transfers between processes",
+               "ferry");
+  app.set_version_flag("--version", "ferry " + std::string(kVersion));
+  app.require_subcommand(1);
+  app.footer(kExitCodeHelp);
+  ServeArgs serve_args;
+  FetchArgs fetch_args;
+  bool info_json = false;
+  add_serve(app, serve_args);
+  add_fetch(app, fetch_args);
+  auto* info = app.add_subcommand("info", "Show the version, transports and RDMA devices");
+  info->add_flag("--json", info_json, "Print as JSON");
+  info->footer(kExitCodeHelp);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? kExitOk : kExitUsage;
+  }
+  if (app.got_subcommand("serve")) return run_serve(serve_args);
+  if (app.got_subcommand("fetch")) return run_fetch(fetch_args);
+  return run_info(info_json);
+}
+
+}  // namespace
+}  // namespace ferry::cli
+
+int main(int argc, char** argv) {
+  std::signal(SIGPIPE, SIG_IGN);  // a closed stdout or socket is an error code, not a death
+  try {
+    return ferry::cli::run(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "ferry: %s\n", e.what());
+    return ferry::cli::kExitUsage;
+  }
+}
