@@ -493,11 +493,11 @@ void Session::start_transfer(std::shared_ptr<detail::FetchState> state,
         }));
   }
   fetches_.emplace(id, std::move(pending));
-  FetchOp op{id, ref, std::move(targets)};
-  auto ec = transport->is_one_sided() ? transport->fetch_multiple(*this, op)
-                                      : transport->recv_multiple(*this, op);
-  if (ec) {
-    complete_fetch(id, ec);
+  FetchOp op{id, ref, std::move(targets), FetchRequest(state)};
+  auto started = transport->is_one_sided() ? transport->fetch_multiple(*this, op)
+                                           : transport->recv_multiple(*this, op);
+  if (!started) {
+    complete_fetch(id, started.error());
     return;
   }
   wire::Envelope env;

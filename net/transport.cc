@@ -25,12 +25,12 @@ std::error_code TransportManager::accept_side_connection(std::shared_ptr<PeerLin
   return errc::transport_unavailable;
 }
 
-std::error_code TransportManager::fetch_multiple(PeerLink&, const FetchOp&) {
-  return errc::invalid_argument;  // two-sided transports receive with recv_multiple()
+Result<FetchRequest> TransportManager::fetch_multiple(PeerLink&, const FetchOp&) {
+  return make_error_code(errc::invalid_argument);  // two-sided transports receive with recv_multiple()
 }
 
-std::error_code TransportManager::recv_multiple(PeerLink&, const FetchOp&) {
-  return errc::invalid_argument;  // one-sided transports pull with fetch_multiple()
+Result<FetchRequest> TransportManager::recv_multiple(PeerLink&, const FetchOp&) {
+  return make_error_code(errc::invalid_argument);  // one-sided transports pull with fetch_multiple()
 }
 
 std::error_code TransportManager::wait_fetch_complete(const FetchRequest& request,

@@ -22,6 +22,7 @@
 
 #include "net/fetch.h"
 #include "net/object_ref.h"
+#include "net/result.h"
 #include "store/object_store.h"
 
 namespace ferry {
@@ -63,6 +64,7 @@ struct FetchOp {
   uint64_t request_id = 0;
   ObjectRef ref;
   std::vector<MutableBuffer> targets;  // one per tensor, sizes already checked against the ref
+  FetchRequest request;                // the handle the caller holds; completed by the core
 };
 
 // The core's per-peer session, as a transport sees it. Every method runs on (and is only to be
@@ -129,12 +131,13 @@ class TransportManager {
                                                  boost::asio::ip::tcp::socket socket,
                                                  std::shared_ptr<TransportChannel>& channel);
 
-  // Fetcher side, one-sided transports: start pulling `op`'s bytes into its targets; finish with
-  // link.complete_fetch(). An error return fails the fetch at once.
-  virtual std::error_code fetch_multiple(PeerLink& link, const FetchOp& op);
-  // Fetcher side, two-sided transports: post receives for `op` into its targets; the owner's
-  // send_multiple() fills them; finish with link.complete_fetch().
-  virtual std::error_code recv_multiple(PeerLink& link, const FetchOp& op);
+  // Fetcher side, one-sided transports: start pulling `op`'s bytes into its targets and return
+  // the request (op.request); finish it with link.complete_fetch(). An error fails it at once.
+  virtual Result<FetchRequest> fetch_multiple(PeerLink& link, const FetchOp& op);
+  // Fetcher side, two-sided transports: post receives for `op` into its targets and return the
+  // request (op.request); the owner's send_multiple() fills them; finish with
+  // link.complete_fetch(). An error fails it at once.
+  virtual Result<FetchRequest> recv_multiple(PeerLink& link, const FetchOp& op);
   // Waits for a fetch with a timeout (Ray's wait_fetch_complete). The default waits on the
   // request itself; any thread but a completion handler.
   virtual std::error_code wait_fetch_complete(const FetchRequest& request,

@@ -38,11 +38,11 @@ std::error_code TcpTransport::accept_side_connection(std::shared_ptr<PeerLink> l
   return {};
 }
 
-std::error_code TcpTransport::recv_multiple(PeerLink& link, const FetchOp& op) {
+Result<FetchRequest> TcpTransport::recv_multiple(PeerLink& link, const FetchOp& op) {
   auto ch = std::static_pointer_cast<TcpChannel>(link.channel(kTransportName));
   if (!ch) return errc::transport_unavailable;
   ch->post_recv(op);
-  return {};
+  return op.request;
 }
 
 void TcpTransport::send_multiple(PeerLink& link, uint64_t request_id, ObjectStore::Pin object,

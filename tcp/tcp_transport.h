@@ -27,7 +27,7 @@ class TcpTransport final : public TransportManager {
   std::error_code accept_side_connection(std::shared_ptr<PeerLink> link,
                                          boost::asio::ip::tcp::socket socket,
                                          std::shared_ptr<TransportChannel>& channel) override;
-  std::error_code recv_multiple(PeerLink& link, const FetchOp& op) override;
+  Result<FetchRequest> recv_multiple(PeerLink& link, const FetchOp& op) override;
   void send_multiple(PeerLink& link, uint64_t request_id, ObjectStore::Pin object,
                      SendDone done) override;
   void abort(PeerLink& link, uint64_t request_id) override;
