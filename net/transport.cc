@@ -26,11 +26,13 @@ std::error_code TransportManager::accept_side_connection(std::shared_ptr<PeerLin
 }
 
 Result<FetchRequest> TransportManager::fetch_multiple(PeerLink&, const FetchOp&) {
-  return make_error_code(errc::invalid_argument);  // two-sided transports receive with recv_multiple()
+  return make_error_code(
+      errc::invalid_argument);  // two-sided transports receive with recv_multiple()
 }
 
 Result<FetchRequest> TransportManager::recv_multiple(PeerLink&, const FetchOp&) {
-  return make_error_code(errc::invalid_argument);  // one-sided transports pull with fetch_multiple()
+  return make_error_code(
+      errc::invalid_argument);  // one-sided transports pull with fetch_multiple()
 }
 
 std::error_code TransportManager::wait_fetch_complete(const FetchRequest& request,
