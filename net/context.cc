@@ -179,8 +179,7 @@ void Context::Impl::on_accepted(tcp::socket socket) {
   asio::async_read(
       g->socket, asio::buffer(g->header), [self, g, reject](boost::system::error_code ec, size_t) {
         if (ec) return;
-        const uint32_t len = (uint32_t{g->header[0]} << 24) | (uint32_t{g->header[1]} << 16) |
-                             (uint32_t{g->header[2]} << 8) | uint32_t{g->header[3]};
+        const uint32_t len = decode_frame_length(g->header.data());
         if (len > self->options.max_frame_bytes) {
           return reject(errc::frame_too_large, "first frame of " + std::to_string(len) +
                                                    " bytes exceeds the maximum of " +

@@ -16,6 +16,12 @@ namespace ferry {
 inline constexpr uint32_t kFrameHeaderBytes = 4;
 inline constexpr uint32_t kDefaultMaxFrameBytes = 4u << 20;
 
+// The body length a frame header announces (big-endian).
+inline uint32_t decode_frame_length(const unsigned char* header) {
+  return (uint32_t{header[0]} << 24) | (uint32_t{header[1]} << 16) | (uint32_t{header[2]} << 8) |
+         uint32_t{header[3]};
+}
+
 // Serializes `env` into a frame (header + body).
 std::string encode_frame(const wire::Envelope& env);
 
