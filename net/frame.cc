@@ -25,8 +25,7 @@ std::error_code FrameDecoder::feed(std::string_view data, const FrameFn& on_fram
   std::error_code ec;
   while (buffer_.size() - pos >= kFrameHeaderBytes) {
     const auto* p = reinterpret_cast<const unsigned char*>(buffer_.data() + pos);
-    const uint32_t len =
-        (uint32_t{p[0]} << 24) | (uint32_t{p[1]} << 16) | (uint32_t{p[2]} << 8) | uint32_t{p[3]};
+    const uint32_t len = decode_frame_length(p);
     if (len > max_frame_bytes_) {
       ec = errc::frame_too_large;
       break;

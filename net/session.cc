@@ -646,9 +646,7 @@ void Session::async_open_side_connection(std::string_view transport_name,
                   asio::bind_executor(
                       self->strand_, [self, op](boost::system::error_code ec, size_t) {
                         if (ec) return op->finish(errc::handshake_failed);
-                        const uint32_t len =
-                            (uint32_t{op->header[0]} << 24) | (uint32_t{op->header[1]} << 16) |
-                            (uint32_t{op->header[2]} << 8) | uint32_t{op->header[3]};
+                        const uint32_t len = decode_frame_length(op->header.data());
                         if (len > 4096) return op->finish(errc::protocol_error);
                         op->body.resize(len);
                         asio::async_read(
