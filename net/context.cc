@@ -8,6 +8,8 @@
 #include <boost/asio/read.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/write.hpp>
+#include <cctype>
+#include <cstdlib>
 #include <future>
 #include <random>
 
@@ -231,6 +233,18 @@ void Context::Impl::on_accepted(tcp::socket socket) {
 }
 
 // ---------------------------------------------------------------- Context
+
+std::string ContextOptions::default_transport() {
+  const char* v = std::getenv("FERRY_TRANSPORT");
+  if (!v || !*v) return "auto";
+  std::string upper;
+  for (const char* c = v; *c; ++c) {
+    upper.push_back(static_cast<char>(std::toupper(static_cast<unsigned char>(*c))));
+  }
+  if (upper == "AUTO") return "auto";
+  if (upper == "RDMA" || upper == "TCP") return upper;
+  return v;
+}
 
 Context::Context(ContextOptions options) : impl_(std::make_shared<Impl>(std::move(options))) {
   impl_->work.emplace(asio::make_work_guard(impl_->io));

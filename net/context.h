@@ -23,17 +23,24 @@ namespace ferry {
 inline constexpr uint32_t kProtocolVersion = 1;
 
 struct ContextOptions {
-  std::string name = "ferry";                   // shown to peers and in logs
-  int threads = 1;                              // threads running the io_context
-  std::vector<std::string> transports;          // registered transports to use; empty = all
-  std::string transport = "auto";               // preferred transport for connections we make
+  std::string name = "ferry";           // shown to peers and in logs
+  int threads = 1;                      // threads running the io_context
+  std::vector<std::string> transports;  // registered transports to use; empty = all
+  // For connections we make: "auto" or a name; default from $FERRY_TRANSPORT (auto|rdma|tcp).
+  std::string transport = default_transport();
   uint32_t max_frame_bytes = 4u << 20;          // metadata frames above this end the connection
   size_t max_queued_control_bytes = 64u << 20;  // a peer that does not read its control frames
   std::chrono::milliseconds connect_timeout{10000};
   std::chrono::milliseconds handshake_timeout{5000};
   std::chrono::milliseconds heartbeat_interval{1000};
-  std::chrono::milliseconds peer_timeout{10000};  // silence after which a peer is declared dead
-  size_t tcp_chunk_bytes = 1u << 20;              // TCP data channel: bytes per chunk
+  std::chrono::milliseconds peer_timeout{10000};   // silence after which a peer is declared dead
+  size_t tcp_chunk_bytes = 1u << 20;               // TCP data channel: bytes per chunk
+  std::chrono::milliseconds lease_timeout{60000};  // one-sided grants: pin held at most this long
+  bool busy_poll = false;  // RDMA: poll the completion queue instead of sleeping on its channel
+
+  // "auto", or the transport named by $FERRY_TRANSPORT ("rdma" and "tcp" in any case map to the
+  // built-in "RDMA" and "TCP").
+  static std::string default_transport();
 };
 
 struct PutOptions {

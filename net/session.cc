@@ -48,6 +48,10 @@ Session::Session(std::shared_ptr<Context::Impl> ctx, tcp::socket socket, bool in
   info_.initiator = initiator;
   boost::system::error_code ignored;
   socket_.set_option(tcp::no_delay(true), ignored);
+  auto local = socket_.local_endpoint(ignored);
+  if (!ignored) info_.local_ip = local.address().to_string();
+  auto remote = socket_.remote_endpoint(ignored);
+  if (!ignored) info_.remote_ip = remote.address().to_string();
 }
 
 Session::~Session() = default;
@@ -513,19 +517,26 @@ void Session::start_transfer(std::shared_ptr<detail::FetchState> state,
 void Session::complete_fetch(uint64_t request_id, std::error_code ec) {
   auto it = fetches_.find(request_id);
   if (it == fetches_.end()) return;
-  auto pending = std::move(it->second);
-  fetches_.erase(it);
-  if (pending.timer) pending.timer->cancel();
-  if (ec) {
-    // The transport lets go of the targets before the caller hears of the failure.
-    pending.transport->abort(*this, request_id);
+  if (it->second.releasing) {
+    // The transport has drained what it had posted for an aborted fetch: report the abort now.
+    ec = it->second.releasing;
+  } else if (ec) {
+    if (it->second.timer) it->second.timer->cancel();
     if ((ec == errc::aborted || ec == errc::timed_out) && state_ == State::open) {
       wire::Envelope env;
       env.set_request_id(request_id);
       env.mutable_cancel();
       send(env);
     }
+    // The transport lets go of the targets before the caller hears of the failure.
+    if (!it->second.transport->abort(*this, request_id)) {
+      it->second.releasing = ec;  // it calls complete_fetch() again once they are free
+      return;
+    }
   }
+  auto pending = std::move(it->second);
+  fetches_.erase(it);
+  if (pending.timer) pending.timer->cancel();
   pending.state->result().elapsed = Clock::now() - pending.started;
   pending.state->complete(ec);
 }
@@ -564,6 +575,26 @@ void Session::ensure_channel(const std::shared_ptr<TransportManager>& transport,
                                   }
                                   for (auto& w : waiters) w(ec);
                                 });
+}
+
+bool Session::install_channel(std::string_view transport,
+                              std::shared_ptr<TransportChannel> channel) {
+  auto& slot = channels_[std::string(transport)];
+  if (slot.channel || state_ == State::closed) return false;
+  slot.channel = std::move(channel);
+  auto waiters = std::move(slot.waiters);
+  slot.opening = false;
+  for (auto& w : waiters) w({});
+  return true;
+}
+
+void Session::drop_channel(std::string_view transport, std::error_code ec) {
+  auto it = channels_.find(std::string(transport));
+  if (it == channels_.end() || !it->second.channel) return;
+  auto channel = std::move(it->second.channel);
+  channels_.erase(it);
+  FERRY_LOG_WARN("peer '{}': {} channel dropped: {}", info_.name, transport, ec.message());
+  channel->close(ec);
 }
 
 std::shared_ptr<TransportChannel> Session::channel(std::string_view transport) const {

@@ -62,6 +62,9 @@ class Session final : public PeerLink, public std::enable_shared_from_this<Sessi
   void send_transport_message(std::string_view transport, uint64_t request_id,
                               std::string payload) override;
   void async_open_side_connection(std::string_view transport, SideConnectionHandler done) override;
+  bool install_channel(std::string_view transport,
+                       std::shared_ptr<TransportChannel> channel) override;
+  void drop_channel(std::string_view transport, std::error_code ec) override;
 
  private:
   enum class State { handshaking, open, closed };
@@ -71,6 +74,7 @@ class Session final : public PeerLink, public std::enable_shared_from_this<Sessi
     std::shared_ptr<TransportManager> transport;
     std::unique_ptr<boost::asio::steady_timer> timer;
     Clock::time_point started;
+    std::error_code releasing;  // set while the transport drains hardware work of an abort
   };
   struct ChannelSlot {
     std::shared_ptr<TransportChannel> channel;

@@ -40,7 +40,9 @@ struct TransportInfo {
 // What we know of a connected peer.
 struct PeerInfo {
   std::string name;
-  std::string address;  // host:port we reached it at, or where it came from
+  std::string address;    // host:port we reached it at, or where it came from
+  std::string local_ip;   // this side's address on the metadata connection
+  std::string remote_ip;  // the peer's address on the metadata connection
   uint64_t session_id = 0;
   bool initiator = false;  // true on the side that connected
   std::vector<TransportInfo> transports;
@@ -86,6 +88,15 @@ class PeerLink {
 
   // A peer-scope failure seen by the transport: closes the session; pending fetches fail.
   virtual void fail(std::error_code ec) = 0;
+
+  // Acceptor side: installs the channel a transport built from its own control messages (e.g.
+  // an RDMA queue pair set up over TransportMessages). Replaces nothing: false if one exists.
+  virtual bool install_channel(std::string_view transport,
+                               std::shared_ptr<TransportChannel> channel) = 0;
+  // The transport's channel broke but the peer is fine: the session forgets it (closing it with
+  // `ec`); the next fetch over that transport opens a new one (initiator side). The transport
+  // fails that channel's own pending fetches first.
+  virtual void drop_channel(std::string_view transport, std::error_code ec) = 0;
 
   // Sends a transport-private control message on the metadata channel.
   virtual void send_transport_message(std::string_view transport, uint64_t request_id,
@@ -148,9 +159,13 @@ class TransportManager {
   virtual void send_multiple(PeerLink& link, uint64_t request_id, ObjectStore::Pin object,
                              SendDone done) = 0;
 
-  // Either side: stop everything for `request_id`. When it returns, the transport never touches
-  // that request's buffers again; a pending SendDone still runs (with errc::aborted).
-  virtual void abort(PeerLink& link, uint64_t request_id) = 0;
+  // Either side: stop everything for `request_id`. Returns true when the transport has let go of
+  // the request's buffers (it never touches them again). Returns false on the fetcher side when
+  // operations already handed to hardware (posted RDMA READs) still target them: the transport
+  // then calls link.complete_fetch(request_id, {}) once they have drained, and ferry completes
+  // the fetch with the error it was aborted for only then. On the owner side a pending SendDone
+  // still runs (with errc::aborted).
+  virtual bool abort(PeerLink& link, uint64_t request_id) = 0;
 
   // Owner side: the object was collected (last local and remote reference gone); release what
   // the transport holds for it. Runs exactly once per object of this transport. Any thread.

@@ -52,10 +52,12 @@ void TcpTransport::send_multiple(PeerLink& link, uint64_t request_id, ObjectStor
   ch->post_send(request_id, std::move(object), std::move(done));
 }
 
-void TcpTransport::abort(PeerLink& link, uint64_t request_id) {
+bool TcpTransport::abort(PeerLink& link, uint64_t request_id) {
+  // Receives land only inside strand handlers, so dropping the request releases it at once.
   if (auto ch = std::static_pointer_cast<TcpChannel>(link.channel(kTransportName))) {
     ch->abort(request_id);
   }
+  return true;
 }
 
 void TcpTransport::garbage_collect(const StoredObject&) {

@@ -30,7 +30,7 @@ class TcpTransport final : public TransportManager {
   Result<FetchRequest> recv_multiple(PeerLink& link, const FetchOp& op) override;
   void send_multiple(PeerLink& link, uint64_t request_id, ObjectStore::Pin object,
                      SendDone done) override;
-  void abort(PeerLink& link, uint64_t request_id) override;
+  bool abort(PeerLink& link, uint64_t request_id) override;
   void garbage_collect(const StoredObject& object) override;
 
   // Objects collected so far (for tests and `ferry serve` statistics).

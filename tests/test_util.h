@@ -78,7 +78,7 @@ class FakeTransport final : public TransportManager {
   void send_multiple(PeerLink&, uint64_t, ObjectStore::Pin, SendDone done) override {
     done(make_error_code(errc::transport_unavailable));
   }
-  void abort(PeerLink&, uint64_t) override {}
+  bool abort(PeerLink&, uint64_t) override { return true; }
   void garbage_collect(const StoredObject&) override { ++collected; }
   std::atomic<int> collected{0};
 
