@@ -11,15 +11,19 @@
 #include "net/registry.h"
 #include "net/transport.h"
 #include "rdma/devices.h"
+#include "rdma/rdma.h"
 #include "store/object_store.h"
 #include "store/tensor.h"
 #include "tcp/tcp_transport.h"
 
 namespace ferry {
 
-// Registers the transports built into this ferry (TCP now; RDMA when built with it) through
+// Registers the transports built into this ferry (TCP; RDMA when built with rdma-core) through
 // the public registry, exactly as a user's transport would register. Idempotent.
-inline bool register_builtin_transports() { return tcp::register_tcp_transport(); }
+inline bool register_builtin_transports() {
+  rdma::register_rdma_transport();
+  return tcp::register_tcp_transport();
+}
 
 namespace detail {
 // Every program that includes ferry.h registers the built-ins during static initialization.

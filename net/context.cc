@@ -429,9 +429,9 @@ Result<ObjectRef> Context::put(std::vector<Tensor> tensors, std::shared_ptr<void
     return errc::transport_unknown;
   }
   auto& store = impl_->store;
-  const ObjectId id = options.copy
-                          ? store.put_copy(tensors, options.transport)
-                          : store.put(std::move(tensors), std::move(owner), options.transport);
+  const ObjectId id = options.copy ? store.put_copy(tensors, options.transport)
+                                   : store.put(std::move(tensors), std::move(owner),
+                                               options.transport, {}, options.region);
   auto object = store.find(id);
   TransportMetadata md;
   for (const auto& t : impl_->transports) {

@@ -46,6 +46,7 @@ Session::Session(std::shared_ptr<Context::Impl> ctx, tcp::socket socket, bool in
       heartbeat_timer_(ctx_->io) {
   info_.address = std::move(address);
   info_.initiator = initiator;
+  next_request_id_ = initiator ? 1 : 2;
   boost::system::error_code ignored;
   socket_.set_option(tcp::no_delay(true), ignored);
   auto local = socket_.local_endpoint(ignored);
@@ -262,8 +263,9 @@ std::error_code Session::dispatch(const wire::Envelope& env) {
 // ---------------------------------------------------------------- owner side
 
 void Session::handle_fetch(uint64_t rid, const wire::Fetch& msg) {
-  if (serving_.count(rid)) {
-    send_error(rid, errc::invalid_argument, "request id already in use", false);
+  if (serving_.count(rid) || rid % 2 == next_request_id_ % 2) {
+    send_error(rid, errc::invalid_argument, "request id in use, or not one the peer may use",
+               false);
     return;
   }
   if (msg.owner_instance() != 0 && msg.owner_instance() != ctx_->instance) {
@@ -371,7 +373,7 @@ void Session::finish_rpc(uint64_t rid, std::error_code ec, const wire::Envelope&
 
 FetchRequest Session::fetch(ObjectRef ref, std::vector<MutableBuffer> targets, FetchOptions options,
                             FetchHandler handler) {
-  const uint64_t id = next_request_id_++;
+  const uint64_t id = next_request_id_.fetch_add(2);
   auto state = std::make_shared<detail::FetchState>(id, ctx_->io.get_executor());
   if (handler) state->set_handler(std::move(handler));
   state->set_abort_hook([weak = weak_from_this(), weak_state = std::weak_ptr(state), id] {
@@ -701,7 +703,7 @@ void Session::async_open_side_connection(std::string_view transport_name,
 // ---------------------------------------------------------------- control requests
 
 void Session::rpc(wire::Envelope request, std::chrono::milliseconds timeout, RpcHandler done) {
-  const uint64_t id = next_request_id_++;
+  const uint64_t id = next_request_id_.fetch_add(2);
   request.set_request_id(id);
   asio::post(strand_, [self = shared_from_this(), id, request = std::move(request), timeout,
                        done = std::move(done)]() mutable {

@@ -54,6 +54,7 @@ class Session final : public PeerLink, public std::enable_shared_from_this<Sessi
 
   // PeerLink
   PeerStrand& strand() override { return strand_; }
+  std::shared_ptr<PeerLink> shared_link() override { return shared_from_this(); }
   const PeerInfo& info() const override { return info_; }
   bool is_open() const override { return state_.load() == State::open; }
   std::shared_ptr<TransportChannel> channel(std::string_view transport) const override;
@@ -140,7 +141,9 @@ class Session final : public PeerLink, public std::enable_shared_from_this<Sessi
   Clock::time_point last_rx_;
   std::function<void(std::error_code)> on_ready_;
 
-  std::atomic<uint64_t> next_request_id_{1};
+  // Odd on the connecting side, even on the accepting side: our ids and the peer's never
+  // collide in a transport's per-request tables.
+  std::atomic<uint64_t> next_request_id_;
   std::unordered_map<uint64_t, PendingFetch> fetches_;
   std::unordered_map<uint64_t, std::shared_ptr<TransportManager>> serving_;
   std::unordered_map<uint64_t, PendingRpc> rpcs_;

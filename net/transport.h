@@ -76,6 +76,8 @@ class PeerLink {
   virtual ~PeerLink() = default;
 
   virtual PeerStrand& strand() = 0;  // any thread
+  // This link as a shared_ptr, for transports that keep a (weak) handle to it. Any thread.
+  virtual std::shared_ptr<PeerLink> shared_link() = 0;
   virtual const PeerInfo& info() const = 0;
   virtual bool is_open() const = 0;
 

@@ -96,12 +96,14 @@ void ObjectStore::set_gc_hook(GcHook hook) {
 }
 
 ObjectId ObjectStore::put(std::vector<Tensor> tensors, std::shared_ptr<void> owner,
-                          std::string transport, std::string extension) {
+                          std::string transport, std::string extension,
+                          std::span<const std::byte> region) {
   auto object = std::make_shared<StoredObject>();
   object->tensors = std::move(tensors);
   object->owner = std::move(owner);
   object->transport = std::move(transport);
   object->extension = std::move(extension);
+  object->region = region;
   std::lock_guard lock(state_->mu);
   object->id = state_->next_id++;
   state_->bytes += object->total_bytes();
@@ -129,7 +131,9 @@ ObjectId ObjectStore::put_copy(const std::vector<Tensor>& tensors, std::string t
     if (!tensors[i].data.empty()) std::memcpy(dst, tensors[i].data.data(), tensors[i].data.size());
     copies.push_back(Tensor{{dst, tensors[i].data.size()}, tensors[i].meta});
   }
-  return put(std::move(copies), std::move(memory), std::move(transport), std::move(extension));
+  std::span<const std::byte> region(memory.get(), std::max<size_t>(cursor, 1));
+  return put(std::move(copies), std::move(memory), std::move(transport), std::move(extension),
+             region);
 }
 
 bool ObjectStore::add_ref(ObjectId id) {

@@ -14,6 +14,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -32,6 +33,9 @@ struct StoredObject {
   std::string transport;        // the transport that garbage-collects it
   std::string extension;        // transport-defined metadata fields, opaque to the store
   std::shared_ptr<void> owner;  // keeps the tensors' memory alive until collection
+  // The allocation the tensors live in, when known: a transport registers it once for all the
+  // views inside.
+  std::span<const std::byte> region;
 
   uint64_t total_bytes() const;
 };
@@ -84,7 +88,7 @@ class ObjectStore {
   // Adds an object whose tensors point into memory that `owner` keeps alive (may be null when
   // the caller guarantees the memory outlives the object). Returns its id with one local reference.
   ObjectId put(std::vector<Tensor> tensors, std::shared_ptr<void> owner, std::string transport,
-               std::string extension = {});
+               std::string extension = {}, std::span<const std::byte> region = {});
   // Like put(), but copies the bytes into memory the store owns.
   ObjectId put_copy(const std::vector<Tensor>& tensors, std::string transport,
                     std::string extension = {});

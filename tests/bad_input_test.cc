@@ -24,7 +24,7 @@ using tcp = asio::ip::tcp;
 class RawClient {
  public:
   explicit RawClient(uint16_t port) : socket_(io_) {
-    socket_.connect(tcp::endpoint(asio::ip::make_address("127.0.0.1"), port));
+    socket_.connect(tcp::endpoint(asio::ip::make_address(test_host()), port));
     timeval tv{5, 0};
     ::setsockopt(socket_.native_handle(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
   }
@@ -105,7 +105,7 @@ struct BadInput : ::testing::Test {
   Server server;
   std::shared_ptr<std::vector<std::byte>> bytes;
   ObjectRef ref;
-  Context honest_ctx{ContextOptions{.name = "honest"}};
+  Context honest_ctx{client_options("honest")};
   Peer honest_peer;
   std::thread honest;
   std::atomic<bool> stop{false};

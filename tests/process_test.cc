@@ -34,7 +34,7 @@ class ServerProcess {
     ::close(fds[1]);
     out_ = fds[0];
     for (std::string line; read_line(line, 20s) && line != "ready";) {
-      if (line.rfind("listening ", 0) == 0) address = "127.0.0.1:" + line.substr(10);
+      if (line.rfind("listening ", 0) == 0) address = test_host() + ":" + line.substr(10);
       if (line.rfind("ref ", 0) == 0) refs.push_back(*ObjectRef::from_string(line.substr(4)));
     }
     EXPECT_FALSE(address.empty()) << "test server did not start";
@@ -75,7 +75,7 @@ TEST(Process, ServerKilledMidFetchFailsEveryPendingFutureWithPeerScope) {
   constexpr size_t kBig = 256u << 20;
   ServerProcess doomed({std::to_string(kBig), std::to_string(kBig), "1000"});
   ASSERT_EQ(doomed.refs.size(), 3u);
-  Context client({.name = "survivor"});
+  Context client(client_options("survivor"));
   auto peer = connect_or_fail(client, doomed.address);
   ASSERT_TRUE(peer.valid());
   std::vector<FetchRequest> reqs;
@@ -109,7 +109,10 @@ TEST(Process, ServerKilledMidFetchFailsEveryPendingFutureWithPeerScope) {
 
 TEST(Process, FrozenServerIsDeclaredDeadByHeartbeats) {
   ServerProcess frozen({"1000"});
-  Context client({.name = "watcher", .heartbeat_interval = 100ms, .peer_timeout = 800ms});
+  ContextOptions options = client_options("watcher");
+  options.heartbeat_interval = 100ms;
+  options.peer_timeout = 800ms;
+  Context client(options);
   auto peer = connect_or_fail(client, frozen.address);
   frozen.kill(SIGSTOP);
   auto req = peer.fetch(frozen.refs.at(0));

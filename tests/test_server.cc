@@ -10,7 +10,7 @@
 
 int main(int argc, char** argv) {
   ferry::Context ctx({.name = "test-server"});
-  auto port = ctx.listen("127.0.0.1:0");
+  auto port = ctx.listen(ferry::test::test_host() + ":0");
   if (!port) {
     std::fprintf(stderr, "listen: %s\n", port.error().message().c_str());
     return 2;

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <span>
@@ -38,14 +39,48 @@ inline bool same_bytes(std::span<const std::byte> a, std::span<const std::byte> 
   return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size()) == 0);
 }
 
-// A server Context listening on loopback with a port chosen by the kernel.
+// The transport the suite runs over: $FERRY_TEST_TRANSPORT ("TCP" when unset). The same tests
+// run over TCP on the host and over RDMA in the soft-RoCE guest.
+inline std::string test_transport() {
+  const char* t = std::getenv("FERRY_TEST_TRANSPORT");
+  return t && *t ? t : "TCP";
+}
+
+// Where servers listen: loopback for TCP; for RDMA the guest's second RoCE address
+// ($FERRY_RDMA_PEER_IP, rxe1), so clients (rxe0, $FERRY_RDMA_IP) cross the veth pair.
+inline std::string test_host() {
+  if (test_transport() == "RDMA") {
+    const char* ip = std::getenv("FERRY_RDMA_PEER_IP");
+    return ip ? ip : "";
+  }
+  return "127.0.0.1";
+}
+
+// Skips the current test (loudly) when it is meant for RDMA but runs outside the guest.
+#define FERRY_REQUIRE_TEST_HOST()                                           \
+  do {                                                                      \
+    if (::ferry::test::test_host().empty()) {                               \
+      GTEST_SKIP() << "SKIPPED: RDMA tests run inside the soft-RoCE guest " \
+                      "(FERRY_RDMA_PEER_IP is not set here)";               \
+    }                                                                       \
+  } while (0)
+
+// Options for a client in this suite: it asks for the suite's transport.
+inline ContextOptions client_options(std::string name) {
+  ContextOptions o;
+  o.name = std::move(name);
+  o.transport = test_transport();
+  return o;
+}
+
+// A server Context listening on the suite's host with a port chosen by the kernel.
 struct Server {
   explicit Server(ContextOptions options = {}) : ctx(std::move(options)) {
-    auto p = ctx.listen("127.0.0.1:0");
+    auto p = ctx.listen(test_host() + ":0");
     EXPECT_TRUE(p.ok()) << p.error().message();
     port = p.ok() ? *p : 0;
   }
-  std::string address() const { return "127.0.0.1:" + std::to_string(port); }
+  std::string address() const { return test_host() + ":" + std::to_string(port); }
   // Puts `bytes` (kept alive by the returned ref's object) and returns its ref.
   ObjectRef put(std::shared_ptr<std::vector<std::byte>> bytes) {
     auto ref = ctx.put({Tensor::bytes(*bytes)}, bytes);

@@ -1,0 +1,66 @@
+#include "rdma/device.h"
+
+#include "net/log.h"
+
+namespace ferry::rdma {
+
+Device::Device(std::string name, ContextHandle ctx, PdHandle pd)
+    : name_(std::move(name)),
+      ctx_(std::move(ctx)),
+      pd_(std::move(pd)),
+      remote_cache_(pd_.get(), IBV_ACCESS_REMOTE_READ),
+      local_cache_(pd_.get(), IBV_ACCESS_LOCAL_WRITE) {}
+
+const Address* Device::find(const std::string& ip) const {
+  for (const auto& a : addresses_) {
+    if (a.ip == ip) return &a;
+  }
+  return nullptr;
+}
+
+std::vector<std::shared_ptr<Device>> Device::open_all() {
+  std::vector<std::shared_ptr<Device>> out;
+  int n = 0;
+  std::unique_ptr<ibv_device*, decltype(&ibv_free_device_list)> list(ibv_get_device_list(&n),
+                                                                     &ibv_free_device_list);
+  if (!list) return out;
+  for (int i = 0; i < n; ++i) {
+    const std::string name = ibv_get_device_name(list.get()[i]);
+    ContextHandle ctx(ibv_open_device(list.get()[i]));
+    if (!ctx) {
+      FERRY_LOG_INFO("rdma: cannot open {}: {}", name, last_errno().message());
+      continue;
+    }
+    PdHandle pd(ibv_alloc_pd(ctx.get()));
+    if (!pd) {
+      FERRY_LOG_INFO("rdma: cannot allocate a PD on {}: {}", name, last_errno().message());
+      continue;
+    }
+    std::shared_ptr<Device> dev(new Device(name, std::move(ctx), std::move(pd)));
+    if (ibv_query_device(dev->context(), &dev->attr_) != 0) continue;
+    for (uint8_t port = 1; port <= dev->attr_.phys_port_cnt; ++port) {
+      ibv_port_attr pa{};
+      if (ibv_query_port(dev->context(), port, &pa) != 0 || pa.state != IBV_PORT_ACTIVE) continue;
+      for (int g = 0; g < pa.gid_tbl_len; ++g) {
+        ibv_gid_entry entry{};
+        if (ibv_query_gid_ex(dev->context(), port, g, &entry, 0) != 0) continue;
+        if (entry.gid_type != IBV_GID_TYPE_ROCE_V2) continue;
+        Address a;
+        a.ip = gid_to_ip(entry.gid);
+        a.port = port;
+        a.gid_index = g;
+        a.gid = entry.gid;
+        a.mtu = pa.active_mtu;
+        dev->addresses_.push_back(a);
+      }
+    }
+    if (dev->addresses_.empty()) {
+      FERRY_LOG_INFO("rdma: {} has no active RoCE v2 address; not used", name);
+      continue;
+    }
+    out.push_back(std::move(dev));
+  }
+  return out;
+}
+
+}  // namespace ferry::rdma

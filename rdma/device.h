@@ -1,0 +1,52 @@
+// Device: an opened RDMA device with its protection domain, limits, RoCE v2 addresses and
+// registration caches. Internal to rdma/.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "net/result.h"
+#include "rdma/mr_cache.h"
+#include "rdma/verbs.h"
+
+namespace ferry::rdma {
+
+// A RoCE v2 GID of an active port, and the IP address it stands for.
+struct Address {
+  std::string ip;
+  uint8_t port = 1;
+  int gid_index = 0;
+  ibv_gid gid{};
+  ibv_mtu mtu = IBV_MTU_1024;
+};
+
+class Device {
+ public:
+  // Opens every device with at least one active RoCE v2 address. Devices that fail to open
+  // are skipped (logged).
+  static std::vector<std::shared_ptr<Device>> open_all();
+
+  const std::string& name() const { return name_; }
+  ibv_context* context() const { return ctx_.get(); }
+  ibv_pd* pd() const { return pd_.get(); }
+  const ibv_device_attr& attr() const { return attr_; }
+  const std::vector<Address>& addresses() const { return addresses_; }
+  const Address* find(const std::string& ip) const;
+
+  // Registrations that peers READ from (owner side) and that READs land in (fetcher side).
+  MrCache& remote_cache() { return remote_cache_; }
+  MrCache& local_cache() { return local_cache_; }
+
+ private:
+  Device(std::string name, ContextHandle ctx, PdHandle pd);
+  std::string name_;
+  ContextHandle ctx_;
+  PdHandle pd_;
+  ibv_device_attr attr_{};
+  std::vector<Address> addresses_;
+  MrCache remote_cache_;
+  MrCache local_cache_;
+};
+
+}  // namespace ferry::rdma

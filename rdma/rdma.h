@@ -1,0 +1,31 @@
+// The RDMA transport's public face: registration and counters. The transport itself
+// (one-sided RDMA READ over RC queue pairs, see docs/rdma.md) is internal.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+
+namespace ferry {
+class Context;
+}
+
+namespace ferry::rdma {
+
+inline constexpr const char* kRdmaTransportName = "RDMA";
+
+// Registers "RDMA" with the process-wide registry when this build has RDMA support (false
+// otherwise). Contexts then instantiate it when the machine has an active RoCE v2 device.
+// Idempotent.
+bool register_rdma_transport();
+
+struct RegistrationCounters {
+  uint64_t registrations = 0;    // ibv_reg_mr calls
+  uint64_t deregistrations = 0;
+  uint64_t hits = 0;             // buffers served by an existing registration
+  uint64_t live = 0;             // registered regions now
+};
+
+// Summed over the devices of `ctx`'s RDMA transport; nullopt when it has none.
+std::optional<RegistrationCounters> registration_counters(Context& ctx);
+
+}  // namespace ferry::rdma

@@ -1,0 +1,10 @@
+// Built instead of the transport when this build has no RDMA support.
+#include "rdma/rdma.h"
+
+namespace ferry::rdma {
+
+bool register_rdma_transport() { return false; }
+
+std::optional<RegistrationCounters> registration_counters(Context&) { return std::nullopt; }
+
+}  // namespace ferry::rdma

@@ -1,0 +1,51 @@
+// RAII for verbs objects, the ibv_wc_status error category, small helpers. Internal to rdma/.
+#pragma once
+
+#include <infiniband/verbs.h>
+
+#include <memory>
+#include <string>
+#include <system_error>
+
+namespace ferry::rdma {
+
+struct ContextDeleter {
+  void operator()(ibv_context* p) const { ibv_close_device(p); }
+};
+struct PdDeleter {
+  void operator()(ibv_pd* p) const { ibv_dealloc_pd(p); }
+};
+struct MrDeleter {
+  void operator()(ibv_mr* p) const { ibv_dereg_mr(p); }
+};
+struct CompChannelDeleter {
+  void operator()(ibv_comp_channel* p) const { ibv_destroy_comp_channel(p); }
+};
+struct CqDeleter {
+  void operator()(ibv_cq* p) const { ibv_destroy_cq(p); }
+};
+struct QpDeleter {
+  void operator()(ibv_qp* p) const { ibv_destroy_qp(p); }
+};
+
+using ContextHandle = std::unique_ptr<ibv_context, ContextDeleter>;
+using PdHandle = std::unique_ptr<ibv_pd, PdDeleter>;
+using MrHandle = std::unique_ptr<ibv_mr, MrDeleter>;
+using CompChannelHandle = std::unique_ptr<ibv_comp_channel, CompChannelDeleter>;
+using CqHandle = std::unique_ptr<ibv_cq, CqDeleter>;
+using QpHandle = std::unique_ptr<ibv_qp, QpDeleter>;
+
+// Work-completion statuses as error codes (category "ibv_wc"); messages from
+// ibv_wc_status_str. Their failure scope is the peer: the queue pair is in error after one.
+const std::error_category& wc_category() noexcept;
+inline std::error_code make_wc_error(ibv_wc_status status) {
+  return {static_cast<int>(status), wc_category()};
+}
+
+// errno after a failed verbs call, as an error code.
+std::error_code last_errno();
+
+// "::ffff:a.b.c.d" GIDs (RoCE v2 over IPv4) as "a.b.c.d"; other GIDs as IPv6 text.
+std::string gid_to_ip(const ibv_gid& gid);
+
+}  // namespace ferry::rdma
