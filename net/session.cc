@@ -199,6 +199,14 @@ std::error_code Session::dispatch(const wire::Envelope& env) {
   const uint64_t rid = env.request_id();
   if (state_ == State::handshaking) {
     if (env.has_hello_answer()) return on_hello_answer(env.hello_answer());
+    // After the answer, the chosen transport sets up its channel with its own messages.
+    if (env.has_transport_message() && !chosen_.empty()) {
+      const auto& m = env.transport_message();
+      if (auto t = ctx_->find_transport(m.transport())) {
+        t->on_transport_message(*this, rid, m.payload());
+        return {};
+      }
+    }
     if (env.has_error()) {
       auto ec = from_wire_code(env.error().code());
       FERRY_LOG_WARN("peer {} refused the handshake: {} ({})", info_.address, env.error().message(),
