@@ -106,6 +106,20 @@ ObjectRef Context::Impl::make_ref(const StoredObject& object) {
   return ref;
 }
 
+void Context::Impl::note_negotiated(const PeerInfo& peer, const std::string& transport) {
+  {
+    std::lock_guard lock(mu);
+    ++negotiated[transport];
+  }
+  const std::string best = transports.empty() ? "" : transports.front()->name();
+  if (transport != best) {
+    FERRY_LOG_WARN("peer '{}' ({}): using {}; {} is not available to both sides over {} -> {}",
+                   peer.name, peer.address, transport, best, peer.local_ip, peer.remote_ip);
+  } else {
+    FERRY_LOG_INFO("peer '{}' ({}): using {}", peer.name, peer.address, transport);
+  }
+}
+
 void Context::Impl::add_session(const std::shared_ptr<Session>& s) {
   std::lock_guard lock(mu);
   sessions[s->local_id()] = s;
@@ -477,6 +491,11 @@ size_t Context::peer_count() const {
     if (auto s = weak.lock(); s && s->is_open()) ++n;
   }
   return n;
+}
+
+std::map<std::string, uint64_t> Context::transport_counts() const {
+  std::lock_guard lock(impl_->mu);
+  return impl_->negotiated;
 }
 
 boost::asio::io_context& Context::io_context() { return impl_->io; }

@@ -7,6 +7,7 @@
 #include <boost/system/error_code.hpp>
 #include <chrono>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -101,6 +102,8 @@ class Context {
 
   // Number of connected peers (both directions).
   size_t peer_count() const;
+  // How many peer connections negotiated each transport since the context started.
+  std::map<std::string, uint64_t> transport_counts() const;
 
   boost::asio::io_context& io_context();
   const ContextOptions& options() const;

@@ -37,6 +37,11 @@ struct Context::Impl : std::enable_shared_from_this<Context::Impl> {
   std::unordered_map<uint64_t, std::weak_ptr<Session>> sessions;  // by local id
   std::atomic<uint64_t> next_session_id{1};
   std::atomic<bool> closed{false};
+  std::map<std::string, uint64_t> negotiated;  // under mu
+
+  // Counts the transport a new peer connection chose and says so once, loudly when it is not
+  // the best this side has (the peer, or the route to it, lacks it).
+  void note_negotiated(const PeerInfo& peer, const std::string& transport);
 
   std::shared_ptr<TransportManager> find_transport(std::string_view name) const;
   std::vector<TransportInfo> local_infos() const;

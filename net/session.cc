@@ -119,7 +119,7 @@ void Session::start_server(const wire::Hello& hello, std::string leftover) {
   for (const auto& t : ctx_->local_infos()) to_wire(t, *answer->add_transports());
   state_ = State::open;
   send(env);
-  FERRY_LOG_INFO("peer '{}' ({}) connected; transport {}", info_.name, info_.address, chosen_);
+  ctx_->note_negotiated(info_, chosen_);
   arm_heartbeat();
   if (!leftover.empty()) {
     auto err = decoder_.feed(leftover, [this](std::string_view body) { return on_frame(body); });
@@ -142,8 +142,7 @@ std::error_code Session::on_hello_answer(const wire::HelloAnswer& answer) {
     if (!ec && self->state_ == State::handshaking) {
       self->state_ = State::open;
       self->arm_heartbeat();
-      FERRY_LOG_INFO("connected to '{}' ({}); transport {}", self->info_.name, self->info_.address,
-                     self->chosen_);
+      self->ctx_->note_negotiated(self->info_, self->chosen_);
     }
     if (ec) self->do_close(ec);
     if (auto done = std::move(self->on_ready_)) done(ec ? ec : self->close_reason_);

@@ -65,8 +65,8 @@ Result<std::shared_ptr<Region>> MrCache::acquire(const void* addr, size_t len,
     end = (a + len + page - 1) & ~(page - 1);
   }
   if (end == begin) end = begin + 1;
-  MrHandle mr(ibv_reg_mr(shared_->pd, reinterpret_cast<void*>(begin), end - begin,
-                         shared_->access));
+  MrHandle mr(
+      ibv_reg_mr(shared_->pd, reinterpret_cast<void*>(begin), end - begin, shared_->access));
   if (!mr) {
     auto err = last_errno();
     FERRY_LOG_WARN("ibv_reg_mr of {} bytes failed: {}", end - begin, err.message());

@@ -44,10 +44,10 @@ class Region {
 class MrCache {
  public:
   struct Counters {
-    uint64_t registrations = 0;    // ibv_reg_mr calls that succeeded
+    uint64_t registrations = 0;  // ibv_reg_mr calls that succeeded
     uint64_t deregistrations = 0;
-    uint64_t hits = 0;             // acquires served by an existing registration
-    uint64_t live = 0;             // regions registered now
+    uint64_t hits = 0;  // acquires served by an existing registration
+    uint64_t live = 0;  // regions registered now
   };
 
   MrCache(ibv_pd* pd, int access);

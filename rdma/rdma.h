@@ -19,13 +19,19 @@ inline constexpr const char* kRdmaTransportName = "RDMA";
 bool register_rdma_transport();
 
 struct RegistrationCounters {
-  uint64_t registrations = 0;    // ibv_reg_mr calls
+  uint64_t registrations = 0;  // ibv_reg_mr calls
   uint64_t deregistrations = 0;
-  uint64_t hits = 0;             // buffers served by an existing registration
-  uint64_t live = 0;             // registered regions now
+  uint64_t hits = 0;  // buffers served by an existing registration
+  uint64_t live = 0;  // registered regions now
 };
 
 // Summed over the devices of `ctx`'s RDMA transport; nullopt when it has none.
 std::optional<RegistrationCounters> registration_counters(Context& ctx);
+
+// Fault injection (tests, soak runs): moves every queue pair of `ctx`'s RDMA transport to the
+// error state, as a broken link eventually does. Their in-flight READs complete with flush
+// errors, their fetches fail with a peer-scope error, and the next fetch to each peer sets up a
+// new queue pair. Returns how many queue pairs it broke. Asynchronous.
+size_t inject_queue_pair_errors(Context& ctx);
 
 }  // namespace ferry::rdma

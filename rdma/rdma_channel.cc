@@ -21,7 +21,7 @@ constexpr uint64_t kReadChunk = 1u << 20;  // bytes per READ work request
 // cannot be recalled) and keeps a large fetch from starving small ones; 8 MiB in flight is
 // well above the bandwidth-delay product of any RDMA link.
 constexpr uint32_t kWindow = 8;
-constexpr unsigned kAckBatch = 64;         // CQ events acknowledged at once
+constexpr unsigned kAckBatch = 64;  // CQ events acknowledged at once
 constexpr int kPollBatch = 32;
 constexpr auto kSafetyNet = std::chrono::seconds(1);
 
@@ -108,8 +108,8 @@ std::error_code RdmaChannel::connect(const wire::QpInfo& remote) {
   a.ah_attr.grh.hop_limit = 64;
   a.ah_attr.port_num = address_.port;
   if (ibv_modify_qp(qp_.get(), &a,
-                    IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
-                        IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER) != 0) {
+                    IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
+                        IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER) != 0) {
     return last_errno();
   }
   a = ibv_qp_attr{};
@@ -135,12 +135,12 @@ std::error_code RdmaChannel::connect(const wire::QpInfo& remote) {
 
 void RdmaChannel::watch() {
   if (closed_ || options_.busy_poll) return;
-  cq_fd_.async_wait(asio::posix::stream_descriptor::wait_read,
-                    asio::bind_executor(strand_, [self = shared_from_this()](
-                                                     boost::system::error_code ec) {
-                      if (ec || self->closed_) return;
-                      self->on_cq_event();
-                    }));
+  cq_fd_.async_wait(
+      asio::posix::stream_descriptor::wait_read,
+      asio::bind_executor(strand_, [self = shared_from_this()](boost::system::error_code ec) {
+        if (ec || self->closed_) return;
+        self->on_cq_event();
+      }));
 }
 
 void RdmaChannel::on_cq_event() {
@@ -343,8 +343,9 @@ void RdmaChannel::send_release(uint64_t request_id) {
 // ---------------------------------------------------------------- owner side
 
 void RdmaChannel::add_lease(uint64_t request_id, ObjectStore::Pin pin, SendDone done) {
-  Lease lease{std::move(pin), std::move(done), std::make_unique<asio::steady_timer>(
-                                                   strand_.get_inner_executor(), options_.lease_timeout)};
+  Lease lease{
+      std::move(pin), std::move(done),
+      std::make_unique<asio::steady_timer>(strand_.get_inner_executor(), options_.lease_timeout)};
   lease.timer->async_wait(asio::bind_executor(
       strand_, [weak = weak_from_this(), request_id](boost::system::error_code ec) {
         auto self = weak.lock();
@@ -394,6 +395,15 @@ void RdmaChannel::fail(std::error_code ec) {
   } else {
     close(ec);
   }
+}
+
+void RdmaChannel::post_inject_error() {
+  asio::post(strand_, [self = shared_from_this()] {
+    if (self->closed_) return;
+    self->to_error_state();
+    if (self->in_flight_ == 0) return self->fail(make_wc_error(IBV_WC_GENERAL_ERR));
+    self->drain();  // the flushed completions fail the channel
+  });
 }
 
 void RdmaChannel::close(std::error_code ec) {

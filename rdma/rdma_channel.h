@@ -59,9 +59,12 @@ class RdmaChannel final : public TransportChannel,
   bool end_lease(uint64_t request_id, std::error_code ec);
 
   void close(std::error_code ec) override;
+  // Fault injection: to the error state, then drain (flushed READs fail the channel). Any
+  // thread: it runs on the strand.
+  void post_inject_error();
 
  private:
-    struct Read {
+  struct Read {
     uint64_t local;
     uint32_t lkey;
     uint64_t remote;
@@ -71,8 +74,8 @@ class RdmaChannel final : public TransportChannel,
   struct Fetch {
     FetchOp op;
     std::vector<std::shared_ptr<Region>> regions;  // per tensor; null for empty tensors
-    std::deque<Read> reads;  // not yet posted
-    uint32_t posted = 0;     // handed to the QP, not yet completed
+    std::deque<Read> reads;                        // not yet posted
+    uint32_t posted = 0;                           // handed to the QP, not yet completed
     bool granted = false;
     bool aborted = false;
     std::error_code error;
@@ -117,7 +120,7 @@ class RdmaChannel final : public TransportChannel,
   bool safety_armed_ = false;
 
   uint32_t in_flight_ = 0;
-    std::deque<uint64_t> ready_;  // fetches with READs to post, served round-robin
+  std::deque<uint64_t> ready_;  // fetches with READs to post, served round-robin
   std::unordered_map<uint64_t, Fetch> fetches_;
   std::unordered_map<uint64_t, Lease> leases_;
 };

@@ -7,4 +7,6 @@ bool register_rdma_transport() { return false; }
 
 std::optional<RegistrationCounters> registration_counters(Context&) { return std::nullopt; }
 
+size_t inject_queue_pair_errors(Context&) { return 0; }
+
 }  // namespace ferry::rdma

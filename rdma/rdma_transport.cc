@@ -68,10 +68,12 @@ void RdmaTransport::async_open_channel(std::shared_ptr<PeerLink> link, ChannelOp
     FERRY_LOG_WARN("rdma: cannot create a queue pair on {}: {}", device->name(), ec.message());
     return done(make_error_code(errc::device_error), nullptr);
   }
-  auto timer = std::make_shared<asio::steady_timer>(link->strand().get_inner_executor(), open_timeout_);
+  auto timer =
+      std::make_shared<asio::steady_timer>(link->strand().get_inner_executor(), open_timeout_);
   {
     std::lock_guard lock(mu_);
     opening_[link.get()] = PendingOpen{channel, std::move(done), timer};
+    channels_.push_back(channel);
   }
   timer->async_wait(asio::bind_executor(
       link->strand(), [this, weak = std::weak_ptr<PeerLink>(link)](boost::system::error_code ec) {
@@ -90,8 +92,12 @@ void RdmaTransport::on_connect(PeerLink& link, const wire::QpInfo& remote) {
     reply.set_refuse("no RDMA address for " + link.info().local_ip);
     return send(link, 0, reply);
   }
-  auto channel = std::make_shared<RdmaChannel>(device, *address, link.shared_link(),
-                                               channel_options_);
+  // The initiator asks only when it has no working queue pair: any we still hold is stale.
+  if (link.channel(kTransportName)) {
+    link.drop_channel(kTransportName, make_error_code(errc::peer_closed));
+  }
+  auto channel =
+      std::make_shared<RdmaChannel>(device, *address, link.shared_link(), channel_options_);
   std::error_code ec = channel->init();
   if (!ec) ec = channel->connect(remote);
   if (ec || !link.install_channel(kTransportName, channel)) {
@@ -100,6 +106,10 @@ void RdmaTransport::on_connect(PeerLink& link, const wire::QpInfo& remote) {
     channel->close(ec);
     reply.set_refuse("cannot set up a queue pair on " + device->name());
     return send(link, 0, reply);
+  }
+  {
+    std::lock_guard lock(mu_);
+    channels_.push_back(channel);
   }
   *reply.mutable_accept() = channel->local_info();
   send(link, 0, reply);
@@ -246,6 +256,19 @@ RegistrationCounters RdmaTransport::counters() const {
   return total;
 }
 
+size_t RdmaTransport::inject_queue_pair_errors() {
+  std::vector<std::shared_ptr<RdmaChannel>> live;
+  {
+    std::lock_guard lock(mu_);
+    std::erase_if(channels_, [](const auto& w) { return w.expired(); });
+    for (const auto& w : channels_) {
+      if (auto ch = w.lock()) live.push_back(std::move(ch));
+    }
+  }
+  for (auto& ch : live) ch->post_inject_error();
+  return live.size();
+}
+
 // ---------------------------------------------------------------- registration
 
 bool register_rdma_transport() {
@@ -261,6 +284,11 @@ bool register_rdma_transport() {
     return !ec || ec == errc::transport_duplicate;
   }();
   return registered;
+}
+
+size_t inject_queue_pair_errors(Context& ctx) {
+  auto t = std::dynamic_pointer_cast<RdmaTransport>(ctx.transport(kTransportName));
+  return t ? t->inject_queue_pair_errors() : 0;
 }
 
 std::optional<RegistrationCounters> registration_counters(Context& ctx) {

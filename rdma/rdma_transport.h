@@ -32,10 +32,10 @@ class RdmaTransport final : public TransportManager {
                      SendDone done) override;
   bool abort(PeerLink& link, uint64_t request_id) override;
   void garbage_collect(const StoredObject& object) override;
-  void on_transport_message(PeerLink& link, uint64_t request_id,
-                            std::string_view payload) override;
+  void on_transport_message(PeerLink& link, uint64_t request_id, std::string_view payload) override;
 
   RegistrationCounters counters() const;
+  size_t inject_queue_pair_errors();
 
  private:
   struct PendingOpen {
@@ -58,6 +58,7 @@ class RdmaTransport final : public TransportManager {
 
   mutable std::mutex mu_;
   std::unordered_map<const PeerLink*, PendingOpen> opening_;
+  std::vector<std::weak_ptr<RdmaChannel>> channels_;  // for fault injection
   std::unordered_map<ObjectId, std::map<const Device*, std::vector<std::shared_ptr<Region>>>>
       objects_;
 };
