@@ -2,7 +2,13 @@
 # A real cross-process transfer on this machine: `ferry serve` puts 1 GiB of random objects in
 # its store, `ferry fetch` fetches all of them over loopback and verifies every byte against the
 # server's checksums. Usage: scripts/demo.sh path/to/ferry. Exits with ferry fetch's status.
+# DEMO_HOST (default 127.0.0.1), DEMO_OBJECTS (64), DEMO_SIZES (4K-64M) and DEMO_TOTAL (1G) change
+# the workload; scripts/demo-rdma.sh uses them to run the demo over soft-RoCE.
 set -euo pipefail
+host=${DEMO_HOST:-127.0.0.1}
+objects=${DEMO_OBJECTS:-64}
+sizes=${DEMO_SIZES:-4K-64M}
+total=${DEMO_TOTAL:-1G}
 
 ferry=${1:?usage: scripts/demo.sh path/to/ferry}
 [[ -x $ferry ]] || { echo "demo: $ferry is not an executable" >&2; exit 1; }
@@ -30,10 +36,11 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-echo "demo: two processes over loopback: ferry serve (64 objects, 1 GiB) ->" \
+echo "demo: two processes on $host: ferry serve ($objects objects, $total in all) ->" \
      "ferry fetch (8 in flight), verifying every byte"
 
-"$ferry" serve --listen 127.0.0.1:0 --objects 64 --tensors 1-3 --sizes 4K-64M --total 1G \
+"$ferry" serve --listen "$host:0" --objects "$objects" --tensors 1-3 --sizes "$sizes" \
+  --total "$total" \
   --seed 1 --manifest "$tmp/manifest.json" >"$tmp/serve.out" 2>"$tmp/serve.err" &
 server_pid=$!
 
