@@ -5,6 +5,8 @@
 #include <string>
 #include <vector>
 
+#include "net/context.h"
+
 namespace ferry::cli {
 
 struct FetchArgs {
@@ -14,7 +16,7 @@ struct FetchArgs {
   bool all = false;               // everything the peer's store holds
   int concurrency = 8;
   std::string out;  // directory for <object_id>.<tensor_index>.bin files
-  std::string transport = "auto";
+  std::string transport = ContextOptions::default_transport();  // $FERRY_TRANSPORT or "auto"
   int64_t timeout_ms = 60000;  // per fetch
   bool json = false;
   std::string progress = "auto";  // auto | always | never

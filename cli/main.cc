@@ -94,7 +94,9 @@ void add_fetch(CLI::App& app, FetchArgs& a) {
       ->capture_default_str();
   cmd->add_option("--out", a.out, "Write tensors to DIR/<object_id>.<tensor_index>.bin")
       ->type_name("DIR");
-  cmd->add_option("--transport", a.transport, "Transport to use")
+  cmd->add_option("--transport", a.transport,
+                  "Transport to use: auto (the best both sides reach), or a name; default "
+                  "from $FERRY_TRANSPORT")
       ->type_name("NAME")
       ->transform(CLI::IsMember(transport_choices(), CLI::ignore_case))
       ->capture_default_str();

@@ -97,6 +97,18 @@ TEST_F(Rdma, ForcedRdmaAgainstATcpOnlyPeerIsAClearError) {
   EXPECT_EQ(lo.error(), errc::transport_unavailable);
 }
 
+TEST_F(Rdma, BusyPollModeMovesTheSameBytes) {
+  Server server;
+  ContextOptions options = client_options("busy");
+  options.busy_poll = true;
+  Context client(options);
+  auto peer = connect_or_fail(client, server.address());
+  auto bytes = make_pattern(5u << 20, 3);
+  auto req = peer.fetch(server.put(bytes));
+  ASSERT_FALSE(req.wait(60s));
+  EXPECT_TRUE(same_bytes(req.result().tensors[0], *bytes));
+}
+
 TEST_F(Rdma, TenThousandViewsOfOneAllocationCostOneRegistration) {
   Server server;
   Context client(client_options("client"));
