@@ -476,13 +476,36 @@ void Session::do_fetch(std::shared_ptr<detail::FetchState> state, ObjectRef ref,
   result.transport = transport->name();
   result.bytes = result.ref.metadata.total_bytes();
   auto timeout = options.timeout;
-  ensure_channel(transport, [self = shared_from_this(), state, transport,
+  const bool forced = !options.transport.empty() && options.transport != "auto";
+  ensure_channel(transport, [self = shared_from_this(), state, transport, forced,
                              targets = std::move(targets), timeout](std::error_code ec) mutable {
-    if (ec) {
+    if (!ec) {
+      self->start_transfer(std::move(state), std::move(transport), std::move(targets), timeout);
+      return;
+    }
+    // The transport's channel cannot be (re)built: unless the caller insisted on it, fall back
+    // to the next transport both sides have, and say so.
+    std::shared_ptr<TransportManager> fallback;
+    if (!forced && self->state_ == State::open) {
+      for (const auto& t : self->ctx_->transports) {
+        if (t != transport && t->peer_has_transport(self->info_)) {
+          fallback = t;
+          break;
+        }
+      }
+    }
+    if (!fallback) {
       state->complete(ec);
       return;
     }
-    self->start_transfer(std::move(state), std::move(transport), std::move(targets), timeout);
+    FERRY_LOG_WARN("peer '{}': no {} channel ({}); this fetch falls back to {}", self->info_.name,
+                   transport->name(), ec.message(), fallback->name());
+    state->result().transport = fallback->name();
+    self->ensure_channel(fallback, [self, state, fallback, targets = std::move(targets),
+                                    timeout](std::error_code ec) mutable {
+      if (ec) return state->complete(ec);
+      self->start_transfer(std::move(state), std::move(fallback), std::move(targets), timeout);
+    });
   });
 }
 
