@@ -12,7 +12,8 @@ packages=(
 # Extra groups: `install-deps.sh softroce` adds what the soft-RoCE test tier needs.
 for extra in "$@"; do
   case "$extra" in
-    softroce) packages+=(qemu-system-x86 iproute2 kmod ibverbs-providers busybox-static rdma-core) ;;
+    # busybox-static is left out: it conflicts with Debian's busybox; ferry-vm unpacks its .deb.
+    softroce) packages+=(qemu-system-x86 iproute2 kmod ibverbs-providers rdma-core xz-utils) ;;
     *) echo "install-deps: unknown group '$extra'" >&2; exit 2 ;;
   esac
 done
