@@ -17,7 +17,7 @@ struct FetchArgs {
   int concurrency = 8;
   std::string out;  // directory for <object_id>.<tensor_index>.bin files
   std::string transport = ContextOptions::default_transport();  // $FERRY_TRANSPORT or "auto"
-  int64_t timeout_ms = 60000;  // per fetch
+  int64_t timeout_ms = 60000;                                   // per fetch
   bool json = false;
   std::string progress = "auto";  // auto | always | never
   bool quiet = false;

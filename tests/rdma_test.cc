@@ -33,7 +33,8 @@ struct Qdisc {
 double cpu_seconds() {
   rusage ru{};
   getrusage(RUSAGE_SELF, &ru);
-  return ru.ru_utime.tv_sec + ru.ru_stime.tv_sec + (ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e6;
+  return ru.ru_utime.tv_sec + ru.ru_stime.tv_sec +
+         (ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e6;
 }
 
 class Rdma : public ::testing::Test {
@@ -139,7 +140,7 @@ TEST_F(Rdma, TenThousandViewsOfOneAllocationCostOneRegistration) {
   ASSERT_TRUE(c.has_value());
   EXPECT_EQ(c->registrations, 1u) << "every view should share the slab's registration";
   EXPECT_EQ(c->live, 1u);
-    // Each distinct view looks its registration up once (repeat fetches reuse the object's).
+  // Each distinct view looks its registration up once (repeat fetches reuse the object's).
   EXPECT_EQ(c->hits, std::set<size_t>(sample.begin(), sample.end()).size() - 1);
   for (const auto& ref : refs) server.ctx.release(ref);
   // The last object's collection deregisters the slab (after the releases of the leases).
@@ -158,11 +159,10 @@ TEST_F(Rdma, LeaseKeepsMemoryAliveUntilTheReadEnds) {
   auto expected = *bytes;
   auto freed = std::make_shared<std::atomic<bool>>(false);
   // The owner's memory tells us when it is released.
-  std::shared_ptr<void> owner(new std::shared_ptr<std::vector<std::byte>>(bytes),
-                              [freed](void* p) {
-                                delete static_cast<std::shared_ptr<std::vector<std::byte>>*>(p);
-                                *freed = true;
-                              });
+  std::shared_ptr<void> owner(new std::shared_ptr<std::vector<std::byte>>(bytes), [freed](void* p) {
+    delete static_cast<std::shared_ptr<std::vector<std::byte>>*>(p);
+    *freed = true;
+  });
   auto ref = server.ctx.put({Tensor::bytes(*bytes)}, owner);
   ASSERT_TRUE(ref.ok());
   owner.reset();
@@ -230,11 +230,12 @@ TEST_F(Rdma, WaitingOnStuckReadsCostsNoCpuAndTheNextFetchReconnects) {
     const auto t0 = std::chrono::steady_clock::now();
     std::this_thread::sleep_for(1500ms);
     const double cpu = cpu_seconds() - cpu0;
-    const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const double wall =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     RecordProperty("idle_cpu_seconds", std::to_string(cpu));
     std::printf("waiting with %d fetches stuck: %.3f s CPU in %.3f s\n", 100 - done, cpu, wall);
-        EXPECT_LT(cpu, 0.1 * wall) << "waiting for completions should sleep, not spin";
-        // A link that stays down ends with the queue pair in error (rxe retries for a long time;
+    EXPECT_LT(cpu, 0.1 * wall) << "waiting for completions should sleep, not spin";
+    // A link that stays down ends with the queue pair in error (rxe retries for a long time;
     // the test does not wait for it): break it now.
     EXPECT_GE(rdma::inject_queue_pair_errors(client), 1u);
   }
@@ -242,11 +243,11 @@ TEST_F(Rdma, WaitingOnStuckReadsCostsNoCpuAndTheNextFetchReconnects) {
   int failed = 0;
   for (auto& r : reqs) {
     auto ec = r.wait(120s);
-        ASSERT_NE(ec, errc::timed_out) << "a fetch hung";
+    ASSERT_NE(ec, errc::timed_out) << "a fetch hung";
     if (ec) EXPECT_EQ(scope_of(ec), Scope::peer) << ec.message();
     failed += static_cast<bool>(ec);
   }
-      std::printf("after the queue pair broke: %d of 100 failed\n", failed);
+  std::printf("after the queue pair broke: %d of 100 failed\n", failed);
   ASSERT_GT(failed, 0) << "no fetch saw the broken queue pair: reconnection was not exercised";
   // The peer is fine; a broken queue pair is replaced on the next fetch.
   auto again = peer.fetch(refs[0]);
