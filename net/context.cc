@@ -48,37 +48,65 @@ bool same_token(const std::string& a, const std::string& b) {
 
 Context::Impl::Impl(ContextOptions opts) : options(std::move(opts)), instance(random_instance()) {
   if (options.threads < 1) options.threads = 1;
-  for (auto& entry : detail::registry_snapshot()) {
-    const bool wanted = options.transports.empty() ||
-                        std::find(options.transports.begin(), options.transports.end(),
-                                  entry.name) != options.transports.end();
-    if (!wanted) continue;
-    auto made = entry.factory(TransportEnv{io, store, options});
-    if (!made) {
-      if (!options.transports.empty()) throw std::system_error(made.error(), entry.name);
-      FERRY_LOG_INFO("transport {} not available here: {}", entry.name, made.error().message());
-      continue;
-    }
-    transports.push_back(std::move(made.value()));
-  }
+  add_registered_transports(true);
   for (const auto& name : options.transports) {
     if (!find_transport(name)) {
       throw std::system_error(make_error_code(errc::transport_unknown),
                               "transport '" + name + "' is not registered");
     }
   }
-  std::stable_sort(transports.begin(), transports.end(), [](const auto& a, const auto& b) {
-    return a->local_info().priority > b->local_info().priority;
-  });
   store.set_gc_hook([this](const StoredObject& object) {
-    for (const auto& t : transports) {
+    for (const auto& t : *transport_list()) {
       if (object.transport.empty() || t->name() == object.transport) t->garbage_collect(object);
     }
   });
 }
 
+std::shared_ptr<const Context::Impl::TransportList> Context::Impl::transport_list() const {
+  std::lock_guard lock(transports_mu);
+  return transports_;
+}
+
+bool Context::Impl::add_registered_transports(bool strict) {
+  std::lock_guard lock(transports_mu);
+  auto list = std::make_shared<TransportList>(*transports_);
+  bool added = false;
+  for (auto& entry : detail::registry_snapshot()) {
+    const bool wanted = options.transports.empty() ||
+                        std::find(options.transports.begin(), options.transports.end(),
+                                  entry.name) != options.transports.end();
+    if (!wanted || std::find(tried.begin(), tried.end(), entry.name) != tried.end()) continue;
+    tried.push_back(entry.name);
+    auto made = entry.factory(TransportEnv{io, store, options});
+    if (!made) {
+      if (strict && !options.transports.empty()) throw std::system_error(made.error(), entry.name);
+      FERRY_LOG_INFO("transport {} not available here: {}", entry.name, made.error().message());
+      continue;
+    }
+    list->push_back(std::move(made.value()));
+    added = true;
+  }
+  if (!added) return false;
+  std::stable_sort(list->begin(), list->end(), [](const auto& a, const auto& b) {
+    return a->local_info().priority > b->local_info().priority;
+  });
+  transports_ = std::move(list);
+  return true;
+}
+
+void Context::Impl::broadcast_capabilities() {
+  std::vector<std::shared_ptr<Session>> open;
+  {
+    std::lock_guard lock(mu);
+    for (auto& [id, weak] : sessions) {
+      if (auto s = weak.lock()) open.push_back(std::move(s));
+    }
+  }
+  for (auto& s : open) s->announce_transports();
+}
+
 std::shared_ptr<TransportManager> Context::Impl::find_transport(std::string_view name) const {
-  for (const auto& t : transports) {
+  for (const auto& t : *transport_list()) {
     if (t->name() == name) return t;
   }
   return nullptr;
@@ -86,7 +114,7 @@ std::shared_ptr<TransportManager> Context::Impl::find_transport(std::string_view
 
 std::vector<TransportInfo> Context::Impl::local_infos() const {
   std::vector<TransportInfo> out;
-  for (const auto& t : transports) out.push_back(t->local_info());
+  for (const auto& t : *transport_list()) out.push_back(t->local_info());
   return out;
 }
 
@@ -102,6 +130,7 @@ ObjectRef Context::Impl::make_ref(const StoredObject& object) {
   ref.owner_instance = instance;
   ref.metadata.transport = object.transport;
   ref.metadata.extension = object.extension;
+  ref.metadata.exclusive = object.exclusive;
   for (const auto& t : object.tensors) ref.metadata.tensors.push_back(t.meta);
   return ref;
 }
@@ -111,7 +140,8 @@ void Context::Impl::note_negotiated(const PeerInfo& peer, const std::string& tra
     std::lock_guard lock(mu);
     ++negotiated[transport];
   }
-  const std::string best = transports.empty() ? "" : transports.front()->name();
+  auto list = transport_list();
+  const std::string best = list->empty() ? "" : list->front()->name();
   if (transport != best) {
     FERRY_LOG_WARN("peer '{}' ({}): using {}; {} is not available to both sides over {} -> {}",
                    peer.name, peer.address, transport, best, peer.local_ip, peer.remote_ip);
@@ -261,6 +291,13 @@ std::string ContextOptions::default_transport() {
 }
 
 Context::Context(ContextOptions options) : impl_(std::make_shared<Impl>(std::move(options))) {
+  // A transport registered later is instantiated here too, and peers hear of it.
+  impl_->registry_listener = detail::add_registry_listener([weak = std::weak_ptr<Impl>(impl_)] {
+    auto impl = weak.lock();
+    if (impl && !impl->closed && impl->add_registered_transports(false)) {
+      impl->broadcast_capabilities();
+    }
+  });
   impl_->work.emplace(asio::make_work_guard(impl_->io));
   for (int i = 0; i < impl_->options.threads; ++i) {
     impl_->threads.emplace_back([impl = impl_.get()] {
@@ -291,6 +328,7 @@ Context::~Context() {
 
 void Context::close() {
   if (impl_->closed.exchange(true)) return;
+  detail::remove_registry_listener(impl_->registry_listener);
   {
     std::lock_guard lock(impl_->mu);
     if (impl_->acceptor) {
@@ -448,7 +486,7 @@ Result<ObjectRef> Context::put(std::vector<Tensor> tensors, std::shared_ptr<void
                                                options.transport, {}, options.region);
   auto object = store.find(id);
   TransportMetadata md;
-  for (const auto& t : impl_->transports) {
+  for (const auto& t : *impl_->transport_list()) {
     if (!options.transport.empty() && t->name() != options.transport) continue;
     if (auto ec = t->extract_metadata(*object, md)) {
       store.release(id);
@@ -456,6 +494,13 @@ Result<ObjectRef> Context::put(std::vector<Tensor> tensors, std::shared_ptr<void
     }
   }
   if (!md.extension.empty()) store.set_extension(id, md.extension);
+  if (options.exclusive) {
+    if (options.transport.empty()) {
+      store.release(id);
+      return errc::invalid_argument;  // exclusive to which transport?
+    }
+    store.set_exclusive(id);
+  }
   return impl_->make_ref(*store.find(id));
 }
 
@@ -476,7 +521,7 @@ ObjectStore& Context::store() { return impl_->store; }
 
 std::vector<std::string> Context::transports() const {
   std::vector<std::string> out;
-  for (const auto& t : impl_->transports) out.push_back(t->name());
+  for (const auto& t : *impl_->transport_list()) out.push_back(t->name());
   return out;
 }
 

@@ -45,8 +45,9 @@ struct ContextOptions {
 };
 
 struct PutOptions {
-  std::string transport;  // transport that owns the object ("" = the context's default)
-  bool copy = false;      // copy the bytes into the store instead of referencing them
+  std::string transport;   // the transport preferred for it ("" = the best both sides share)
+  bool exclusive = false;  // only `transport` may move it: other fetches get an error
+  bool copy = false;       // copy the bytes into the store instead of referencing them
   // The allocation the tensors are views of, when the caller knows it: one memory registration
   // then serves every object inside it (10,000 views of one buffer cost one ibv_reg_mr).
   std::span<const std::byte> region;

@@ -27,7 +27,20 @@ struct Context::Impl : std::enable_shared_from_this<Context::Impl> {
   std::optional<boost::asio::executor_work_guard<boost::asio::io_context::executor_type>> work;
   std::vector<std::thread> threads;
   ObjectStore store;
-  std::vector<std::shared_ptr<TransportManager>> transports;  // best first
+  using TransportList = std::vector<std::shared_ptr<TransportManager>>;
+  // The transports instantiated so far, best first. Replaced (never changed in place) when a
+  // transport registered later is added; read it through transport_list().
+  std::shared_ptr<const TransportList> transports_ = std::make_shared<TransportList>();
+  mutable std::mutex transports_mu;
+  std::vector<std::string> tried;  // registry entries already instantiated or refused
+  uint64_t registry_listener = 0;
+
+  std::shared_ptr<const TransportList> transport_list() const;
+  // Instantiates registry entries this context has not tried yet (all wanted ones, or those in
+  // options.transports). Returns true when one was added. `strict`: a failure throws.
+  bool add_registered_transports(bool strict);
+  // Tells every open peer this side's transports (after one was added).
+  void broadcast_capabilities();
   const uint64_t instance;
 
   std::mutex mu;

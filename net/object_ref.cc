@@ -85,6 +85,7 @@ void to_wire(const ObjectRef& in, wire::ObjectRef& out) {
   auto* md = out.mutable_metadata();
   md->set_transport(in.metadata.transport);
   md->set_extension(in.metadata.extension);
+  md->set_exclusive(in.metadata.exclusive);
   for (const auto& t : in.metadata.tensors) {
     auto* w = md->add_tensors();
     for (int64_t d : t.shape) w->add_shape(d);
@@ -100,6 +101,7 @@ bool from_wire(const wire::ObjectRef& in, ObjectRef& out) {
   out.owner_instance = in.owner_instance();
   out.metadata.transport = in.metadata().transport();
   out.metadata.extension = in.metadata().extension();
+  out.metadata.exclusive = in.metadata().exclusive();
   out.metadata.tensors.clear();
   uint64_t total = 0;
   for (const auto& w : in.metadata().tensors()) {

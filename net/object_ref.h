@@ -18,6 +18,7 @@ struct TransportMetadata {
   std::vector<TensorMeta> tensors;
   std::string transport;  // the transport the owner put the object for ("" = any)
   std::string extension;
+  bool exclusive = false;  // only `transport` may move it (otherwise it is a preference)
 
   uint64_t total_bytes() const;
   bool operator==(const TransportMetadata&) const = default;

@@ -11,8 +11,6 @@
 namespace ferry {
 namespace {
 
-const PeerInfo kNoPeer;
-
 // Runs a control request and waits for its answer; the request carries its own timeout.
 std::pair<std::error_code, wire::Envelope> call(Session& session, wire::Envelope request,
                                                 std::chrono::milliseconds timeout) {
@@ -35,7 +33,7 @@ Peer::Peer(std::shared_ptr<Session> session) : session_(std::move(session)) {}
 
 bool Peer::is_open() const { return session_ && session_->is_open(); }
 
-const PeerInfo& Peer::info() const { return session_ ? session_->info() : kNoPeer; }
+PeerInfo Peer::info() const { return session_ ? session_->info_snapshot() : PeerInfo{}; }
 
 std::string Peer::transport() const { return session_ ? session_->chosen_transport() : ""; }
 

@@ -24,7 +24,8 @@ class Peer {
 
   bool valid() const { return session_ != nullptr; }
   bool is_open() const;
-  const PeerInfo& info() const;
+  // A copy of what we know of the peer (its transports can change: see announce in docs).
+  PeerInfo info() const;
   // The transport negotiated at Hello (used when a fetch names none).
   std::string transport() const;
 

@@ -11,6 +11,8 @@ namespace {
 struct Registry {
   std::mutex mu;
   std::vector<detail::RegistryEntry> entries;
+  std::vector<std::pair<uint64_t, std::function<void()>>> listeners;
+  uint64_t next_listener = 1;
 };
 
 Registry& registry() {
@@ -24,11 +26,16 @@ std::error_code register_transport(std::string name, std::vector<std::string> de
                                    TransportFactory factory) {
   if (name.empty() || !factory) return errc::invalid_argument;
   auto& r = registry();
-  std::lock_guard lock(r.mu);
-  for (const auto& e : r.entries) {
-    if (e.name == name) return errc::transport_duplicate;
+  std::vector<std::function<void()>> listeners;
+  {
+    std::lock_guard lock(r.mu);
+    for (const auto& e : r.entries) {
+      if (e.name == name) return errc::transport_duplicate;
+    }
+    r.entries.push_back({std::move(name), std::move(devices), std::move(factory)});
+    for (const auto& [id, l] : r.listeners) listeners.push_back(l);
   }
-  r.entries.push_back({std::move(name), std::move(devices), std::move(factory)});
+  for (const auto& l : listeners) l();  // contexts pick the new transport up
   return {};
 }
 
@@ -56,6 +63,19 @@ std::vector<RegistryEntry> registry_snapshot() {
   std::lock_guard lock(r.mu);
   return r.entries;
 }
+uint64_t add_registry_listener(std::function<void()> listener) {
+  auto& r = registry();
+  std::lock_guard lock(r.mu);
+  r.listeners.emplace_back(r.next_listener, std::move(listener));
+  return r.next_listener++;
+}
+
+void remove_registry_listener(uint64_t id) {
+  auto& r = registry();
+  std::lock_guard lock(r.mu);
+  std::erase_if(r.listeners, [id](const auto& l) { return l.first == id; });
+}
+
 }  // namespace detail
 
 }  // namespace ferry

@@ -47,6 +47,9 @@ struct RegistryEntry {
   TransportFactory factory;
 };
 std::vector<RegistryEntry> registry_snapshot();
+// Called (on the registering thread, no registry lock held) after each new registration.
+uint64_t add_registry_listener(std::function<void()> listener);
+void remove_registry_listener(uint64_t id);
 }  // namespace detail
 
 }  // namespace ferry

@@ -83,11 +83,13 @@ void Session::start_client(std::string requested_transport,
 
 void Session::start_server(const wire::Hello& hello, std::string leftover) {
   last_rx_ = Clock::now();
+  std::unique_lock info_lock(info_mu_);
   info_.name = hello.name();
   peer_instance_ = hello.instance();
   info_.session_id = local_id_;
   token_ = random_token();
   for (const auto& t : hello.transports()) info_.transports.push_back(from_wire(t));
+  info_lock.unlock();
   start_reading();
   if (hello.protocol_version() != kProtocolVersion) {
     send_error(0, errc::version_mismatch,
@@ -129,10 +131,13 @@ void Session::start_server(const wire::Hello& hello, std::string leftover) {
 
 std::error_code Session::on_hello_answer(const wire::HelloAnswer& answer) {
   if (answer.protocol_version() != kProtocolVersion) return errc::version_mismatch;
-  info_.name = answer.name();
-  info_.session_id = answer.session_id();
+  {
+    std::lock_guard lock(info_mu_);
+    info_.name = answer.name();
+    info_.session_id = answer.session_id();
+    for (const auto& t : answer.transports()) info_.transports.push_back(from_wire(t));
+  }
   token_ = answer.session_token();
-  for (const auto& t : answer.transports()) info_.transports.push_back(from_wire(t));
   peer_instance_ = answer.instance();
   auto transport = ctx_->find_transport(answer.chosen_transport());
   if (!transport) return errc::transport_unavailable;
@@ -246,6 +251,13 @@ std::error_code Session::dispatch(const wire::Envelope& env) {
     }
     case wire::Envelope::kPong:
       return {};
+    case wire::Envelope::kCapabilities: {
+      std::vector<TransportInfo> transports;
+      for (const auto& t : env.capabilities().transports()) transports.push_back(from_wire(t));
+      std::lock_guard lock(info_mu_);
+      info_.transports = std::move(transports);
+      return {};
+    }
     case wire::Envelope::kTransportMessage: {
       const auto& m = env.transport_message();
       if (auto t = ctx_->find_transport(m.transport())) {
@@ -291,6 +303,13 @@ void Session::handle_fetch(uint64_t rid, const wire::Fetch& msg) {
         rid, errc::object_not_found,
         "object " + std::to_string(msg.object_id()) + " not found on '" + ctx_->options.name + "'",
         false);
+    return;
+  }
+  if (pin.object().exclusive && pin.object().transport != transport->name()) {
+    send_error(rid, errc::transport_unavailable,
+               "object " + std::to_string(msg.object_id()) + " is offered only over " +
+                   pin.object().transport + ", not " + transport->name(),
+               false);
     return;
   }
   const auto& tensors = pin.object().tensors;
@@ -421,10 +440,15 @@ std::shared_ptr<TransportManager> Session::pick_transport(const std::string& req
   }
   if (!ref_transport.empty()) {
     auto t = ctx_->find_transport(ref_transport);
-    if (t && t->peer_has_transport(info_) && channel(ref_transport)) return t;
+    if (t && t->peer_has_transport(info_)) return t;
+    // The object prefers a transport these two sides do not share: say so, once per peer.
+    if (fallback_logged_.insert(ref_transport).second) {
+      FERRY_LOG_WARN("peer '{}': objects that prefer {} fall back to {} ({} side lacks it)",
+                     info_.name, ref_transport, chosen_, t ? "the peer's" : "this");
+    }
   }
   if (!chosen_.empty()) return ctx_->find_transport(chosen_);
-  for (const auto& t : ctx_->transports) {  // best first
+  for (const auto& t : *ctx_->transport_list()) {  // best first
     if (t->peer_has_transport(info_)) return t;
   }
   ec = errc::transport_unavailable;
@@ -443,7 +467,20 @@ void Session::do_fetch(std::shared_ptr<detail::FetchState> state, ObjectRef ref,
     return;
   }
   std::error_code ec;
-  auto transport = pick_transport(options.transport, ref.metadata.transport, ec);
+  const auto& md = ref.metadata;
+  std::shared_ptr<TransportManager> transport;
+  if (md.exclusive && !options.transport.empty() && options.transport != "auto" &&
+      options.transport != md.transport) {
+    ec = errc::transport_unavailable;  // the caller insists on another transport
+  } else if (md.exclusive) {
+    transport = pick_transport(md.transport, {}, ec);
+  } else {
+    transport = pick_transport(options.transport, md.transport, ec);
+  }
+  if (!transport && md.exclusive) {
+    FERRY_LOG_WARN("object {} is offered only over {}, which this side and peer '{}' do not share",
+                   ref.object_id, md.transport, info_.name);
+  }
   if (!transport) {
     FERRY_LOG_WARN("fetch from '{}': transport '{}': {}", info_.name, options.transport,
                    ec.message());
@@ -487,7 +524,7 @@ void Session::do_fetch(std::shared_ptr<detail::FetchState> state, ObjectRef ref,
     // to the next transport both sides have, and say so.
     std::shared_ptr<TransportManager> fallback;
     if (!forced && self->state_ == State::open) {
-      for (const auto& t : self->ctx_->transports) {
+      for (const auto& t : *self->ctx_->transport_list()) {
         if (t != transport && t->peer_has_transport(self->info_)) {
           fallback = t;
           break;
@@ -846,6 +883,21 @@ void Session::send_transport_message(std::string_view transport, uint64_t reques
   m->set_transport(std::string(transport));
   m->set_payload(std::move(payload));
   send(env);
+}
+
+void Session::announce_transports() {
+  asio::post(strand_, [self = shared_from_this()] {
+    if (self->state_ != State::open) return;
+    wire::Envelope env;
+    auto* caps = env.mutable_capabilities();
+    for (const auto& t : self->ctx_->local_infos()) to_wire(t, *caps->add_transports());
+    self->send(env);
+  });
+}
+
+PeerInfo Session::info_snapshot() const {
+  std::lock_guard lock(info_mu_);
+  return info_;
 }
 
 void Session::close(std::error_code ec) {

@@ -11,6 +11,8 @@
 #include <deque>
 #include <functional>
 #include <memory>
+#include <mutex>
+#include <set>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -46,6 +48,10 @@ class Session final : public PeerLink, public std::enable_shared_from_this<Sessi
                      FetchHandler handler);
   void rpc(wire::Envelope request, std::chrono::milliseconds timeout, RpcHandler done);
   void close(std::error_code ec);
+  // Sends this side's current transports to the peer (after one was registered). Any thread.
+  void announce_transports();
+  // A copy of the peer's description, safe from any thread.
+  PeerInfo info_snapshot() const;
 
   uint64_t local_id() const { return local_id_; }
   uint64_t wire_session_id() const { return info_.session_id; }
@@ -121,10 +127,12 @@ class Session final : public PeerLink, public std::enable_shared_from_this<Sessi
   const uint64_t local_id_;
   PeerStrand strand_;
   tcp::socket socket_;
-  PeerInfo info_;
+  PeerInfo info_;  // written on the strand, under info_mu_
+  mutable std::mutex info_mu_;
   std::string token_;
   std::string chosen_;
   uint64_t peer_instance_ = 0;
+  mutable std::set<std::string> fallback_logged_;  // transports whose fallback was reported
   std::atomic<State> state_{State::handshaking};
   std::error_code close_reason_;
 

@@ -217,6 +217,14 @@ bool ObjectStore::set_extension(ObjectId id, std::string extension) {
   return true;
 }
 
+bool ObjectStore::set_exclusive(ObjectId id) {
+  std::lock_guard lock(state_->mu);
+  auto it = state_->objects.find(id);
+  if (it == state_->objects.end()) return false;
+  it->second.object->exclusive = true;
+  return true;
+}
+
 std::shared_ptr<const StoredObject> ObjectStore::find(ObjectId id) const {
   std::lock_guard lock(state_->mu);
   auto it = state_->objects.find(id);

@@ -31,6 +31,7 @@ struct StoredObject {
   ObjectId id = 0;
   std::vector<Tensor> tensors;
   std::string transport;        // the transport that garbage-collects it
+  bool exclusive = false;       // only `transport` may move it
   std::string extension;        // transport-defined metadata fields, opaque to the store
   std::shared_ptr<void> owner;  // keeps the tensors' memory alive until collection
   // The allocation the tensors live in, when known: a transport registers it once for all the
@@ -108,6 +109,8 @@ class ObjectStore {
 
   // Sets the transport-defined metadata after put (for transports that learn it late).
   bool set_extension(ObjectId id, std::string extension);
+  // Marks the object as movable only by its transport.
+  bool set_exclusive(ObjectId id);
 
   std::shared_ptr<const StoredObject> find(ObjectId id) const;
   std::optional<Counts> counts(ObjectId id) const;

@@ -366,6 +366,58 @@ TEST(Transports, UnknownAndUnavailableNamesAreTypedErrors) {
   EXPECT_FALSE(unregister_transport("FAKE"));
 }
 
+TEST(Transports, RegisteredAfterConnectingBecomesUsableForThatPeer) {
+  Server server;
+  Context client(client_options("client"));
+  auto peer = connect_or_fail(client, server.address());
+  EXPECT_EQ(peer.info().find_transport("LATE"), nullptr);
+  auto factory = [](const TransportEnv&) -> Result<std::shared_ptr<TransportManager>> {
+    return std::shared_ptr<TransportManager>(std::make_shared<FakeTransport>("LATE"));
+  };
+  ASSERT_FALSE(register_transport("LATE", {"cpu"}, factory));
+  // Both contexts instantiate it at once and announce it to their peers.
+  EXPECT_TRUE(client.transport("LATE"));
+  EXPECT_TRUE(server.ctx.transport("LATE"));
+  bool seen = false;
+  for (int i = 0; i < 500 && !seen; ++i) {
+    seen = peer.info().find_transport("LATE") != nullptr;
+    if (!seen) std::this_thread::sleep_for(2ms);
+  }
+  EXPECT_TRUE(seen) << "the peer's new transport never reached this side";
+  // A fetch may now name it; this fake refuses to open a channel, which is reported as such.
+  FetchOptions late;
+  late.transport = "LATE";
+  EXPECT_EQ(peer.fetch(server.put(make_pattern(10, 1)), {}, late).wait(5s),
+            errc::transport_unavailable);
+  EXPECT_FALSE(unregister_transport("LATE"));
+}
+
+TEST(Transports, ExclusiveObjectsMoveOnlyOverTheirTransport) {
+  Server server;
+  Context client(client_options("client"));
+  auto peer = connect_or_fail(client, server.address());
+  auto bytes = make_pattern(1000, 5);
+  PutOptions only_nope;
+  only_nope.transport = "TCP";
+  only_nope.exclusive = true;
+  // Exclusive to a transport both sides have: fine.
+  auto ok = server.ctx.put({Tensor::bytes(*bytes)}, bytes, only_nope);
+  ASSERT_TRUE(ok.ok());
+  EXPECT_TRUE(ok->metadata.exclusive);
+  if (test_transport() == "TCP") {
+    EXPECT_FALSE(peer.fetch(*ok).wait(10s));
+  }
+  // Asking for another transport than the one it is exclusive to: a clear error, no hang.
+  FetchOptions other;
+  other.transport = "RDMA";
+  EXPECT_EQ(peer.fetch(*ok, {}, other).wait(10s), errc::transport_unavailable);
+  // Exclusive needs a transport to be exclusive to.
+  PutOptions nowhere;
+  nowhere.exclusive = true;
+  EXPECT_EQ(server.ctx.put({Tensor::bytes(*bytes)}, bytes, nowhere).error(),
+            errc::invalid_argument);
+}
+
 TEST(Connect, RefusedAndClosedContextsFailPromptly) {
   Context client({.name = "client"});
   uint16_t port;
