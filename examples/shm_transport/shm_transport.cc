@@ -1,0 +1,362 @@
+#include "shm_transport.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <boost/asio/bind_executor.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <random>
+#include <sstream>
+#include <vector>
+
+namespace shm_example {
+namespace {
+
+using ferry::errc;
+using ferry::make_error_code;
+
+constexpr size_t kCopyStep = 8u << 20;  // bytes copied per strand turn: aborts get a say
+constexpr const char* kPrefix = "ferry-shm-";
+
+// [channel]
+// One peer's SHM state. Everything runs on the peer's strand, so it needs no lock.
+class ShmChannel final : public ferry::TransportChannel,
+                         public std::enable_shared_from_this<ShmChannel> {
+ public:
+  explicit ShmChannel(std::shared_ptr<ferry::PeerLink> link) : link_(link) {}
+
+  struct Copy {
+    ferry::FetchOp op;
+    const std::byte* base = nullptr;  // the mapped segment
+    size_t mapped = 0;
+    std::vector<uint64_t> offsets;  // of each tensor in the segment
+    size_t tensor = 0;
+    uint64_t done = 0;  // bytes of `tensor` copied
+  };
+
+  std::map<uint64_t, ferry::FetchOp> waiting;  // fetches waiting for their grant
+  std::map<uint64_t, Copy> copying;            // fetches copying out of a segment
+  std::map<uint64_t, std::pair<ferry::ObjectStore::Pin, ferry::SendDone>> leases;  // owner side
+
+  std::shared_ptr<ferry::PeerLink> link() const { return link_.lock(); }
+
+  void close(std::error_code ec) override {
+    for (auto& [id, c] : copying) munmap(const_cast<std::byte*>(c.base), c.mapped);
+    copying.clear();
+    waiting.clear();
+    auto ending = std::move(leases);
+    leases.clear();
+    for (auto& [id, lease] : ending) lease.second(ec);
+    // An owner that died cannot unlink its segments; the survivors do.
+    if (ec) remove_orphaned_segments();
+  }
+
+ private:
+  std::weak_ptr<ferry::PeerLink> link_;
+};
+// [channel]
+
+std::shared_ptr<ShmChannel> channel_of(ferry::PeerLink& link) {
+  return std::static_pointer_cast<ShmChannel>(link.channel(kName));
+}
+
+void send(ferry::PeerLink& link, uint64_t request_id, const std::string& message) {
+  link.send_transport_message(kName, request_id, message);
+}
+
+std::string read_host_id() {
+  std::ifstream boot("/proc/sys/kernel/random/boot_id");
+  std::string id;
+  std::getline(boot, id);
+  char host[256] = {};
+  gethostname(host, sizeof(host) - 1);
+  return id + "@" + host;
+}
+
+uint64_t aligned(uint64_t n) { return (n + 63) & ~uint64_t{63}; }
+
+// Copies the next step of `rid` and schedules the rest; completes the fetch at the end.
+void copy_step(std::shared_ptr<ShmChannel> ch, uint64_t rid) {
+  auto it = ch->copying.find(rid);
+  if (it == ch->copying.end()) return;  // aborted meanwhile
+  auto& c = it->second;
+  size_t budget = kCopyStep;
+  while (c.tensor < c.op.targets.size() && budget > 0) {
+    auto target = c.op.targets[c.tensor];
+    const size_t n = std::min<size_t>(budget, target.size() - c.done);
+    std::memcpy(target.data() + c.done, c.base + c.offsets[c.tensor] + c.done, n);
+    c.done += n;
+    budget -= n;
+    if (c.done == target.size()) {
+      ++c.tensor;
+      c.done = 0;
+    }
+  }
+  auto link = ch->link();
+  if (!link) return;
+  if (c.tensor < c.op.targets.size()) {
+    boost::asio::post(link->strand(), [ch, rid] { copy_step(ch, rid); });
+    return;
+  }
+  munmap(const_cast<std::byte*>(c.base), c.mapped);
+  ch->copying.erase(it);
+  send(*link, rid, "release");
+  link->complete_fetch(rid, {});
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- identity and negotiation
+
+ShmTransport::ShmTransport(const ferry::TransportEnv& env)
+    : host_id_(read_host_id()), open_timeout_(env.options.handshake_timeout) {
+  remove_orphaned_segments();
+}
+
+ShmTransport::~ShmTransport() {
+  std::lock_guard lock(mu_);
+  for (const auto& [id, name] : segments_) shm_unlink(name.c_str());
+}
+
+ferry::TransportInfo ShmTransport::local_info() const {
+  return ferry::TransportInfo{kName, {"cpu"}, host_id_, 50};  // RDMA 100 > SHM 50 > TCP 10
+}
+
+bool ShmTransport::peer_has_transport(const ferry::PeerInfo& peer) const {
+  const ferry::TransportInfo* theirs = peer.find_transport(kName);
+  return theirs && theirs->descriptor == host_id_;  // same boot of the same host
+}
+
+// [open]
+void ShmTransport::async_open_channel(std::shared_ptr<ferry::PeerLink> link,
+                                      ferry::ChannelOpenHandler done) {
+    auto timer = std::make_shared<boost::asio::steady_timer>(link->strand().get_inner_executor(),
+                                                           open_timeout_);
+  {
+    std::lock_guard lock(mu_);
+    opening_[link.get()] = Opening{std::move(done), timer};
+  }
+  timer->async_wait(boost::asio::bind_executor(
+      link->strand(), [this, weak = std::weak_ptr(link)](boost::system::error_code ec) {
+        auto l = weak.lock();
+        if (ec || !l) return;
+        ferry::ChannelOpenHandler pending;
+        {
+          std::lock_guard lock(mu_);
+          auto it = opening_.find(l.get());
+          if (it == opening_.end()) return;  // answered in time
+                    pending = std::move(it->second.done);
+          opening_.erase(it);
+        }
+        pending(make_error_code(errc::handshake_failed), nullptr);
+      }));
+  send(*link, 0, "hello " + host_id_);
+}
+// [open]
+
+void ShmTransport::on_transport_message(ferry::PeerLink& link, uint64_t rid,
+                                        std::string_view payload) {
+  std::istringstream in{std::string(payload)};
+  std::string verb;
+  in >> verb;
+  if (verb == "hello") {  // acceptor: build our side of the channel
+    std::string their_host;
+    in >> their_host;
+    if (their_host != host_id_) return send(link, 0, "refuse not-the-same-host");
+    link.install_channel(kName, std::make_shared<ShmChannel>(link.shared_link()));
+    return send(link, 0, "welcome");
+  }
+  if (verb == "welcome" || verb == "refuse") {  // initiator: the answer to our hello
+    ferry::ChannelOpenHandler done;
+    {
+      std::lock_guard lock(mu_);
+            auto it = opening_.find(&link);
+      if (it == opening_.end()) return;
+      done = std::move(it->second.done);
+      it->second.timer->cancel();
+      opening_.erase(it);
+    }
+    if (verb == "refuse") return done(make_error_code(errc::transport_unavailable), nullptr);
+    return done({}, std::make_shared<ShmChannel>(link.shared_link()));
+  }
+  auto ch = channel_of(link);
+  if (!ch) return;
+  if (verb == "release") {  // owner: the fetcher is done with the segment
+    auto it = ch->leases.find(rid);
+    if (it == ch->leases.end()) return;
+    auto done = std::move(it->second.second);
+    ch->leases.erase(it);  // unpins the object
+    return done({});
+  }
+  if (verb != "grant") return;
+  // [grant]
+  // Fetcher: "grant <segment> <size> <n> <offset>..." for a fetch we are waiting on.
+  auto w = ch->waiting.find(rid);
+  if (w == ch->waiting.end()) return send(link, rid, "release");  // aborted meanwhile
+  ShmChannel::Copy c;
+  c.op = std::move(w->second);
+  ch->waiting.erase(w);
+  std::string name;
+  uint64_t size = 0;
+  size_t n = 0;
+  in >> name >> size >> n;
+  c.offsets.resize(n);
+  for (auto& off : c.offsets) in >> off;
+  bool ok = in && n == c.op.targets.size();
+  for (size_t i = 0; ok && i < n; ++i) ok = c.offsets[i] + c.op.targets[i].size() <= size;
+  const int fd = ok ? shm_open(name.c_str(), O_RDONLY, 0) : -1;
+  void* base = fd >= 0 ? mmap(nullptr, size ? size : 1, PROT_READ, MAP_SHARED, fd, 0) : MAP_FAILED;
+  if (fd >= 0) ::close(fd);  // the mapping stays valid
+    if (base == MAP_FAILED) {
+    send(link, rid, "release");  // end the owner's lease: we will not read
+    return link.complete_fetch(rid, make_error_code(ok ? errc::object_not_found
+                                                       : errc::protocol_error));
+  }
+  c.base = static_cast<const std::byte*>(base);
+  c.mapped = size ? size : 1;
+  ch->copying.emplace(rid, std::move(c));
+  copy_step(ch, rid);
+  // [grant]
+}
+
+// ---------------------------------------------------------------- fetcher side
+
+ferry::Result<ferry::FetchRequest> ShmTransport::fetch_multiple(ferry::PeerLink& link,
+                                                                const ferry::FetchOp& op) {
+  auto ch = channel_of(link);
+  if (!ch) return make_error_code(errc::transport_unavailable);
+  ch->waiting[op.request_id] = op;  // the owner's grant starts the copy
+  return op.request;
+}
+
+// [abort]
+bool ShmTransport::abort(ferry::PeerLink& link, uint64_t rid) {
+  auto ch = channel_of(link);
+  if (!ch) return true;
+  ch->waiting.erase(rid);
+  if (auto c = ch->copying.find(rid); c != ch->copying.end()) {
+    // Copies run in steps on this strand, so none is running now: stopping is immediate.
+    munmap(const_cast<std::byte*>(c->second.base), c->second.mapped);
+    ch->copying.erase(c);
+    send(link, rid, "release");
+  }
+  if (auto l = ch->leases.find(rid); l != ch->leases.end()) {  // owner side: the peer gave up
+    auto done = std::move(l->second.second);
+    ch->leases.erase(l);
+    done(make_error_code(errc::aborted));
+  }
+  return true;  // nothing of ours touches the request's buffers any more
+}
+// [abort]
+
+// ---------------------------------------------------------------- owner side
+
+std::string ShmTransport::ensure_segment(const ferry::StoredObject& object,
+                                         std::error_code& ec) {
+  std::lock_guard lock(mu_);
+  if (auto it = segments_.find(object.id); it != segments_.end()) return it->second;
+  static const uint64_t token = std::random_device{}();
+  const std::string name = "/" + std::string(kPrefix) + std::to_string(getpid()) + "-" +
+                           std::to_string(token % 1000000) + "-" + std::to_string(object.id);
+  uint64_t size = 0;
+  for (const auto& t : object.tensors) size = aligned(size) + t.data.size();
+  const int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+  if (fd < 0) {
+    ec = std::error_code(errno, std::system_category());
+    return {};
+  }
+  void* base = ftruncate(fd, static_cast<off_t>(size ? size : 1)) == 0
+                   ? mmap(nullptr, size ? size : 1, PROT_WRITE, MAP_SHARED, fd, 0)
+                   : MAP_FAILED;
+  ::close(fd);
+  if (base == MAP_FAILED) {
+    ec = std::error_code(errno, std::system_category());
+    shm_unlink(name.c_str());
+    return {};
+  }
+  uint64_t off = 0;
+  for (const auto& t : object.tensors) {
+    off = aligned(off);
+    if (!t.data.empty()) std::memcpy(static_cast<std::byte*>(base) + off, t.data.data(), t.data.size());
+    off += t.data.size();
+  }
+  munmap(base, size ? size : 1);
+  segments_[object.id] = name;
+  return name;
+}
+
+// [send]
+void ShmTransport::send_multiple(ferry::PeerLink& link, uint64_t rid,
+                                 ferry::ObjectStore::Pin object, ferry::SendDone done) {
+  auto ch = channel_of(link);
+  if (!ch) return done(make_error_code(errc::transport_unavailable));
+  std::error_code ec;
+  const std::string name = ensure_segment(object.object(), ec);
+  if (ec) return done(make_error_code(errc::device_error));
+  std::ostringstream grant;
+  uint64_t off = 0;
+  std::ostringstream offsets;
+  for (const auto& t : object.object().tensors) {
+    off = aligned(off);
+    offsets << ' ' << off;
+    off += t.data.size();
+  }
+  grant << "grant " << name << ' ' << (off ? off : 1) << ' ' << object.object().tensors.size()
+        << offsets.str();
+  ch->leases[rid] = {std::move(object), std::move(done)};  // pinned until "release"
+  send(link, rid, grant.str());
+}
+// [send]
+
+// [gc]
+void ShmTransport::garbage_collect(const ferry::StoredObject& object) {
+  std::lock_guard lock(mu_);
+  auto it = segments_.find(object.id);
+  if (it == segments_.end()) return;  // never fetched over SHM
+  shm_unlink(it->second.c_str());     // mappings that fetchers hold stay valid
+  segments_.erase(it);
+}
+// [gc]
+
+size_t ShmTransport::live_segments() const {
+  std::lock_guard lock(mu_);
+  return segments_.size();
+}
+
+bool register_shm_transport() {
+  static const bool registered = [] {
+    auto ec = ferry::register_transport(
+        kName, {"cpu"},
+        [](const ferry::TransportEnv& env) -> ferry::Result<std::shared_ptr<ferry::TransportManager>> {
+          return std::shared_ptr<ferry::TransportManager>(std::make_shared<ShmTransport>(env));
+        });
+    return !ec || ec == errc::transport_duplicate;
+  }();
+  return registered;
+}
+
+size_t remove_orphaned_segments() {
+  size_t removed = 0;
+  DIR* dir = opendir("/dev/shm");
+  if (!dir) return 0;
+  while (dirent* e = readdir(dir)) {
+    const std::string name = e->d_name;
+    if (name.rfind(kPrefix, 0) != 0) continue;
+    const pid_t pid = static_cast<pid_t>(std::atoll(name.c_str() + std::strlen(kPrefix)));
+    if (pid > 0 && kill(pid, 0) != 0 && errno == ESRCH && shm_unlink(("/" + name).c_str()) == 0) {
+      ++removed;
+    }
+  }
+  closedir(dir);
+  return removed;
+}
+
+}  // namespace shm_example
