@@ -447,10 +447,15 @@ std::shared_ptr<TransportManager> Session::pick_transport(const std::string& req
                      info_.name, ref_transport, chosen_, t ? "the peer's" : "this");
     }
   }
-  if (!chosen_.empty()) return ctx_->find_transport(chosen_);
+  // The best transport both sides have now (one registered after connecting counts), among
+  // those with a channel or that this side can open one for.
   for (const auto& t : *ctx_->transport_list()) {  // best first
-    if (t->peer_has_transport(info_)) return t;
+    if (t->peer_has_transport(info_) &&
+        (info_.initiator || channel(t->name()) || state_ == State::handshaking)) {
+      return t;
+    }
   }
+  if (!chosen_.empty()) return ctx_->find_transport(chosen_);
   ec = errc::transport_unavailable;
   return nullptr;
 }
@@ -474,16 +479,20 @@ void Session::do_fetch(std::shared_ptr<detail::FetchState> state, ObjectRef ref,
     ec = errc::transport_unavailable;  // the caller insists on another transport
   } else if (md.exclusive) {
     transport = pick_transport(md.transport, {}, ec);
+    if (!transport) ec = errc::transport_unavailable;  // unknown here is unavailable to both
   } else {
     transport = pick_transport(options.transport, md.transport, ec);
   }
-  if (!transport && md.exclusive) {
-    FERRY_LOG_WARN("object {} is offered only over {}, which this side and peer '{}' do not share",
-                   ref.object_id, md.transport, info_.name);
-  }
   if (!transport) {
-    FERRY_LOG_WARN("fetch from '{}': transport '{}': {}", info_.name, options.transport,
-                   ec.message());
+    if (md.exclusive) {
+      FERRY_LOG_WARN(
+          "fetch from '{}': object {} is offered only over {}, which this side and "
+          "the peer do not share",
+          info_.name, ref.object_id, md.transport);
+    } else {
+      FERRY_LOG_WARN("fetch from '{}': transport '{}': {}", info_.name, options.transport,
+                     ec.message());
+    }
     state->complete(ec);
     return;
   }

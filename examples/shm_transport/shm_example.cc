@@ -10,7 +10,6 @@
 //       REFFILE (4 in flight), verifies every byte, prints one line per transport used.
 //       Exit: 0 all good, 3 a fetch failed (its error printed), 4 a byte differed.
 #include <atomic>
-#include <thread>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -18,6 +17,7 @@
 #include <map>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "shm_transport.h"
@@ -31,7 +31,7 @@ using namespace std::chrono_literals;
 size_t object_size(size_t i) {
   if (i % 100 == 99) return size_t{1} << (16 + (i / 100) % 11);  // 64 KiB .. 64 MiB
   std::mt19937_64 rng(i);
-  return 1 + rng() % (size_t{1} << (rng() % 17));                 // 1 B .. 64 KiB
+  return 1 + rng() % (size_t{1} << (rng() % 17));  // 1 B .. 64 KiB
 }
 
 void fill(std::byte* p, size_t n, size_t i) {
@@ -129,7 +129,8 @@ int fetch(int argc, char** argv) {
     size_t aborted = 0;
     for (auto& r : reqs) {
       auto ec = r.wait(60s);
-      if (ec && ec != ferry::errc::aborted) return std::printf("abort: %s\n", ec.message().c_str()), 3;
+      if (ec && ec != ferry::errc::aborted)
+        return std::printf("abort: %s\n", ec.message().c_str()), 3;
       aborted += ec == ferry::errc::aborted;
     }
     std::printf("aborted %zu of %zu\n", aborted, reqs.size());

@@ -138,7 +138,7 @@ bool ShmTransport::peer_has_transport(const ferry::PeerInfo& peer) const {
 // [open]
 void ShmTransport::async_open_channel(std::shared_ptr<ferry::PeerLink> link,
                                       ferry::ChannelOpenHandler done) {
-    auto timer = std::make_shared<boost::asio::steady_timer>(link->strand().get_inner_executor(),
+  auto timer = std::make_shared<boost::asio::steady_timer>(link->strand().get_inner_executor(),
                                                            open_timeout_);
   {
     std::lock_guard lock(mu_);
@@ -153,7 +153,7 @@ void ShmTransport::async_open_channel(std::shared_ptr<ferry::PeerLink> link,
           std::lock_guard lock(mu_);
           auto it = opening_.find(l.get());
           if (it == opening_.end()) return;  // answered in time
-                    pending = std::move(it->second.done);
+          pending = std::move(it->second.done);
           opening_.erase(it);
         }
         pending(make_error_code(errc::handshake_failed), nullptr);
@@ -178,7 +178,7 @@ void ShmTransport::on_transport_message(ferry::PeerLink& link, uint64_t rid,
     ferry::ChannelOpenHandler done;
     {
       std::lock_guard lock(mu_);
-            auto it = opening_.find(&link);
+      auto it = opening_.find(&link);
       if (it == opening_.end()) return;
       done = std::move(it->second.done);
       it->second.timer->cancel();
@@ -215,10 +215,10 @@ void ShmTransport::on_transport_message(ferry::PeerLink& link, uint64_t rid,
   const int fd = ok ? shm_open(name.c_str(), O_RDONLY, 0) : -1;
   void* base = fd >= 0 ? mmap(nullptr, size ? size : 1, PROT_READ, MAP_SHARED, fd, 0) : MAP_FAILED;
   if (fd >= 0) ::close(fd);  // the mapping stays valid
-    if (base == MAP_FAILED) {
+  if (base == MAP_FAILED) {
     send(link, rid, "release");  // end the owner's lease: we will not read
-    return link.complete_fetch(rid, make_error_code(ok ? errc::object_not_found
-                                                       : errc::protocol_error));
+    return link.complete_fetch(rid,
+                               make_error_code(ok ? errc::object_not_found : errc::protocol_error));
   }
   c.base = static_cast<const std::byte*>(base);
   c.mapped = size ? size : 1;
@@ -259,8 +259,7 @@ bool ShmTransport::abort(ferry::PeerLink& link, uint64_t rid) {
 
 // ---------------------------------------------------------------- owner side
 
-std::string ShmTransport::ensure_segment(const ferry::StoredObject& object,
-                                         std::error_code& ec) {
+std::string ShmTransport::ensure_segment(const ferry::StoredObject& object, std::error_code& ec) {
   std::lock_guard lock(mu_);
   if (auto it = segments_.find(object.id); it != segments_.end()) return it->second;
   static const uint64_t token = std::random_device{}();
@@ -285,7 +284,8 @@ std::string ShmTransport::ensure_segment(const ferry::StoredObject& object,
   uint64_t off = 0;
   for (const auto& t : object.tensors) {
     off = aligned(off);
-    if (!t.data.empty()) std::memcpy(static_cast<std::byte*>(base) + off, t.data.data(), t.data.size());
+    if (!t.data.empty())
+      std::memcpy(static_cast<std::byte*>(base) + off, t.data.data(), t.data.size());
     off += t.data.size();
   }
   munmap(base, size ? size : 1);
@@ -331,17 +331,20 @@ size_t ShmTransport::live_segments() const {
   return segments_.size();
 }
 
+// [register]
 bool register_shm_transport() {
   static const bool registered = [] {
     auto ec = ferry::register_transport(
         kName, {"cpu"},
-        [](const ferry::TransportEnv& env) -> ferry::Result<std::shared_ptr<ferry::TransportManager>> {
+        [](const ferry::TransportEnv& env)
+            -> ferry::Result<std::shared_ptr<ferry::TransportManager>> {
           return std::shared_ptr<ferry::TransportManager>(std::make_shared<ShmTransport>(env));
         });
     return !ec || ec == errc::transport_duplicate;
   }();
   return registered;
 }
+// [register]
 
 size_t remove_orphaned_segments() {
   size_t removed = 0;

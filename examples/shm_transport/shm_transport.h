@@ -55,7 +55,7 @@ class ShmTransport final : public ferry::TransportManager {
   std::chrono::milliseconds open_timeout_;
   mutable std::mutex mu_;
   std::map<ferry::ObjectId, std::string> segments_;  // object -> segment name
-    struct Opening {
+  struct Opening {
     ferry::ChannelOpenHandler done;
     std::shared_ptr<boost::asio::steady_timer> timer;  // bounds the wait for the answer
   };
