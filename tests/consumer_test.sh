@@ -8,7 +8,7 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 cmake --install "$build" --prefix "$tmp/prefix" >/dev/null
 cmake -S "$src/examples/consumer" -B "$tmp/build" -DCMAKE_PREFIX_PATH="$tmp/prefix" \
-  -DCMAKE_BUILD_TYPE=Release >/dev/null
+  -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_FLAGS="${FERRY_CONSUMER_CXX_FLAGS:-}" >/dev/null
 cmake --build "$tmp/build" -j "$(nproc)" >/dev/null
 # It must have compiled against the installed headers, not the source tree.
 if grep -rq -- "$src/net" "$tmp/build/CMakeFiles" 2>/dev/null; then
