@@ -51,6 +51,7 @@ std::vector<std::shared_ptr<Device>> Device::open_all() {
         a.gid_index = g;
         a.gid = entry.gid;
         a.mtu = pa.active_mtu;
+        if (pa.max_msg_sz) a.max_msg = pa.max_msg_sz;
         dev->addresses_.push_back(a);
       }
     }

@@ -19,6 +19,7 @@ struct Address {
   int gid_index = 0;
   ibv_gid gid{};
   ibv_mtu mtu = IBV_MTU_1024;
+  uint32_t max_msg = 1u << 31;  // the port's largest message: READs are split below it
 };
 
 class Device {

@@ -230,15 +230,16 @@ void RdmaChannel::on_grant(uint64_t request_id, const wire::Grant& grant) {
     maybe_finish(request_id);
     return;
   }
+  const uint64_t chunk = std::min<uint64_t>(kReadChunk, address_.max_msg);  // device's limit
   for (size_t i = 0; i < targets.size(); ++i) {
     const auto& seg = grant.segments(static_cast<int>(i));
-    for (uint64_t off = 0; off < targets[i].size(); off += kReadChunk) {
+    for (uint64_t off = 0; off < targets[i].size(); off += chunk) {
       Read r;
       r.local = reinterpret_cast<uint64_t>(targets[i].data()) + off;
       r.lkey = f.regions[i]->lkey();
       r.remote = seg.addr() + off;
       r.rkey = seg.rkey();
-      r.length = static_cast<uint32_t>(std::min<uint64_t>(kReadChunk, targets[i].size() - off));
+      r.length = static_cast<uint32_t>(std::min<uint64_t>(chunk, targets[i].size() - off));
       f.reads.push_back(r);
     }
   }
