@@ -31,6 +31,7 @@ struct ContextOptions {
   std::string transport = default_transport();
   uint32_t max_frame_bytes = 4u << 20;          // metadata frames above this end the connection
   size_t max_queued_control_bytes = 64u << 20;  // a peer that does not read its control frames
+  size_t max_requests_per_peer = 4096;          // fetches one peer may have us serve at once
   std::chrono::milliseconds connect_timeout{10000};
   std::chrono::milliseconds handshake_timeout{5000};
   std::chrono::milliseconds heartbeat_interval{1000};

@@ -26,6 +26,8 @@ class FerryCategory final : public std::error_category {
         return "object reference is from an earlier instance of its owner";
       case errc::unknown_message:
         return "unknown message";
+      case errc::overloaded:
+        return "too many requests in flight from this peer";
       case errc::peer_closed:
         return "peer closed the connection";
       case errc::connection_failed:

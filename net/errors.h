@@ -19,6 +19,7 @@ enum class errc {
   invalid_argument = 5,
   stale_ref = 6,
   unknown_message = 7,
+  overloaded = 8,  // the peer has too many requests in flight with us: retry later
   // peer scope: the connection to this peer is gone or unusable
   peer_closed = 20,
   connection_failed = 21,

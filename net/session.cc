@@ -287,6 +287,15 @@ void Session::handle_fetch(uint64_t rid, const wire::Fetch& msg) {
                false);
     return;
   }
+  if (serving_.size() >= ctx_->options.max_requests_per_peer) {
+    // Bounded: a peer that floods requests (or never reads what it asked for) gets errors, not
+    // an ever-growing share of this process.
+    send_error(
+        rid, errc::overloaded,
+        "more than " + std::to_string(ctx_->options.max_requests_per_peer) + " requests in flight",
+        false);
+    return;
+  }
   if (msg.owner_instance() != 0 && msg.owner_instance() != ctx_->instance) {
     send_error(rid, errc::stale_ref, "ref is from an earlier instance of this owner", false);
     return;

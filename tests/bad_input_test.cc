@@ -201,6 +201,57 @@ TEST_F(BadInput, ForgedDataChannelAttach) {
   EXPECT_TRUE(c.closed_by_server());
 }
 
+TEST_F(BadInput, LiarsAndFloodersAreRefusedAndBounded) {
+  RawClient c(server.port);
+  auto answer = c.handshake();
+  ASSERT_TRUE(answer && answer->has_hello_answer());
+  // A data channel it never reads: whatever the server sends it stays in flight.
+  RawClient data(server.port);
+  wire::Envelope attach;
+  attach.mutable_attach_channel()->set_session_id(answer->hello_answer().session_id());
+  attach.mutable_attach_channel()->set_session_token(answer->hello_answer().session_token());
+  attach.mutable_attach_channel()->set_transport("TCP");
+  data.send(attach);
+  ASSERT_TRUE(data.read()->has_ack());
+  // Lies: a range past the end of the object.
+  wire::Envelope liar;
+  liar.set_request_id(3);
+  liar.mutable_fetch()->set_object_id(ref.object_id);
+  liar.mutable_fetch()->add_sizes(bytes->size() + 1);
+  c.send(liar);
+  // A flood: far more fetches of a 3 MiB object than one peer may have in flight.
+  const auto limit = server.ctx.options().max_requests_per_peer;
+  const size_t flood = limit + 2000;
+  std::string frames;
+  for (size_t i = 0; i < flood; ++i) {
+    wire::Envelope env;
+    env.set_request_id(5 + 2 * i);  // the connecting side uses odd ids
+    env.mutable_fetch()->set_object_id(ref.object_id);
+    env.mutable_fetch()->add_sizes(bytes->size());
+    frames += encode_frame(env);
+  }
+  c.send_raw(frames);
+  size_t overloaded = 0;
+  bool lie_refused = false;
+  for (auto reply = c.read(); reply; reply = c.read()) {
+    if (!reply->has_error()) continue;
+    if (reply->request_id() == 3) {
+      lie_refused = reply->error().code() == static_cast<uint32_t>(errc::size_mismatch);
+    } else if (reply->error().code() == static_cast<uint32_t>(errc::overloaded)) {
+      ++overloaded;
+    }
+    if (lie_refused && overloaded >= flood - limit) break;
+  }
+  EXPECT_TRUE(lie_refused);
+  EXPECT_GE(overloaded, flood - limit);
+  // What the server holds for this peer is bounded: pins, not copies, at most `limit`.
+  auto counts = server.ctx.store().counts(ref.object_id);
+  ASSERT_TRUE(counts);
+  EXPECT_LE(counts->pins, limit + 1);  // + the honest client's fetch in flight
+  std::printf("flood of %zu: %zu refused as overloaded, %u pinned\n", flood, overloaded,
+              counts->pins);
+}
+
 TEST_F(BadInput, HelloTwiceIsAProtocolError) {
   RawClient c(server.port);
   ASSERT_TRUE(c.handshake()->has_hello_answer());
