@@ -4,7 +4,7 @@ JOBS     ?= $(shell nproc)
 PREFIX   ?= /usr/local
 CMAKE_FLAGS ?=
 
-.PHONY: all deps build demo demo-rdma test format format-check install clean
+.PHONY: all deps build demo demo-rdma test test-asan test-tsan format format-check install clean
 
 all: build
 
@@ -27,6 +27,21 @@ test: build
 	@cd $(BUILD) && status=0 && ctest --output-on-failure --timeout 600 -LE '^rdma$$' || status=$$?; \
 	  grep -h '^SKIPPED' Testing/Temporary/LastTest.log 2>/dev/null | sort -u; exit $$status
 
+# The suite under AddressSanitizer + UBSan, and under ThreadSanitizer (Debug builds of their own;
+# the soft-RoCE tier is left out: emulated RDMA under a sanitizer is too slow to be useful).
+SAN_TESTS = -LE '^(rdma|softroce)$$'
+test-asan: deps
+	cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DFERRY_BUILD_EXAMPLES=OFF \
+	  -DCMAKE_CXX_FLAGS="-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer"
+	cmake --build build-asan -j $(JOBS)
+	cd build-asan && ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure --timeout 900 $(SAN_TESTS)
+
+test-tsan: deps
+	cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFERRY_BUILD_EXAMPLES=OFF \
+	  -DCMAKE_CXX_FLAGS="-fsanitize=thread"
+	cmake --build build-tsan -j $(JOBS)
+	cd build-tsan && TSAN_OPTIONS=halt_on_error=1 ctest --output-on-failure --timeout 900 $(SAN_TESTS)
+
 # The demo over RDMA: serve on rxe1, fetch on rxe0, inside the soft-RoCE guest.
 demo-rdma: build
 	@scripts/demo-rdma.sh $(BUILD)
@@ -41,4 +56,4 @@ install: build
 	cmake --install $(BUILD) --prefix $(PREFIX)
 
 clean:
-	rm -rf $(BUILD)
+	rm -rf $(BUILD) build-asan build-tsan
