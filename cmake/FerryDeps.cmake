@@ -3,6 +3,7 @@ find_package(Threads REQUIRED)
 find_package(Boost 1.81 REQUIRED CONFIG)
 find_package(Protobuf REQUIRED)
 find_package(fmt REQUIRED)
+find_package(OpenSSL REQUIRED)  # HMAC for the shared-secret handshake
 
 # RDMA: AUTO builds it when rdma-core is present, ON insists, OFF skips.
 set(FERRY_HAS_RDMA 0)

@@ -252,7 +252,7 @@ void Context::Impl::on_accepted(tcp::socket socket) {
               if (env.has_attach_channel()) {
                 const auto& a = env.attach_channel();
                 auto session = self->find_session(a.session_id());
-                if (!session || session->info().initiator ||
+                if (!session || session->info().initiator || !session->is_open() ||
                     !same_token(session->token(), a.session_token())) {
                   return reject(errc::handshake_failed, "unknown session or bad token");
                 }
@@ -277,6 +277,11 @@ void Context::Impl::on_accepted(tcp::socket socket) {
 }
 
 // ---------------------------------------------------------------- Context
+
+std::string ContextOptions::default_secret() {
+  const char* v = std::getenv("FERRY_SECRET");
+  return v ? v : "";
+}
 
 std::string ContextOptions::default_transport() {
   const char* v = std::getenv("FERRY_TRANSPORT");

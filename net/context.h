@@ -39,10 +39,15 @@ struct ContextOptions {
   size_t tcp_chunk_bytes = 1u << 20;               // TCP data channel: bytes per chunk
   std::chrono::milliseconds lease_timeout{60000};  // one-sided grants: pin held at most this long
   bool busy_poll = false;  // RDMA: poll the completion queue instead of sleeping on its channel
+  // Shared secret for the metadata channel (default: $FERRY_SECRET). When set, both sides prove
+  // knowledge of it (HMAC-SHA256 challenge-response; it is never sent) before anything else;
+  // a peer without it, or with another, is refused with errc::auth_failed.
+  std::string secret = default_secret();
 
   // "auto", or the transport named by $FERRY_TRANSPORT ("rdma" and "tcp" in any case map to the
   // built-in "RDMA" and "TCP").
   static std::string default_transport();
+  static std::string default_secret();
 };
 
 struct PutOptions {

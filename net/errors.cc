@@ -44,6 +44,8 @@ class FerryCategory final : public std::error_category {
         return "peer stopped answering heartbeats";
       case errc::transport_unavailable:
         return "transport not available on both sides";
+      case errc::auth_failed:
+        return "authentication failed (shared secret missing or wrong)";
       case errc::transport_unknown:
         return "no transport registered under that name";
       case errc::transport_duplicate:

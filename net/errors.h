@@ -29,6 +29,7 @@ enum class errc {
   handshake_failed = 25,
   peer_unresponsive = 26,
   transport_unavailable = 27,
+  auth_failed = 28,
   // registry (operation scope at the call site)
   transport_unknown = 40,
   transport_duplicate = 41,

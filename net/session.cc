@@ -7,6 +7,7 @@
 #include <boost/asio/write.hpp>
 #include <random>
 
+#include "net/auth.h"
 #include "net/errors.h"
 #include "net/log.h"
 #include "net/wire_convert.h"
@@ -70,6 +71,10 @@ void Session::start_client(std::string requested_transport,
   hello->set_name(ctx_->options.name);
   hello->set_instance(ctx_->instance);
   if (requested_transport != "auto") hello->set_requested_transport(requested_transport);
+  if (!ctx_->options.secret.empty()) {
+    auth_ours_ = auth::nonce();
+    hello->set_auth_nonce(auth_ours_);
+  }
   for (const auto& t : ctx_->local_infos()) to_wire(t, *hello->add_transports());
   handshake_timer_.expires_after(ctx_->options.handshake_timeout);
   handshake_timer_.async_wait(
@@ -119,14 +124,53 @@ void Session::start_server(const wire::Hello& hello, std::string leftover) {
   answer->set_session_token(token_);
   answer->set_instance(ctx_->instance);
   for (const auto& t : ctx_->local_infos()) to_wire(t, *answer->add_transports());
-  state_ = State::open;
-  send(env);
-  ctx_->note_negotiated(info_, chosen_);
-  arm_heartbeat();
+  const std::string& secret = ctx_->options.secret;
+  if (!secret.empty()) {
+    if (hello.auth_nonce().empty()) {
+      send_error(0, errc::auth_failed, "'" + ctx_->options.name + "' requires a shared secret",
+                 true);
+      return;
+    }
+    // Prove we know the secret, then wait (bounded) for the peer's proof before anything else.
+    auth_theirs_ = hello.auth_nonce();
+    auth_ours_ = auth::nonce();
+    answer->set_auth_nonce(auth_ours_);
+    answer->set_auth_proof(auth::proof(secret, auth::kServerLabel, auth_theirs_, auth_ours_));
+    send(env);
+    handshake_timer_.expires_after(ctx_->options.handshake_timeout);
+    handshake_timer_.async_wait(
+        asio::bind_executor(strand_, [self = shared_from_this()](boost::system::error_code ec) {
+          if (!ec && self->state_ == State::handshaking) self->do_close(errc::auth_failed);
+        }));
+  } else {
+    send(env);
+    open_server();
+  }
   if (!leftover.empty()) {
     auto err = decoder_.feed(leftover, [this](std::string_view body) { return on_frame(body); });
     if (err) send_error(0, err, "bad frame after Hello", true);
   }
+}
+
+void Session::open_server() {
+  state_ = State::open;
+  ctx_->note_negotiated(info_, chosen_);
+  arm_heartbeat();
+}
+
+void Session::on_auth(const wire::Auth& msg) {
+  const auto expected =
+      auth::proof(ctx_->options.secret, auth::kClientLabel, auth_ours_, auth_theirs_);
+  if (info_.initiator || ctx_->options.secret.empty() || !auth::same(msg.proof(), expected)) {
+    FERRY_LOG_WARN("peer '{}' ({}) failed the shared-secret handshake", info_.name, info_.address);
+    send_error(0, errc::auth_failed, "wrong shared secret", true);
+    return;
+  }
+  handshake_timer_.cancel();
+  wire::Envelope ack;
+  ack.mutable_ack();
+  send(ack);
+  open_server();
 }
 
 std::error_code Session::on_hello_answer(const wire::HelloAnswer& answer) {
@@ -142,6 +186,27 @@ std::error_code Session::on_hello_answer(const wire::HelloAnswer& answer) {
   auto transport = ctx_->find_transport(answer.chosen_transport());
   if (!transport) return errc::transport_unavailable;
   chosen_ = transport->name();
+  const std::string& secret = ctx_->options.secret;
+  if (!secret.empty()) {
+    // Mutual: the acceptor proves it knows the secret before we prove it.
+    const auto expected = auth::proof(secret, auth::kServerLabel, auth_ours_, answer.auth_nonce());
+    if (answer.auth_proof().empty() || !auth::same(answer.auth_proof(), expected)) {
+      FERRY_LOG_WARN("{} did not prove the shared secret", info_.address);
+      do_close(errc::auth_failed);
+      return {};
+    }
+    wire::Envelope env;
+    env.mutable_auth()->set_proof(
+        auth::proof(secret, auth::kClientLabel, answer.auth_nonce(), auth_ours_));
+    send(env);
+    awaiting_auth_ = transport;  // the acceptor's Ack continues in finish_handshake()
+    return {};
+  }
+  finish_handshake(std::move(transport));
+  return {};
+}
+
+void Session::finish_handshake(std::shared_ptr<TransportManager> transport) {
   ensure_channel(transport, [self = shared_from_this()](std::error_code ec) {
     self->handshake_timer_.cancel();
     if (!ec && self->state_ == State::handshaking) {
@@ -152,7 +217,6 @@ std::error_code Session::on_hello_answer(const wire::HelloAnswer& answer) {
     if (ec) self->do_close(ec);
     if (auto done = std::move(self->on_ready_)) done(ec ? ec : self->close_reason_);
   });
-  return {};
 }
 
 // ---------------------------------------------------------------- reading and dispatch
@@ -203,8 +267,17 @@ std::error_code Session::dispatch(const wire::Envelope& env) {
   const uint64_t rid = env.request_id();
   if (state_ == State::handshaking) {
     if (env.has_hello_answer()) return on_hello_answer(env.hello_answer());
+    if (env.has_auth()) {  // acceptor: the initiator's proof
+      on_auth(env.auth());
+      return {};
+    }
+    if (env.has_ack() && awaiting_auth_) {  // initiator: the acceptor took our proof
+      finish_handshake(std::move(awaiting_auth_));
+      awaiting_auth_.reset();
+      return {};
+    }
     // After the answer, the chosen transport sets up its channel with its own messages.
-    if (env.has_transport_message() && !chosen_.empty()) {
+    if (env.has_transport_message() && !chosen_.empty() && info_.initiator) {
       const auto& m = env.transport_message();
       if (auto t = ctx_->find_transport(m.transport())) {
         t->on_transport_message(*this, rid, m.payload());
@@ -270,7 +343,8 @@ std::error_code Session::dispatch(const wire::Envelope& env) {
     case wire::Envelope::kHello:
     case wire::Envelope::kHelloAnswer:
     case wire::Envelope::kAttachChannel:
-      return errc::protocol_error;  // only valid as a connection's first frame
+    case wire::Envelope::kAuth:
+      return errc::protocol_error;  // only valid as a connection's first frames
     case wire::Envelope::BODY_NOT_SET:
       break;
   }
@@ -558,7 +632,10 @@ void Session::do_fetch(std::shared_ptr<detail::FetchState> state, ObjectRef ref,
     state->result().transport = fallback->name();
     self->ensure_channel(fallback, [self, state, fallback, targets = std::move(targets),
                                     timeout](std::error_code ec) mutable {
-      if (ec) return state->complete(ec);
+      if (ec) {
+        state->complete(ec);
+        return;
+      }
       self->start_transfer(std::move(state), std::move(fallback), std::move(targets), timeout);
     });
   });

@@ -98,6 +98,11 @@ class Session final : public PeerLink, public std::enable_shared_from_this<Sessi
   std::error_code on_frame(std::string_view body);
   std::error_code dispatch(const wire::Envelope& env);
   std::error_code on_hello_answer(const wire::HelloAnswer& answer);
+  // Initiator: after the answer (and, with a secret, the acceptor's Ack of our proof).
+  void finish_handshake(std::shared_ptr<TransportManager> transport);
+  // Acceptor: the peer is in (authenticated when a secret is set).
+  void open_server();
+  void on_auth(const wire::Auth& auth);
 
   void handle_fetch(uint64_t rid, const wire::Fetch& msg);
   void handle_cancel(uint64_t rid);
@@ -132,7 +137,10 @@ class Session final : public PeerLink, public std::enable_shared_from_this<Sessi
   std::string token_;
   std::string chosen_;
   uint64_t peer_instance_ = 0;
-  mutable std::set<std::string> fallback_logged_;  // transports whose fallback was reported
+  std::string auth_ours_;                            // our nonce in the shared-secret handshake
+  std::string auth_theirs_;                          // the peer's
+  std::shared_ptr<TransportManager> awaiting_auth_;  // initiator: proof sent, Ack awaited
+  mutable std::set<std::string> fallback_logged_;    // transports whose fallback was reported
   std::atomic<State> state_{State::handshaking};
   std::error_code close_reason_;
 

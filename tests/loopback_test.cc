@@ -2,11 +2,14 @@
 // timeouts, transport selection.
 #include <gtest/gtest.h>
 
+#include <sys/socket.h>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/use_awaitable.hpp>
 #include <boost/asio/use_future.hpp>
+#include <boost/asio/write.hpp>
+
 #include <future>
 #include <thread>
 
@@ -416,6 +419,129 @@ TEST(Transports, ExclusiveObjectsMoveOnlyOverTheirTransport) {
   nowhere.exclusive = true;
   EXPECT_EQ(server.ctx.put({Tensor::bytes(*bytes)}, bytes, nowhere).error(),
             errc::invalid_argument);
+}
+
+TEST(Auth, SharedSecretIsRequiredAndChecked) {
+  ContextOptions guarded;
+  guarded.name = "guarded";
+  guarded.secret = "correct horse battery staple";
+  Server server(guarded);
+  auto bytes = make_pattern(100000, 3);
+  auto ref = server.put(bytes);
+  auto with_secret = [](std::string secret) {
+    ContextOptions o = client_options("client");
+    o.secret = std::move(secret);
+    return o;
+  };
+  // The right secret: in, and fetching works.
+  Context good(with_secret("correct horse battery staple"));
+  auto peer = connect_or_fail(good, server.address());
+  auto req = peer.fetch(ref);
+  ASSERT_FALSE(req.wait(30s));
+  EXPECT_TRUE(same_bytes(req.result().tensors[0], *bytes));
+  // No secret, or another one: refused with a clear error, and nothing else is served to them.
+  for (const char* wrong : {"", "Tr0ub4dor&3"}) {
+    Context bad(with_secret(wrong));
+    auto r = bad.connect(server.address());
+    ASSERT_FALSE(r.ok()) << "connected with secret '" << wrong << "'";
+    EXPECT_EQ(r.error(), errc::auth_failed);
+  }
+  // A client with a secret refuses a server that cannot prove it (mutual authentication).
+  Server open_server;
+  Context careful(with_secret("correct horse battery staple"));
+  auto r = careful.connect(open_server.address());
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.error(), errc::auth_failed);
+  // The authenticated peer was never disturbed.
+  EXPECT_FALSE(peer.fetch(ref).wait(30s));
+}
+
+// Relays TCP connections to `target` (the metadata channel and the data channel) and records
+// every byte in both directions.
+class RecordingRelay {
+ public:
+  explicit RecordingRelay(uint16_t target)
+      : acceptor_(io_, {asio::ip::make_address("127.0.0.1"), 0}), target_(target) {
+    threads_.emplace_back([this] {
+      for (;;) {
+        auto in = std::make_shared<asio::ip::tcp::socket>(io_);
+        boost::system::error_code ec;
+        acceptor_.accept(*in, ec);
+        if (ec) return;
+        auto out = std::make_shared<asio::ip::tcp::socket>(io_);
+        out->connect({asio::ip::make_address("127.0.0.1"), target_}, ec);
+        if (ec) return;
+        std::lock_guard lock(mu_);
+        sockets_.push_back(in);
+        sockets_.push_back(out);
+        threads_.emplace_back([this, in, out] { pump(*in, *out); });
+        threads_.emplace_back([this, in, out] { pump(*out, *in); });
+      }
+    });
+  }
+  ~RecordingRelay() {
+    boost::system::error_code ec;
+    ::shutdown(acceptor_.native_handle(), SHUT_RDWR);  // wakes the blocked accept (Linux)
+    acceptor_.close(ec);
+    {
+      std::lock_guard lock(mu_);
+      for (auto& s : sockets_) s->shutdown(asio::ip::tcp::socket::shutdown_both, ec);
+    }
+    threads_.front().join();
+    std::lock_guard lock(mu_);  // no new threads now
+    for (size_t i = 1; i < threads_.size(); ++i) threads_[i].join();
+  }
+  uint16_t port() const { return acceptor_.local_endpoint().port(); }
+  std::string seen() {
+    std::lock_guard lock(mu_);
+    return seen_;
+  }
+
+ private:
+  void pump(asio::ip::tcp::socket& from, asio::ip::tcp::socket& to) {
+    char buf[65536];
+    boost::system::error_code e;
+    for (;;) {
+      size_t n = from.read_some(asio::buffer(buf), e);
+      if (e) break;
+      {
+        std::lock_guard lock(mu_);
+        seen_.append(buf, n);
+      }
+      boost::asio::write(to, asio::buffer(buf, n), e);
+      if (e) break;
+    }
+    to.shutdown(asio::ip::tcp::socket::shutdown_send, e);
+  }
+
+  asio::io_context io_;
+  asio::ip::tcp::acceptor acceptor_;
+  uint16_t target_;
+  std::mutex mu_;
+  std::vector<std::shared_ptr<asio::ip::tcp::socket>> sockets_;
+  std::vector<std::thread> threads_;
+  std::string seen_;
+};
+
+TEST(Auth, TheSecretNeverCrossesTheWire) {
+  if (test_transport() != "TCP") GTEST_SKIP() << "SKIPPED: the relay is for the TCP suite";
+  const std::string secret = "the-shared-secret-0123456789";
+  ContextOptions guarded;
+  guarded.secret = secret;
+  Server server(guarded);
+  RecordingRelay relay(server.port);
+  {
+    ContextOptions o = client_options("client");
+    o.secret = secret;
+    o.transports = {"TCP"};
+    Context client(o);
+    auto peer = connect_or_fail(client, "127.0.0.1:" + std::to_string(relay.port()));
+    ASSERT_TRUE(peer.valid());
+    EXPECT_TRUE(peer.list(5s).ok());
+  }
+  const std::string wire = relay.seen();
+  EXPECT_GT(wire.size(), 100u) << "the relay saw no handshake";
+  EXPECT_EQ(wire.find(secret), std::string::npos) << "the secret was sent in the clear";
 }
 
 TEST(Connect, RefusedAndClosedContextsFailPromptly) {
