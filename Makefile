@@ -1,10 +1,11 @@
 # ferry: the user-facing targets. `make demo` and `make test` work on a fresh Debian 12 machine.
+SHELL    := /bin/bash
 BUILD    ?= build
 JOBS     ?= $(shell nproc)
 PREFIX   ?= /usr/local
 CMAKE_FLAGS ?=
 
-.PHONY: all deps build demo demo-rdma test test-asan test-tsan format format-check install clean
+.PHONY: all deps build demo demo-rdma test test-asan test-tsan fuzz format format-check install clean
 
 all: build
 
@@ -42,6 +43,27 @@ test-tsan: deps
 	cmake --build build-tsan -j $(JOBS)
 	cd build-tsan && TSAN_OPTIONS=halt_on_error=1 ctest --output-on-failure --timeout 900 $(SAN_TESTS)
 
+# libFuzzer (clang): the frame decoder and control-message handling on a live server, each for
+# FUZZ_SECONDS, from the seed corpus. A crash fails the target; its input is left in
+# build-fuzz/crashes/ (add it to tests/fuzz/corpus/ to keep it as a regression test).
+FUZZ_SECONDS ?= 60
+fuzz: deps
+	@command -v clang++ >/dev/null || { echo "fuzz: clang++ is needed (apt-get install clang)"; exit 1; }
+	cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_COMPILER=clang++ \
+	  -DFERRY_FUZZ=ON -DFERRY_BUILD_EXAMPLES=OFF -DFERRY_BUILD_CLI=OFF -DFERRY_BUILD_BENCH=OFF \
+	  -DCMAKE_CXX_FLAGS="-fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=undefined"
+	cmake --build build-fuzz -j $(JOBS) --target fuzz_frame_decoder fuzz_control
+	@mkdir -p build-fuzz/crashes
+	@for t in frame_decoder:frame control:control; do \
+	  name=$${t%%:*}; corpus=$${t##*:}; work=build-fuzz/corpus-$$corpus; \
+	  rm -rf $$work && cp -r tests/fuzz/corpus/$$corpus $$work; \
+	  echo "fuzz: $$name for $(FUZZ_SECONDS) s"; \
+	  build-fuzz/tests/fuzz/fuzz_$$name -max_total_time=$(FUZZ_SECONDS) -timeout=20 \
+	    -artifact_prefix=build-fuzz/crashes/$$name- -print_final_stats=1 $$work 2>&1 | \
+	    grep -E "^#[0-9]+.*DONE|stat::number_of_executed_units|ERROR|SUMMARY|Test unit written" ; \
+	  test $${PIPESTATUS[0]} -eq 0 || exit 1; \
+	done
+
 # The demo over RDMA: serve on rxe1, fetch on rxe0, inside the soft-RoCE guest.
 demo-rdma: build
 	@scripts/demo-rdma.sh $(BUILD)
@@ -56,4 +78,4 @@ install: build
 	cmake --install $(BUILD) --prefix $(PREFIX)
 
 clean:
-	rm -rf $(BUILD) build-asan build-tsan
+		rm -rf $(BUILD) build-asan build-tsan build-fuzz
