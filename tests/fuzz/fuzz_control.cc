@@ -1,8 +1,8 @@
 // Fuzz target: control-message handling on a live server. One server Context lives for the whole
 // run; each input but its first byte is sent on a fresh connection (after a valid Hello when
-// that first byte is odd), the server's answers are drained until it closes the connection or goes quiet, and the
-// server must then still answer an honest request. Crashes, sanitizer reports and a server that
-// stops serving are failures.
+// that first byte is odd), the server's answers are drained until it closes the connection or goes
+// quiet, and the server must then still answer an honest request. Crashes, sanitizer reports and a
+// server that stops serving are failures.
 #include <poll.h>
 #include <sys/socket.h>
 
@@ -74,7 +74,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     boost::system::error_code ec;
     s.connect({asio::ip::make_address("127.0.0.1"), f.port}, ec);
     if (ec) std::abort();
-        if (size == 0) return 0;
+    if (size == 0) return 0;
     // First byte: send a valid Hello first (odd) or not; the rest goes on the wire as is.
     std::string out = (data[0] & 1) ? hello_frame() : std::string();
     out.append(reinterpret_cast<const char*>(data) + 1, size - 1);
