@@ -464,6 +464,11 @@ void Session::handle_error(uint64_t rid, const wire::Error& err) {
     finish_rpc(rid, ec, wire::Envelope{});
     return;
   }
+  if (rid != 0 && !err.fatal()) {
+    // A late answer to a request that already ended here (aborted, timed out): nothing to do.
+    FERRY_LOG_INFO("peer '{}': late error for request {}: {}", info_.name, rid, err.message());
+    return;
+  }
   FERRY_LOG_WARN("peer '{}' ({}) reports: {} ({})", info_.name, info_.address, err.message(),
                  ec.message());
   if (err.fatal()) do_close(ec);

@@ -11,6 +11,7 @@
 #include <boost/asio/write.hpp>
 
 #include <future>
+#include <random>
 #include <thread>
 
 #include "tests/test_util.h"
@@ -542,6 +543,64 @@ TEST(Auth, TheSecretNeverCrossesTheWire) {
   const std::string wire = relay.seen();
   EXPECT_GT(wire.size(), 100u) << "the relay saw no handshake";
   EXPECT_EQ(wire.find(secret), std::string::npos) << "the secret was sent in the clear";
+}
+
+TEST(Races, AbortAndTimeoutAgainstCompletionExactlyOnce) {
+  Server server;
+  Context client(client_options("racer"));
+  auto peer = connect_or_fail(client, server.address());
+  std::vector<std::shared_ptr<std::vector<std::byte>>> data;
+  std::vector<ObjectRef> refs;
+  for (size_t size : {size_t{1}, size_t{4096}, size_t{200000}}) {
+    data.push_back(make_pattern(size, size));
+    refs.push_back(server.put(data.back()));
+  }
+  constexpr int kRounds =
+      1500;  // x2 (handle + callback): 3,000 in flight, under the per-peer bound
+  std::atomic<int> completions{0};
+  std::atomic<int> ok{0}, aborted{0}, timed_out{0}, other{0};
+  std::mt19937 rng(7);
+  std::vector<FetchRequest> reqs;
+  for (int i = 0; i < kRounds; ++i) {
+    FetchOptions o;
+    o.timeout = std::chrono::milliseconds(rng() % 3);  // 0 = none, else racing the transfer
+    const size_t which = rng() % refs.size();
+    auto req = peer.fetch(refs[which], {}, o);
+    if (rng() % 2) req.abort();
+    reqs.push_back(req);
+    // The callback style too: each handler must run exactly once.
+    peer.async_fetch(refs[which], {}, o, [&](boost::system::error_code ec, FetchResult) {
+      ++completions;
+      if (!ec) {
+        ++ok;
+      } else if (ec == errc::aborted) {
+        ++aborted;
+      } else if (ec == errc::timed_out) {
+        ++timed_out;
+      } else {
+        ++other;
+      }
+    });
+  }
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    auto ec = reqs[i].wait(60s);
+    ASSERT_TRUE(!ec || ec == errc::aborted || ec == errc::timed_out) << ec.message();
+    ASSERT_TRUE(reqs[i].done());
+  }
+  for (int i = 0; i < 3000 && completions < kRounds; ++i) std::this_thread::sleep_for(10ms);
+  std::this_thread::sleep_for(100ms);  // a second completion would show up here
+  EXPECT_EQ(completions.load(), kRounds);
+  EXPECT_EQ(other.load(), 0);
+  std::printf("callbacks: %d ok, %d aborted, %d timed out\n", ok.load(), aborted.load(),
+              timed_out.load());
+  // The peer is still fine, and nothing stays pinned on the owner.
+  auto last = peer.fetch(refs[2]);
+  ASSERT_FALSE(last.wait(30s));
+  EXPECT_TRUE(same_bytes(last.result().tensors[0], *data[2]));
+  for (int i = 0; i < 500 && server.ctx.store().counts(refs[2].object_id)->pins; ++i) {
+    std::this_thread::sleep_for(10ms);
+  }
+  for (const auto& r : refs) EXPECT_EQ(server.ctx.store().counts(r.object_id)->pins, 0u);
 }
 
 TEST(Connect, RefusedAndClosedContextsFailPromptly) {
