@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -17,7 +18,9 @@ namespace {
 // A child process running the test server; killed (and reaped) on destruction.
 class ServerProcess {
  public:
-  explicit ServerProcess(const std::vector<std::string>& sizes) {
+  // With `ready_line` "fetching", runs the fetching mode instead (args after "fetch").
+  explicit ServerProcess(const std::vector<std::string>& sizes,
+                         const std::string& ready_line = "ready") {
     int fds[2];
     EXPECT_EQ(::pipe(fds), 0);
     pid_ = ::fork();
@@ -25,7 +28,7 @@ class ServerProcess {
       ::dup2(fds[1], STDOUT_FILENO);
       ::close(fds[0]);
       ::close(fds[1]);
-      std::vector<char*> argv{const_cast<char*>(FERRY_TEST_SERVER)};
+      std::vector<char*> argv{const_cast<char*>(FERRY_TEST_SERVER)};  // then the arguments
       for (const auto& s : sizes) argv.push_back(const_cast<char*>(s.c_str()));
       argv.push_back(nullptr);
       ::execv(FERRY_TEST_SERVER, argv.data());
@@ -33,11 +36,11 @@ class ServerProcess {
     }
     ::close(fds[1]);
     out_ = fds[0];
-    for (std::string line; read_line(line, 20s) && line != "ready";) {
+    for (std::string line; read_line(line, 20s) && line != ready_line;) {
       if (line.rfind("listening ", 0) == 0) address = test_host() + ":" + line.substr(10);
       if (line.rfind("ref ", 0) == 0) refs.push_back(*ObjectRef::from_string(line.substr(4)));
     }
-    EXPECT_FALSE(address.empty()) << "test server did not start";
+    if (ready_line == "ready") EXPECT_FALSE(address.empty()) << "test server did not start";
   }
   ~ServerProcess() {
     kill(SIGKILL);
@@ -105,6 +108,48 @@ TEST(Process, ServerKilledMidFetchFailsEveryPendingFutureWithPeerScope) {
   auto req = peer2.fetch(other.refs.at(0));
   ASSERT_FALSE(req.wait(20s));
   EXPECT_TRUE(same_bytes(req.result().tensors[0], *make_pattern(5000000, 1)));
+}
+
+size_t open_fds() {
+  size_t n = 0;
+  for ([[maybe_unused]] const auto& e : std::filesystem::directory_iterator("/proc/self/fd")) ++n;
+  return n;
+}
+
+TEST(Process, FetcherKilledMidFetchLeavesTheServerClean) {
+  Server server;
+  auto big = make_pattern(64u << 20, 3);
+  auto small = make_pattern(100000, 4);
+  auto big_ref = server.put(big);
+  auto small_ref = server.put(small);
+  Context other(client_options("other"));  // a second peer, served throughout
+  auto other_peer = connect_or_fail(other, server.address());
+  for (int i = 0; i < 400 && server.ctx.peer_count() < 1; ++i) std::this_thread::sleep_for(5ms);
+  const size_t fds_before = open_fds();
+  const size_t peers_before = server.ctx.peer_count();
+  for (int round = 0; round < 3; ++round) {
+    {
+      ServerProcess fetcher({"fetch", server.address(), big_ref.to_string(), small_ref.to_string()},
+                            "fetching");
+      std::this_thread::sleep_for(std::chrono::milliseconds(30 + 40 * round));
+      fetcher.kill(SIGKILL);
+    }  // (its pipe to this process is closed here)
+    // The survivor notices at once (socket reset), drops the session and every pin it caused.
+    bool clean = false;
+    for (int i = 0; i < 1000 && !clean; ++i) {
+      clean = server.ctx.peer_count() == peers_before &&
+              server.ctx.store().counts(big_ref.object_id)->pins == 0 && open_fds() == fds_before;
+      if (!clean) std::this_thread::sleep_for(5ms);
+    }
+    EXPECT_TRUE(clean) << "round " << round << ": peers " << server.ctx.peer_count() << "/"
+                       << peers_before << ", pins "
+                       << server.ctx.store().counts(big_ref.object_id)->pins << ", fds "
+                       << open_fds() << "/" << fds_before;
+    // And it keeps serving the other peer.
+    auto req = other_peer.fetch(small_ref);
+    ASSERT_FALSE(req.wait(30s));
+    EXPECT_TRUE(same_bytes(req.result().tensors[0], *small));
+  }
 }
 
 TEST(Process, FrozenServerIsDeclaredDeadByHeartbeats) {

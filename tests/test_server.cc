@@ -1,6 +1,8 @@
 // A serving process for multi-process tests: puts one object per size given on the command
 // line (pattern bytes, seed = index), prints "listening <port>" and one "ref <text>" per object,
 // then serves until killed (or for 120 s at most).
+// `ferry_test_server fetch ADDRESS REF...`: a fetching process instead; it fetches the refs in
+// a loop (8 in flight), prints "fetching" once the first one is issued, until killed (120 s).
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -8,7 +10,29 @@
 
 #include "tests/test_util.h"
 
+int fetch_forever(int argc, char** argv) {
+  ferry::Context ctx(ferry::test::client_options("test-fetcher"));
+  auto peer = ctx.connect(argv[2]);
+  if (!peer) return 2;
+  std::vector<ferry::ObjectRef> refs;
+  for (int i = 3; i < argc; ++i) refs.push_back(*ferry::ObjectRef::from_string(argv[i]));
+  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  bool said = false;
+  while (std::chrono::steady_clock::now() < end) {
+    std::vector<ferry::FetchRequest> reqs;
+    for (int k = 0; k < 8; ++k) reqs.push_back(peer->fetch(refs[k % refs.size()]));
+    if (!said) {
+      std::printf("fetching\n");
+      std::fflush(stdout);
+      said = true;
+    }
+    for (auto& r : reqs) r.wait(std::chrono::seconds(30));
+  }
+  return 0;
+}
+
 int main(int argc, char** argv) {
+  if (argc >= 4 && std::string(argv[1]) == "fetch") return fetch_forever(argc, argv);
   ferry::Context ctx({.name = "test-server"});
   auto port = ctx.listen(ferry::test::test_host() + ":0");
   if (!port) {
