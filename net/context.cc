@@ -246,7 +246,7 @@ void Context::Impl::on_accepted(tcp::socket socket) {
                     std::make_shared<Session>(self, std::move(g->socket), false, g->peer);
                 self->add_session(session);
                 asio::post(session->strand(),
-                           [session, hello = env.hello()] { session->start_server(hello, {}); });
+                           [session, hello = env.hello()] { session->start_server(hello); });
                 return;
               }
               if (env.has_attach_channel()) {

@@ -86,7 +86,7 @@ void Session::start_client(std::string requested_transport,
   start_reading();
 }
 
-void Session::start_server(const wire::Hello& hello, std::string leftover) {
+void Session::start_server(const wire::Hello& hello) {
   last_rx_ = Clock::now();
   std::unique_lock info_lock(info_mu_);
   info_.name = hello.name();
@@ -145,10 +145,6 @@ void Session::start_server(const wire::Hello& hello, std::string leftover) {
   } else {
     send(env);
     open_server();
-  }
-  if (!leftover.empty()) {
-    auto err = decoder_.feed(leftover, [this](std::string_view body) { return on_frame(body); });
-    if (err) send_error(0, err, "bad frame after Hello", true);
   }
 }
 

@@ -38,8 +38,9 @@ class Session final : public PeerLink, public std::enable_shared_from_this<Sessi
   // Initiator: Hello, HelloAnswer, open the chosen transport's channel. `done` runs once, on
   // the strand.
   void start_client(std::string requested_transport, std::function<void(std::error_code)> done);
-  // Acceptor: the Hello was read by the accept path; answer it and serve. Strand.
-  void start_server(const wire::Hello& hello, std::string leftover);
+  // Acceptor: the Hello was read by the accept path (exactly one frame); answer it and serve.
+  // Strand.
+  void start_server(const wire::Hello& hello);
   // Acceptor: a side connection authenticated for this session. Strand.
   void attach_side_connection(const std::string& transport, tcp::socket socket);
 

@@ -78,17 +78,7 @@ void TcpChannel::on_readable() {
         if (payload_left_ == 0) {
           read_state_ = ReadState::header;
           header_got_ = 0;
-          if (header_.flags & kFlagEnd) {
-            auto it = recvs_.find(header_.request_id);
-            if (it != recvs_.end()) {
-              const bool complete = it->second.remaining == 0;
-              recvs_.erase(it);
-              if (auto link = link_.lock()) {
-                link->complete_fetch(header_.request_id,
-                                     complete ? std::error_code() : errc::protocol_error);
-              }
-            }
-          }
+          if (header_.flags & kFlagEnd) finish_request();
         }
         if (static_cast<size_t>(n) >= budget) {
           asio::post(strand_, [self = shared_from_this()] { self->on_readable(); });
@@ -136,14 +126,18 @@ bool TcpChannel::on_header() {
   }
   // An empty chunk: only meaningful as the end marker.
   header_got_ = 0;
-  if (header_.flags & kFlagEnd && it != recvs_.end()) {
-    const bool complete = it->second.remaining == 0;
-    recvs_.erase(it);
-    if (auto link = link_.lock()) {
-      link->complete_fetch(header_.request_id, complete ? std::error_code() : errc::protocol_error);
-    }
-  }
+  if (header_.flags & kFlagEnd) finish_request();
   return true;
+}
+
+void TcpChannel::finish_request() {
+  auto it = recvs_.find(header_.request_id);
+  if (it == recvs_.end()) return;  // aborted meanwhile: its bytes were dropped
+  const bool complete = it->second.remaining == 0;
+  recvs_.erase(it);
+  if (auto link = link_.lock()) {
+    link->complete_fetch(header_.request_id, complete ? std::error_code() : errc::protocol_error);
+  }
 }
 
 // ---------------------------------------------------------------- sending
@@ -185,8 +179,7 @@ void TcpChannel::pump() {
   out_header_ = DataHeader{};
   out_header_.flags = last ? kFlagEnd : 0;
   out_header_.request_id = s.request_id;
-  out_header_.tensor = static_cast<uint32_t>(std::min(s.tensor, tensors.size()));
-  if (s.tensor >= tensors.size()) out_header_.tensor = 0;
+  out_header_.tensor = s.tensor < tensors.size() ? static_cast<uint32_t>(s.tensor) : 0;
   out_header_.offset = s.offset;
   out_header_.length = len;
   s.offset += len;

@@ -50,6 +50,8 @@ class TcpChannel final : public TransportChannel, public std::enable_shared_from
   void on_readable();
   // Returns false when the channel failed.
   bool on_header();
+  // The current chunk was the request's last: complete it (every byte must have arrived).
+  void finish_request();
   void fail(std::error_code ec);
   void pump();
   void finish_send(std::deque<Send>::iterator it, std::error_code ec);
