@@ -1,0 +1,133 @@
+#include "bench/client.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+
+namespace ferry::bench {
+
+std::optional<ObjectRef> find_ref_of_size(Peer& peer, uint64_t size,
+                                          std::chrono::milliseconds timeout) {
+  auto refs = peer.list(timeout);
+  if (!refs) return std::nullopt;
+  for (auto& ref : *refs) {
+    if (ref.metadata.total_bytes() == size) return ref;
+  }
+  return std::nullopt;
+}
+
+// ---------------------------------------------------------------- Window
+
+Window::Window(std::vector<Peer> peers, ObjectRef ref, int slots, uint64_t size,
+               bool ferry_allocates)
+    : peers_(std::move(peers)), ref_(std::move(ref)), size_(size), slots_(std::max(1, slots)) {
+  if (!ferry_allocates) {
+    buffers_.resize(static_cast<size_t>(slots_));
+    for (auto& b : buffers_) {
+      b.reset(new std::byte[std::max<uint64_t>(size, 1)]);
+      std::memset(b.get(), 0, size);  // faulted in before the clock starts
+    }
+  }
+}
+
+Window::~Window() = default;
+
+void Window::start() {
+  std::lock_guard lock(mu_);
+  outstanding_ = slots_;
+  for (int i = 0; i < slots_; ++i) launch(i);
+}
+
+void Window::begin_measuring() {
+  std::lock_guard lock(mu_);
+  measure_from_ = Clock::now();
+  measuring_ = true;
+  fetches_ = 0;
+  latencies_.clear();
+}
+
+bool Window::stop(std::chrono::seconds limit) {
+  std::unique_lock lock(mu_);
+  measure_to_ = Clock::now();
+  measured_fetches_ = fetches_;
+  stopping_ = true;
+  return cv_.wait_for(lock, limit, [this] { return outstanding_ == 0; });
+}
+
+void Window::launch(int slot) {
+  std::vector<MutableBuffer> targets;
+  if (!buffers_.empty()) targets.push_back({buffers_[static_cast<size_t>(slot)].get(), size_});
+  const auto started = Clock::now();
+  // Never completes inline, so holding mu_ here is safe.
+  peers_[static_cast<size_t>(slot) % peers_.size()].async_fetch(
+      ref_, std::move(targets), [this, slot, started](boost::system::error_code ec, FetchResult r) {
+        on_done(slot, started, ec, r);
+      });
+}
+
+void Window::on_done(int slot, Clock::time_point started, boost::system::error_code ec,
+                     const FetchResult& r) {
+  const auto now = Clock::now();
+  std::lock_guard lock(mu_);
+  if (ec && !error_) error_ = std::error_code(ec);
+  if (!ec && transport_.empty()) transport_ = r.transport;
+  if (!ec && measuring_ && !stopping_) {
+    ++fetches_;
+    if (started >= measure_from_) {
+      latencies_.push_back(std::chrono::duration<double, std::micro>(now - started).count());
+    }
+  }
+  if (ec || stopping_) {
+    if (--outstanding_ == 0) cv_.notify_all();
+    return;
+  }
+  launch(slot);
+}
+
+// ---------------------------------------------------------------- fetch_each
+
+Result<double> fetch_each(Peer& peer, const std::vector<ObjectRef>& refs,
+                          const std::vector<MutableBuffer>& targets, int inflight,
+                          std::chrono::seconds limit) {
+  struct State {
+    std::mutex mu;
+    std::condition_variable cv;
+    size_t next = 0;
+    size_t done = 0;
+    size_t outstanding = 0;
+    std::error_code error;
+  };
+  auto st = std::make_shared<State>();
+  const size_t n = refs.size();
+  // Issues the next fetch; mu held.
+  std::function<void()> launch;
+  launch = [&, st] {
+    const size_t i = st->next++;
+    ++st->outstanding;
+    peer.async_fetch(refs[i], {targets[i]}, [&, st](boost::system::error_code ec, FetchResult) {
+      std::lock_guard lock(st->mu);
+      --st->outstanding;
+      ++st->done;
+      if (ec && !st->error) st->error = std::error_code(ec);
+      if (!st->error && st->next < n) launch();
+      if (st->outstanding == 0) st->cv.notify_all();
+    });
+  };
+  const auto t0 = Clock::now();
+  std::unique_lock lock(st->mu);
+  while (st->next < n && st->outstanding < static_cast<size_t>(std::max(1, inflight))) launch();
+  const bool ok = st->cv.wait_for(lock, limit, [&] { return st->outstanding == 0; });
+  const double secs = seconds_between(t0, Clock::now());
+  if (!ok) {
+    std::fprintf(stderr, "ferry-bench: %zu fetches still in flight after %lld s\n", st->outstanding,
+                 static_cast<long long>(limit.count()));
+    std::fflush(stderr);
+    std::_Exit(1);  // handlers still reference this frame
+  }
+  if (st->error) return st->error;
+  return secs;
+}
+
+}  // namespace ferry::bench

@@ -1,0 +1,79 @@
+// Client-side helpers shared by ferry-bench's modes: finding objects, a window of fetches kept
+// in flight for a while, and a pass over many distinct objects.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <system_error>
+#include <vector>
+
+#include "bench/measure.h"
+#include "ferry.h"
+
+namespace ferry::bench {
+
+// The first ref in the peer's store whose object has exactly `size` bytes, or nullopt.
+std::optional<ObjectRef> find_ref_of_size(Peer& peer, uint64_t size,
+                                          std::chrono::milliseconds timeout);
+
+// Keeps `slots` fetches of one object in flight, slot i on peers[i % peers.size()]; each
+// completion is counted and its slot reissued from the completion handler until stop().
+// Targets are preallocated and touched (one per slot) unless ferry_allocates.
+class Window {
+ public:
+  Window(std::vector<Peer> peers, ObjectRef ref, int slots, uint64_t size, bool ferry_allocates);
+  ~Window();
+  Window(const Window&) = delete;
+  Window& operator=(const Window&) = delete;
+
+  // Issues every slot's first fetch.
+  void start();
+  // Zeroes the counters: what completes from now on is measured.
+  void begin_measuring();
+  // Stops reissuing and waits up to `limit` for the window to drain; false if it did not (the
+  // process must then exit without destroying the window).
+  bool stop(std::chrono::seconds limit);
+
+  uint64_t measured_fetches() const { return measured_fetches_; }
+  double measured_seconds() const { return seconds_between(measure_from_, measure_to_); }
+  // Latency of every measured fetch, microseconds (sorted by the quantile calls).
+  std::vector<double>& latencies_us() { return latencies_; }
+  std::error_code error() const { return error_; }
+  std::string transport() const { return transport_; }
+
+ private:
+  void launch(int slot);  // mu_ held
+  void on_done(int slot, Clock::time_point started, boost::system::error_code ec,
+               const FetchResult& r);
+
+  std::vector<Peer> peers_;
+  ObjectRef ref_;
+  uint64_t size_;
+  int slots_;
+  std::vector<std::unique_ptr<std::byte[]>> buffers_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  int outstanding_ = 0;
+  bool measuring_ = false;
+  bool stopping_ = false;
+  Clock::time_point measure_from_;
+  Clock::time_point measure_to_;
+  uint64_t fetches_ = 0;
+  uint64_t measured_fetches_ = 0;
+  std::vector<double> latencies_;
+  std::error_code error_;
+  std::string transport_;
+};
+
+// Fetches refs[i] into targets[i] for every i, `inflight` at a time, from `peer`. Returns the
+// wall time in seconds, or the first error (errc::timed_out after `limit`).
+Result<double> fetch_each(Peer& peer, const std::vector<ObjectRef>& refs,
+                          const std::vector<MutableBuffer>& targets, int inflight,
+                          std::chrono::seconds limit);
+
+}  // namespace ferry::bench

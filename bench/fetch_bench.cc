@@ -1,0 +1,85 @@
+#include "bench/fetch_bench.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "bench/client.h"
+#include "bench/measure.h"
+#include "ferry.h"
+
+namespace ferry::bench {
+using namespace std::chrono_literals;
+
+int run_fetch(const FetchArgs& args) {
+  ContextOptions options;
+  options.name = "ferry-bench-fetch";
+  options.threads = args.threads;
+  auto ctx = Context::create(options);
+  if (!ctx) {
+    std::fprintf(stderr, "ferry-bench fetch: %s\n", ctx.error().message().c_str());
+    return 1;
+  }
+  auto peer = (*ctx)->connect(args.from);
+  if (!peer) {
+    std::fprintf(stderr, "ferry-bench fetch: connect %s: %s\n", args.from.c_str(),
+                 peer.error().message().c_str());
+    return 1;
+  }
+  auto ref = find_ref_of_size(*peer, args.size, 10s);
+  if (!ref) {
+    std::fprintf(stderr, "ferry-bench fetch: the server has no object of %llu bytes\n",
+                 static_cast<unsigned long long>(args.size));
+    return 1;
+  }
+  Window window({*peer}, *ref, std::max(1, args.inflight), args.size, args.ferry_allocates);
+  window.start();
+  std::this_thread::sleep_for(std::chrono::duration<double>(args.warmup));
+  const double server_cpu0 = args.server_pid ? process_cpu_seconds(args.server_pid) : -1;
+  const double cpu0 = self_cpu_seconds();
+  window.begin_measuring();
+  std::this_thread::sleep_for(std::chrono::duration<double>(args.seconds));
+  const bool drained = window.stop(30s);
+  const double cpu = self_cpu_seconds() - cpu0;
+  const double server_cpu =
+      args.server_pid ? process_cpu_seconds(args.server_pid) - server_cpu0 : -1;
+  if (!drained) {
+    std::fprintf(stderr, "ferry-bench fetch: fetches still in flight 30 s after the end\n");
+    std::fflush(stderr);
+    std::_Exit(1);  // their handlers reference the window
+  }
+  if (window.error()) {
+    std::fprintf(stderr, "ferry-bench fetch: %s\n", window.error().message().c_str());
+    return 1;
+  }
+  // CPU is sampled at the end of the window, a little after the last counted completion; the
+  // drain adds at most one window of fetches to it.
+  const double secs = window.measured_seconds();
+  const uint64_t fetches = window.measured_fetches();
+  const double bytes = static_cast<double>(fetches) * static_cast<double>(args.size);
+  auto& lat = window.latencies_us();
+  JsonLine out;
+  out.add("tool", "ferry")
+      .add("transport", window.transport())
+      .add("size", args.size)
+      .add("inflight", args.inflight)
+      .add("ferry_allocates", args.ferry_allocates ? 1 : 0)
+      .add("fetches", fetches)
+      .add("seconds", secs)
+      .add("gbps", bytes / secs / 1e9)
+      .add("fetches_per_s", static_cast<double>(fetches) / secs)
+      .add("p50_us", quantile(lat, 0.5))
+      .add("p99_us", quantile(lat, 0.99))
+      .add("cpu_client_s", cpu)
+      .add("cpu_server_s", server_cpu);
+  if (bytes > 0) {
+    out.add("cpu_s_per_gb", (cpu + std::max(0.0, server_cpu)) / (bytes / 1e9));
+  }
+  std::printf("%s\n", out.str().c_str());
+  return 0;
+}
+
+}  // namespace ferry::bench

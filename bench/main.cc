@@ -1,0 +1,110 @@
+// ferry-bench: ferry's side of the benchmark that bench/run.py runs beside iperf3, ucx_perftest,
+// qperf, sockperf and perftest. This file only wires the subcommands to their runners.
+#include <CLI/CLI.hpp>
+
+#include <cstdio>
+#include <exception>
+#include <string>
+
+#include "bench/fetch_bench.h"
+#include "bench/measure.h"
+#include "bench/pingpong.h"
+#include "bench/registration.h"
+#include "bench/scale.h"
+#include "bench/serve.h"
+
+namespace ferry::bench {
+namespace {
+
+uint64_t one_size(const std::string& text) {
+  auto v = parse_size_list(text);
+  if (v.size() != 1) throw CLI::ValidationError("size", "expected one size such as 8, 64K or 1M");
+  return v[0];
+}
+
+}  // namespace
+}  // namespace ferry::bench
+
+int main(int argc, char** argv) {
+  using namespace ferry::bench;
+  CLI::App app{"ferry-bench: ferry's side of `make bench` (see bench/README.md)"};
+  app.require_subcommand(1);
+
+  ServeArgs serve;
+  auto* s = app.add_subcommand("serve", "Put one object per size and serve until SIGTERM");
+  s->add_option("--listen", serve.listen, "HOST:PORT (port 0: any)")->capture_default_str();
+  s->add_option("--sizes", serve.sizes, "Object sizes, e.g. 8,4K,1M")->capture_default_str();
+  s->add_option("--threads", serve.threads, "io_context threads")->capture_default_str();
+
+  FetchArgs fetch;
+  std::string fetch_size = "1M";
+  auto* f = app.add_subcommand("fetch", "Fetch one object size for a while; print a JSON line");
+  f->add_option("--from", fetch.from, "The server's HOST:PORT")->required();
+  f->add_option("--size", fetch_size, "Object size")->capture_default_str();
+  f->add_option("--inflight", fetch.inflight, "Fetches in flight")->capture_default_str();
+  f->add_option("--seconds", fetch.seconds, "Measured seconds")->capture_default_str();
+  f->add_option("--warmup", fetch.warmup, "Unmeasured seconds first")->capture_default_str();
+  f->add_option("--server-pid", fetch.server_pid, "Server process, for its CPU time");
+  f->add_flag("--ferry-allocates", fetch.ferry_allocates, "No targets: ferry allocates");
+  f->add_option("--threads", fetch.threads, "io_context threads")->capture_default_str();
+
+  PingPongArgs pp;
+  std::string pp_size = "8";
+  auto* ps = app.add_subcommand("pingpong-serve", "Raw-socket baseline server");
+  ps->add_option("--listen", pp.address, "HOST:PORT")->capture_default_str();
+  auto* pc = app.add_subcommand("pingpong", "Raw-socket baseline client; prints a JSON line");
+  pc->add_option("--to", pp.address, "HOST:PORT")->required();
+  pc->add_option("--size", pp_size, "Answer size")->capture_default_str();
+  pc->add_option("--seconds", pp.seconds, "Measured seconds")->capture_default_str();
+  pc->add_option("--warmup", pp.warmup, "Unmeasured seconds first")->capture_default_str();
+
+  RegistrationArgs reg;
+  std::string view_bytes = "200K";
+  std::string tensor_bytes = "2M";
+  auto* r = app.add_subcommand("registration", "Views of one allocation vs separate tensors");
+  r->add_option("--host", reg.host, "Owner's listen address")->capture_default_str();
+  r->add_option("--views", reg.views, "Views of one allocation (0: skip)")->capture_default_str();
+  r->add_option("--view-bytes", view_bytes, "Bytes per view")->capture_default_str();
+  r->add_option("--tensors", reg.tensors, "Separate tensors (0: skip)")->capture_default_str();
+  r->add_option("--tensor-bytes", tensor_bytes, "Bytes per tensor")->capture_default_str();
+  r->add_option("--inflight", reg.inflight, "Fetches in flight")->capture_default_str();
+
+  ScaleArgs scale;
+  std::string scale_size = "64K";
+  auto* sc = app.add_subcommand("scale", "Many peers on one server; prints JSON lines");
+  sc->add_option("--from", scale.from, "The server's HOST:PORT")->required();
+  sc->add_option("--size", scale_size, "Object size")->capture_default_str();
+  sc->add_option("--peers", scale.peers, "Peer counts")->capture_default_str();
+  sc->add_option("--inflight", scale.inflight, "Fetches in flight")->capture_default_str();
+  sc->add_option("--seconds", scale.seconds, "Measured seconds")->capture_default_str();
+  sc->add_option("--server-pid", scale.server_pid, "Server process, for CPU and memory");
+
+  try {
+    app.parse(argc, argv);
+    if (*s) return run_serve(serve);
+    if (*f) {
+      fetch.size = one_size(fetch_size);
+      return run_fetch(fetch);
+    }
+    if (*ps) return run_pingpong_serve(pp);
+    if (*pc) {
+      pp.size = one_size(pp_size);
+      return run_pingpong(pp);
+    }
+    if (*r) {
+      reg.view_bytes = one_size(view_bytes);
+      reg.tensor_bytes = one_size(tensor_bytes);
+      return run_registration(reg);
+    }
+    if (*sc) {
+      scale.size = one_size(scale_size);
+      return run_scale(scale);
+    }
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "ferry-bench: %s\n", e.what());
+    return 1;
+  }
+  return 2;
+}

@@ -1,0 +1,153 @@
+#include "bench/pingpong.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <vector>
+
+#include "bench/measure.h"
+
+namespace ferry::bench {
+namespace {
+
+constexpr uint64_t kMaxSize = 1ull << 30;
+
+bool parse_address(const std::string& text, sockaddr_in& addr) {
+  const auto colon = text.rfind(':');
+  if (colon == std::string::npos) return false;
+  addr = {};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(std::atoi(text.c_str() + colon + 1)));
+  return inet_pton(AF_INET, text.substr(0, colon).c_str(), &addr.sin_addr) == 1;
+}
+
+bool read_all(int fd, void* p, size_t n) {
+  auto* b = static_cast<char*>(p);
+  while (n > 0) {
+    ssize_t r = ::recv(fd, b, n, 0);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) return false;
+    b += r;
+    n -= static_cast<size_t>(r);
+  }
+  return true;
+}
+
+bool write_all(int fd, const void* p, size_t n) {
+  const auto* b = static_cast<const char*>(p);
+  while (n > 0) {
+    ssize_t r = ::send(fd, b, n, MSG_NOSIGNAL);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) return false;
+    b += r;
+    n -= static_cast<size_t>(r);
+  }
+  return true;
+}
+
+void no_delay(int fd) {
+  int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+}
+
+}  // namespace
+
+int run_pingpong_serve(const PingPongArgs& args) {
+  sockaddr_in addr;
+  if (!parse_address(args.address, addr)) {
+    std::fprintf(stderr, "pingpong-serve: bad address '%s'\n", args.address.c_str());
+    return 2;
+  }
+  int ls = ::socket(AF_INET, SOCK_STREAM, 0);
+  int one = 1;
+  setsockopt(ls, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  if (::bind(ls, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 || ::listen(ls, 4) != 0) {
+    std::perror("pingpong-serve: bind/listen");
+    return 1;
+  }
+  socklen_t len = sizeof(addr);
+  getsockname(ls, reinterpret_cast<sockaddr*>(&addr), &len);
+  char host[INET_ADDRSTRLEN];
+  inet_ntop(AF_INET, &addr.sin_addr, host, sizeof(host));
+  std::printf("ready %s:%u\n", host, ntohs(addr.sin_port));
+  std::fflush(stdout);
+  std::vector<char> data;
+  for (;;) {
+    int fd = ::accept(ls, nullptr, nullptr);
+    if (fd < 0) {
+      if (errno == EINTR) continue;
+      return 1;
+    }
+    no_delay(fd);
+    uint64_t want = 0;
+    while (read_all(fd, &want, sizeof(want)) && want <= kMaxSize) {
+      if (data.size() < want) data.resize(want, 'x');
+      if (!write_all(fd, data.data(), want)) break;
+    }
+    ::close(fd);
+  }
+}
+
+int run_pingpong(const PingPongArgs& args) {
+  sockaddr_in addr;
+  if (!parse_address(args.address, addr) || args.size > kMaxSize) {
+    std::fprintf(stderr, "pingpong: bad address '%s' or size\n", args.address.c_str());
+    return 2;
+  }
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    std::perror("pingpong: connect");
+    return 1;
+  }
+  no_delay(fd);
+  std::vector<char> buf(args.size);
+  std::vector<double> rtts;
+  const auto start = Clock::now();
+  const auto measure_from = start + std::chrono::duration_cast<Clock::duration>(
+                                        std::chrono::duration<double>(args.warmup));
+  const auto end = measure_from + std::chrono::duration_cast<Clock::duration>(
+                                      std::chrono::duration<double>(args.seconds));
+  const double cpu0 = self_cpu_seconds();
+  double cpu_from = cpu0;
+  Clock::time_point t = start;
+  bool measuring = false;
+  while (t < end) {
+    if (!measuring && t >= measure_from) {
+      measuring = true;
+      cpu_from = self_cpu_seconds();
+    }
+    const uint64_t want = args.size;
+    if (!write_all(fd, &want, sizeof(want)) || !read_all(fd, buf.data(), buf.size())) {
+      std::fprintf(stderr, "pingpong: the server went away\n");
+      return 1;
+    }
+    const auto now = Clock::now();
+    if (measuring) rtts.push_back(std::chrono::duration<double, std::micro>(now - t).count());
+    t = now;
+  }
+  ::close(fd);
+  const double secs = seconds_between(measure_from, t);
+  const double cpu = self_cpu_seconds() - cpu_from;
+  const double bytes = static_cast<double>(rtts.size()) * static_cast<double>(args.size);
+  const uint64_t n = rtts.size();
+  JsonLine out;
+  out.add("tool", "pingpong")
+      .add("size", args.size)
+      .add("fetches", n)
+      .add("seconds", secs)
+      .add("gbps", bytes / secs / 1e9)
+      .add("fetches_per_s", static_cast<double>(n) / secs)
+      .add("p50_us", quantile(rtts, 0.5))
+      .add("p99_us", quantile(rtts, 0.99))
+      .add("cpu_client_s", cpu);
+  std::printf("%s\n", out.str().c_str());
+  return 0;
+}
+
+}  // namespace ferry::bench

@@ -1,0 +1,139 @@
+#include "bench/registration.h"
+
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include "bench/client.h"
+#include "bench/measure.h"
+#include "ferry.h"
+
+namespace ferry::bench {
+namespace {
+
+using namespace std::chrono_literals;
+
+std::string counters_json(Context& ctx) {
+  auto c = rdma::registration_counters(ctx);
+  if (!c) return "null";
+  JsonLine j;
+  j.add("registrations", c->registrations)
+      .add("deregistrations", c->deregistrations)
+      .add("hits", c->hits)
+      .add("live", c->live);
+  return j.str();
+}
+
+// One case: `count` tensors of `bytes`, views of one allocation or separate allocations.
+int run_case(const RegistrationArgs& args, const char* name, uint64_t count, uint64_t bytes,
+             bool views) {
+  ContextOptions options;
+  options.name = "bench-owner";
+  auto owner = Context::create(options);
+  if (!owner) return std::fprintf(stderr, "registration: %s\n", owner.error().message().c_str()), 1;
+  auto port = (*owner)->listen(args.host + ":0");
+  if (!port)
+    return std::fprintf(stderr, "registration: listen: %s\n", port.error().message().c_str()), 1;
+
+  // Owner memory, touched before any clock starts.
+  std::vector<std::shared_ptr<std::byte[]>> blocks;
+  const auto t_alloc = Clock::now();
+  if (views) {
+    blocks.emplace_back(new std::byte[count * bytes]);
+    std::memset(blocks[0].get(), 7, count * bytes);
+  } else {
+    for (uint64_t i = 0; i < count; ++i) {
+      blocks.emplace_back(new std::byte[bytes]);
+      std::memset(blocks.back().get(), 7, bytes);
+    }
+  }
+  const double alloc_s = seconds_between(t_alloc, Clock::now());
+
+  std::vector<ObjectRef> refs;
+  refs.reserve(count);
+  const auto t_put = Clock::now();
+  for (uint64_t i = 0; i < count; ++i) {
+    PutOptions po;
+    std::byte* p;
+    std::shared_ptr<void> keep;
+    if (views) {
+      p = blocks[0].get() + i * bytes;
+      po.region = {blocks[0].get(), count * bytes};
+      keep = blocks[0];
+    } else {
+      p = blocks[i].get();
+      keep = blocks[i];
+    }
+    auto ref = (*owner)->put({Tensor::bytes({p, bytes})}, keep, po);
+    if (!ref)
+      return std::fprintf(stderr, "registration: put: %s\n", ref.error().message().c_str()), 1;
+    refs.push_back(std::move(*ref));
+  }
+  const double put_s = seconds_between(t_put, Clock::now());
+
+  options.name = "bench-fetcher";
+  auto fetcher = Context::create(options);
+  if (!fetcher) return 1;
+  auto peer = (*fetcher)->connect((*owner)->address());
+  if (!peer)
+    return std::fprintf(stderr, "registration: connect: %s\n", peer.error().message().c_str()), 1;
+  // Fetch targets: views of one touched allocation.
+  std::unique_ptr<std::byte[]> landing(new std::byte[count * bytes]);
+  std::memset(landing.get(), 0, count * bytes);
+  std::vector<MutableBuffer> targets;
+  for (uint64_t i = 0; i < count; ++i) targets.push_back({landing.get() + i * bytes, bytes});
+
+  const auto t_first = Clock::now();
+  auto first = fetch_each(*peer, {refs[0]}, {targets[0]}, 1, 600s);
+  if (!first)
+    return std::fprintf(stderr, "registration: fetch: %s\n", first.error().message().c_str()), 1;
+  const double first_s = seconds_between(t_first, Clock::now());
+  auto pass1 = fetch_each(*peer, refs, targets, args.inflight, 1800s);
+  if (!pass1)
+    return std::fprintf(stderr, "registration: fetch: %s\n", pass1.error().message().c_str()), 1;
+  auto pass2 = fetch_each(*peer, refs, targets, args.inflight, 1800s);
+  if (!pass2)
+    return std::fprintf(stderr, "registration: fetch: %s\n", pass2.error().message().c_str()), 1;
+  bool same = landing[0] == std::byte{7} && landing[count * bytes - 1] == std::byte{7};
+
+  const double gb = static_cast<double>(count * bytes) / 1e9;
+  JsonLine out;
+  out.add("tool", "ferry")
+      .add("bench", "registration")
+      .add("case", name)
+      .add("transport", peer->transport())
+      .add("count", count)
+      .add("bytes", bytes)
+      .add("alloc_s", alloc_s)
+      .add("put_s", put_s)
+      .add("first_fetch_s", first_s)
+      .add("pass1_s", *pass1)
+      .add("pass2_s", *pass2)
+      .add("pass2_gbps", gb / *pass2)
+      // Registration is lazy: the owner registers at the first grant of an object's memory.
+      // What registering cost is the put plus the extra time of the first pass over the second.
+      .add("registration_s", put_s + std::max(0.0, *pass1 + first_s - *pass2))
+      .add("verified_ends", same ? 1 : 0)
+      .add_raw("owner_counters", counters_json(**owner))
+      .add_raw("fetcher_counters", counters_json(**fetcher));
+  std::printf("%s\n", out.str().c_str());
+  std::fflush(stdout);
+  (*fetcher)->close();
+  (*owner)->close();
+  return 0;
+}
+
+}  // namespace
+
+int run_registration(const RegistrationArgs& args) {
+  if (args.views > 0) {
+    if (int rc = run_case(args, "views", args.views, args.view_bytes, true)) return rc;
+  }
+  if (args.tensors > 0) {
+    if (int rc = run_case(args, "tensors", args.tensors, args.tensor_bytes, false)) return rc;
+  }
+  return 0;
+}
+
+}  // namespace ferry::bench

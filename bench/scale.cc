@@ -1,0 +1,105 @@
+#include "bench/scale.h"
+
+#include <cstdio>
+#include <cstdlib>
+#include <thread>
+#include <vector>
+
+#include "bench/client.h"
+#include "bench/measure.h"
+#include "ferry.h"
+
+namespace ferry::bench {
+
+using namespace std::chrono_literals;
+
+int run_scale(const ScaleArgs& args) {
+  const auto peer_counts = parse_size_list(args.peers);
+  const auto depths = parse_size_list(args.inflight);
+  if (peer_counts.empty() || depths.empty()) {
+    std::fprintf(stderr, "ferry-bench scale: bad --peers or --inflight\n");
+    return 2;
+  }
+  raise_fd_limit();
+  ContextOptions options;
+  options.name = "ferry-bench-scale";
+  auto ctx = Context::create(options);
+  if (!ctx) return 1;
+  std::vector<Peer> peers;
+  std::optional<ObjectRef> ref;
+  const uint64_t rss_empty = rss_bytes(args.server_pid);
+  for (uint64_t want : peer_counts) {
+    const auto t_connect = Clock::now();
+    while (peers.size() < want) {
+      auto peer = (*ctx)->connect(args.from);
+      if (!peer) {
+        std::fprintf(stderr, "ferry-bench scale: connect #%zu: %s\n", peers.size() + 1,
+                     peer.error().message().c_str());
+        return 1;
+      }
+      peers.push_back(std::move(*peer));
+    }
+    const double connect_s = seconds_between(t_connect, Clock::now());
+    if (!ref) ref = find_ref_of_size(peers[0], args.size, 10s);
+    if (!ref) {
+      std::fprintf(stderr, "ferry-bench scale: no object of %llu bytes on the server\n",
+                   static_cast<unsigned long long>(args.size));
+      return 1;
+    }
+    const uint64_t server_rss_idle = rss_bytes(args.server_pid);
+    const uint64_t client_rss_idle = rss_bytes();
+    for (uint64_t depth : depths) {
+      Window window(peers, *ref, static_cast<int>(depth), args.size, false);
+      window.start();
+      std::this_thread::sleep_for(300ms);
+      const double server_cpu0 = args.server_pid ? process_cpu_seconds(args.server_pid) : -1;
+      const double cpu0 = self_cpu_seconds();
+      window.begin_measuring();
+      std::this_thread::sleep_for(std::chrono::duration<double>(args.seconds));
+      const uint64_t server_rss = rss_bytes(args.server_pid);
+      const uint64_t client_rss = rss_bytes();
+      const bool drained = window.stop(60s);
+      if (!drained) {
+        std::fprintf(stderr, "ferry-bench scale: fetches still in flight 60 s after the end\n");
+        std::fflush(stderr);
+        std::_Exit(1);
+      }
+      if (window.error()) {
+        std::fprintf(stderr, "ferry-bench scale: %s\n", window.error().message().c_str());
+        return 1;
+      }
+      const double cpu = self_cpu_seconds() - cpu0;
+      const double server_cpu =
+          args.server_pid ? process_cpu_seconds(args.server_pid) - server_cpu0 : -1;
+      const double secs = window.measured_seconds();
+      const double bytes =
+          static_cast<double>(window.measured_fetches()) * static_cast<double>(args.size);
+      auto& lat = window.latencies_us();
+      JsonLine out;
+      out.add("tool", "ferry")
+          .add("bench", "scale")
+          .add("transport", window.transport())
+          .add("peers", static_cast<uint64_t>(peers.size()))
+          .add("inflight", depth)
+          .add("size", args.size)
+          .add("connect_s", connect_s)
+          .add("gbps", bytes / secs / 1e9)
+          .add("fetches_per_s", static_cast<double>(window.measured_fetches()) / secs)
+          .add("p50_us", quantile(lat, 0.5))
+          .add("p99_us", quantile(lat, 0.99))
+          .add("cpu_client_s", cpu)
+          .add("cpu_server_s", server_cpu)
+          .add("server_rss_start", rss_empty)
+          .add("server_rss_idle", server_rss_idle)
+          .add("server_rss_busy", server_rss)
+          .add("client_rss_idle", client_rss_idle)
+          .add("client_rss_busy", client_rss);
+      std::printf("%s\n", out.str().c_str());
+      std::fflush(stdout);
+    }
+  }
+  for (auto& p : peers) p.close();
+  return 0;
+}
+
+}  // namespace ferry::bench

@@ -1,0 +1,63 @@
+#include "bench/serve.h"
+
+#include <signal.h>
+
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include "bench/measure.h"
+#include "ferry.h"
+
+namespace ferry::bench {
+
+int run_serve(const ServeArgs& args) {
+  const auto sizes = parse_size_list(args.sizes);
+  if (sizes.empty()) {
+    std::fprintf(stderr, "ferry-bench serve: bad --sizes '%s'\n", args.sizes.c_str());
+    return 2;
+  }
+  // The stop signals are blocked before the context starts its threads, so they inherit the
+  // mask and this thread alone takes them with sigwait.
+  sigset_t stop;
+  sigemptyset(&stop);
+  sigaddset(&stop, SIGINT);
+  sigaddset(&stop, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &stop, nullptr);
+  raise_fd_limit();
+
+  ContextOptions options;
+  options.name = "ferry-bench-serve";
+  options.threads = args.threads;
+  auto ctx = Context::create(options);
+  if (!ctx) {
+    std::fprintf(stderr, "ferry-bench serve: %s\n", ctx.error().message().c_str());
+    return 1;
+  }
+  auto port = (*ctx)->listen(args.listen);
+  if (!port) {
+    std::fprintf(stderr, "ferry-bench serve: listen %s: %s\n", args.listen.c_str(),
+                 port.error().message().c_str());
+    return 1;
+  }
+  for (uint64_t size : sizes) {
+    auto bytes = std::shared_ptr<std::byte[]>(new std::byte[size]);
+    std::memset(bytes.get(), static_cast<int>(size & 0xff) | 1, size);  // touched, not zero
+    Tensor t = Tensor::bytes({bytes.get(), size});
+    auto ref = (*ctx)->put({t}, bytes);
+    if (!ref) {
+      std::fprintf(stderr, "ferry-bench serve: put %llu bytes: %s\n",
+                   static_cast<unsigned long long>(size), ref.error().message().c_str());
+      return 1;
+    }
+  }
+  std::printf("ready %s\n", (*ctx)->address().c_str());
+  std::fflush(stdout);
+  int sig = 0;
+  sigwait(&stop, &sig);
+  (*ctx)->close();
+  return 0;
+}
+
+}  // namespace ferry::bench

@@ -1,0 +1,18 @@
+// `ferry-bench serve`: the owner side. Puts one object per size and serves them until SIGINT or
+// SIGTERM; fetchers find them with Peer::list().
+#pragma once
+
+#include <string>
+
+namespace ferry::bench {
+
+struct ServeArgs {
+  std::string listen = "127.0.0.1:0";
+  std::string sizes = "1M";  // one object of each size
+  int threads = 1;
+};
+
+// Prints "ready HOST:PORT" on stdout once listening, then serves. Returns an exit code.
+int run_serve(const ServeArgs& args);
+
+}  // namespace ferry::bench
