@@ -39,6 +39,11 @@ struct ContextOptions {
   size_t tcp_chunk_bytes = 1u << 20;               // TCP data channel: bytes per chunk
   std::chrono::milliseconds lease_timeout{60000};  // one-sided grants: pin held at most this long
   bool busy_poll = false;  // RDMA: poll the completion queue instead of sleeping on its channel
+  // RDMA: per-peer grants. Owner memory is registered without remote access and each grant
+  // binds a type-2 memory window to the fetcher's queue pair over exactly the granted range,
+  // invalidated when the lease ends. Devices without windows fall back to region rkeys (a
+  // warning says so); false forces that fallback (one bind fewer per grant, weaker isolation).
+  bool rdma_memory_windows = true;
   // Shared secret for the metadata channel (default: $FERRY_SECRET). When set, both sides prove
   // knowledge of it (HMAC-SHA256 challenge-response; it is never sent) before anything else;
   // a peer without it, or with another, is refused with errc::auth_failed.

@@ -4,12 +4,23 @@
 
 namespace ferry::rdma {
 
-Device::Device(std::string name, ContextHandle ctx, PdHandle pd)
+Device::Device(std::string name, ContextHandle ctx, PdHandle pd, const ibv_device_attr& attr,
+               bool memory_windows)
     : name_(std::move(name)),
       ctx_(std::move(ctx)),
       pd_(std::move(pd)),
-      remote_cache_(pd_.get(), IBV_ACCESS_REMOTE_READ),
+      attr_(attr),
+      memory_windows_(memory_windows),
+      // With windows, owner registrations grant nothing remotely by themselves: only a window
+      // bound to one peer's queue pair, over one granted range, opens memory to READs.
+      remote_cache_(pd_.get(), memory_windows ? IBV_ACCESS_MW_BIND : IBV_ACCESS_REMOTE_READ),
       local_cache_(pd_.get(), IBV_ACCESS_LOCAL_WRITE) {}
+
+MwHandle Device::alloc_window() {
+  MwHandle mw(ibv_alloc_mw(pd_.get(), IBV_MW_TYPE_2), MwDeleter{&windows_live_});
+  if (mw) windows_live_.fetch_add(1, std::memory_order_relaxed);
+  return mw;
+}
 
 const Address* Device::find(const std::string& ip) const {
   for (const auto& a : addresses_) {
@@ -18,7 +29,7 @@ const Address* Device::find(const std::string& ip) const {
   return nullptr;
 }
 
-std::vector<std::shared_ptr<Device>> Device::open_all() {
+std::vector<std::shared_ptr<Device>> Device::open_all(bool memory_windows) {
   std::vector<std::shared_ptr<Device>> out;
   int n = 0;
   std::unique_ptr<ibv_device*, decltype(&ibv_free_device_list)> list(ibv_get_device_list(&n),
@@ -36,8 +47,17 @@ std::vector<std::shared_ptr<Device>> Device::open_all() {
       FERRY_LOG_INFO("rdma: cannot allocate a PD on {}: {}", name, last_errno().message());
       continue;
     }
-    std::shared_ptr<Device> dev(new Device(name, std::move(ctx), std::move(pd)));
-    if (ibv_query_device(dev->context(), &dev->attr_) != 0) continue;
+    ibv_device_attr attr{};
+    if (ibv_query_device(ctx.get(), &attr) != 0) continue;
+    const bool windows =
+        memory_windows && (attr.device_cap_flags & IBV_DEVICE_MEM_WINDOW_TYPE_2B) != 0;
+    if (memory_windows && !windows) {
+      FERRY_LOG_WARN(
+          "rdma: {} has no type-2 memory windows: grants use region rkeys, which any peer "
+          "connected to this process can use while the region is registered (docs/security.md)",
+          name);
+    }
+    std::shared_ptr<Device> dev(new Device(name, std::move(ctx), std::move(pd), attr, windows));
     for (uint8_t port = 1; port <= dev->attr_.phys_port_cnt; ++port) {
       ibv_port_attr pa{};
       if (ibv_query_port(dev->context(), port, &pa) != 0 || pa.state != IBV_PORT_ACTIVE) continue;

@@ -2,6 +2,7 @@
 // registration caches. Internal to rdma/.
 #pragma once
 
+#include <atomic>
 #include <memory>
 #include <string>
 #include <vector>
@@ -25,8 +26,10 @@ struct Address {
 class Device {
  public:
   // Opens every device with at least one active RoCE v2 address. Devices that fail to open
-  // are skipped (logged).
-  static std::vector<std::shared_ptr<Device>> open_all();
+  // are skipped (logged). With `memory_windows`, a device that supports type-2 memory windows
+  // registers owner memory without remote access: peers can READ only through windows bound
+  // to their own queue pair (per-peer grants); other devices fall back to region rkeys (logged).
+  static std::vector<std::shared_ptr<Device>> open_all(bool memory_windows);
 
   const std::string& name() const { return name_; }
   ibv_context* context() const { return ctx_.get(); }
@@ -35,16 +38,26 @@ class Device {
   const std::vector<Address>& addresses() const { return addresses_; }
   const Address* find(const std::string& ip) const;
 
+  // True when grants are memory windows (see open_all). Then remote_cache() registrations carry
+  // no remote access of their own.
+  bool memory_windows() const { return memory_windows_; }
+  // A type-2 window on this PD, counted in windows_live(); null with errno set on failure.
+  MwHandle alloc_window();
+  uint64_t windows_live() const { return windows_live_.load(std::memory_order_relaxed); }
+
   // Registrations that peers READ from (owner side) and that READs land in (fetcher side).
   MrCache& remote_cache() { return remote_cache_; }
   MrCache& local_cache() { return local_cache_; }
 
  private:
-  Device(std::string name, ContextHandle ctx, PdHandle pd);
+  Device(std::string name, ContextHandle ctx, PdHandle pd, const ibv_device_attr& attr,
+         bool memory_windows);
   std::string name_;
   ContextHandle ctx_;
   PdHandle pd_;
   ibv_device_attr attr_{};
+  bool memory_windows_ = false;
+  std::atomic<uint64_t> windows_live_{0};
   std::vector<Address> addresses_;
   MrCache remote_cache_;
   MrCache local_cache_;

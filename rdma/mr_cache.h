@@ -27,6 +27,7 @@ class Region {
   ~Region();
   uint32_t lkey() const { return mr_->lkey; }
   uint32_t rkey() const { return mr_->rkey; }
+  ibv_mr* mr() const { return mr_.get(); }  // for binding memory windows to it
   uintptr_t begin() const { return begin_; }
   uintptr_t end() const { return end_; }
   bool covers(uintptr_t addr, size_t len) const { return addr >= begin_ && addr + len <= end_; }

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 
 namespace ferry {
@@ -21,8 +22,9 @@ bool register_rdma_transport();
 struct RegistrationCounters {
   uint64_t registrations = 0;  // ibv_reg_mr calls
   uint64_t deregistrations = 0;
-  uint64_t hits = 0;  // buffers served by an existing registration
-  uint64_t live = 0;  // registered regions now
+  uint64_t hits = 0;     // buffers served by an existing registration
+  uint64_t live = 0;     // registered regions now
+  uint64_t windows = 0;  // memory windows allocated now (one per granted tensor while leased)
 };
 
 // Summed over the devices of `ctx`'s RDMA transport; nullopt when it has none.
@@ -33,5 +35,13 @@ std::optional<RegistrationCounters> registration_counters(Context& ctx);
 // errors, their fetches fail with a peer-scope error, and the next fetch to each peer sets up a
 // new queue pair. Returns how many queue pairs it broke. Asynchronous.
 size_t inject_queue_pair_errors(Context& ctx);
+
+// Fault injection (tests): forges what `ctx`'s fetches READ. Called on the fetcher's strand for
+// each granted segment of each grant, before any READ is posted, with the granted address and
+// rkey (which it may rewrite) and the segment's length. Returning false holds the fetch: no READ
+// is posted, and it ends by its deadline or an abort, like a fetcher that never reads. An empty
+// function turns it off. Used to show that forged, expired and other peers' grants are refused.
+using GrantTamper = std::function<bool(uint64_t& addr, uint32_t& rkey, uint64_t length)>;
+void set_grant_tamper(Context& ctx, GrantTamper tamper);
 
 }  // namespace ferry::rdma

@@ -24,6 +24,9 @@ constexpr uint32_t kWindow = 8;
 constexpr unsigned kAckBatch = 64;  // CQ events acknowledged at once
 constexpr int kPollBatch = 32;
 constexpr auto kSafetyNet = std::chrono::seconds(1);
+// Work requests that bind memory windows carry the lease's request id with this bit set, apart
+// from the READs (which carry the fetch's request id; ids never reach it).
+constexpr uint64_t kBindBit = 1ull << 63;
 
 }  // namespace
 
@@ -164,6 +167,18 @@ void RdmaChannel::drain() {
     for (int i = 0; i < n; ++i) {
       const ibv_wc& wc = wcs[i];
       if (in_flight_) --in_flight_;
+      if (wc.wr_id & kBindBit) {
+        if (wc.status != IBV_WC_SUCCESS) {
+          if (wc.status != IBV_WC_WR_FLUSH_ERR) {
+            FERRY_LOG_WARN("rdma: binding a memory window for request {} failed: {}",
+                           wc.wr_id & ~kBindBit, ibv_wc_status_str(wc.status));
+          }
+          fail(make_wc_error(wc.status));
+          return;
+        }
+        on_bound(wc.wr_id & ~kBindBit);
+        continue;
+      }
       auto it = fetches_.find(wc.wr_id);
       if (it != fetches_.end() && it->second.posted) --it->second.posted;
       if (wc.status != IBV_WC_SUCCESS) {
@@ -177,6 +192,7 @@ void RdmaChannel::drain() {
       if (it != fetches_.end()) maybe_finish(wc.wr_id);
     }
   }
+  post_binds();
   post_reads();
 }
 
@@ -187,6 +203,14 @@ void RdmaChannel::busy_loop() {
     return;
   }
   asio::post(strand_, [self = shared_from_this()] { self->busy_loop(); });
+}
+
+void RdmaChannel::watch_posted() {
+  arm_safety_net();
+  if (options_.busy_poll && !busy_running_) {
+    busy_running_ = true;
+    asio::post(strand_, [self = shared_from_this()] { self->busy_loop(); });
+  }
 }
 
 void RdmaChannel::arm_safety_net() {
@@ -233,12 +257,21 @@ void RdmaChannel::on_grant(uint64_t request_id, const wire::Grant& grant) {
   const uint64_t chunk = std::min<uint64_t>(kReadChunk, address_.max_msg);  // device's limit
   for (size_t i = 0; i < targets.size(); ++i) {
     const auto& seg = grant.segments(static_cast<int>(i));
+    uint64_t addr = seg.addr();
+    uint32_t rkey = seg.rkey();
+    if (options_.hooks) {
+      std::lock_guard lock(options_.hooks->mu);
+      if (options_.hooks->tamper && !options_.hooks->tamper(addr, rkey, seg.length())) {
+        f.reads.clear();
+        return;  // held: ends by its deadline or an abort
+      }
+    }
     for (uint64_t off = 0; off < targets[i].size(); off += chunk) {
       Read r;
       r.local = reinterpret_cast<uint64_t>(targets[i].data()) + off;
       r.lkey = f.regions[i]->lkey();
-      r.remote = seg.addr() + off;
-      r.rkey = seg.rkey();
+      r.remote = addr + off;
+      r.rkey = rkey;
       r.length = static_cast<uint32_t>(std::min<uint64_t>(chunk, targets[i].size() - off));
       f.reads.push_back(r);
     }
@@ -296,13 +329,7 @@ void RdmaChannel::post_reads() {
     posted_any = true;
     if (!f.reads.empty()) ready_.push_back(id);
   }
-  if (posted_any) {
-    arm_safety_net();
-    if (options_.busy_poll && !busy_running_) {
-      busy_running_ = true;
-      asio::post(strand_, [self = shared_from_this()] { self->busy_loop(); });
-    }
-  }
+  if (posted_any) watch_posted();
 }
 
 void RdmaChannel::maybe_finish(uint64_t request_id) {
@@ -343,10 +370,14 @@ void RdmaChannel::send_release(uint64_t request_id) {
 
 // ---------------------------------------------------------------- owner side
 
-void RdmaChannel::add_lease(uint64_t request_id, ObjectStore::Pin pin, SendDone done) {
-  Lease lease{
-      std::move(pin), std::move(done),
-      std::make_unique<asio::steady_timer>(strand_.get_inner_executor(), options_.lease_timeout)};
+void RdmaChannel::grant(uint64_t request_id, ObjectStore::Pin pin,
+                        std::vector<std::shared_ptr<Region>> regions, wire::Grant grant,
+                        SendDone done) {
+  Lease lease;
+  lease.pin = std::move(pin);
+  lease.done = std::move(done);
+  lease.timer =
+      std::make_unique<asio::steady_timer>(strand_.get_inner_executor(), options_.lease_timeout);
   lease.timer->async_wait(asio::bind_executor(
       strand_, [weak = weak_from_this(), request_id](boost::system::error_code ec) {
         auto self = weak.lock();
@@ -355,7 +386,97 @@ void RdmaChannel::add_lease(uint64_t request_id, ObjectStore::Pin pin, SendDone 
           FERRY_LOG_WARN("rdma: lease for request {} expired", request_id);
         }
       }));
+  if (!device_->memory_windows()) {
+    leases_[request_id] = std::move(lease);
+    return send_grant(request_id, grant);
+  }
+  lease.regions = std::move(regions);
+  lease.windows.resize(lease.regions.size());
+  for (size_t i = 0; i < lease.regions.size(); ++i) {
+    if (!lease.regions[i]) continue;
+    lease.windows[i] = device_->alloc_window();
+    if (!lease.windows[i]) {
+      FERRY_LOG_WARN("rdma: cannot allocate a memory window on {}: {}", device_->name(),
+                     last_errno().message());
+      leases_[request_id] = std::move(lease);
+      end_lease(request_id, make_error_code(errc::device_error));
+      return;
+    }
+  }
+  lease.grant = std::move(grant);
   leases_[request_id] = std::move(lease);
+  binds_waiting_.push_back(request_id);
+  post_binds();
+}
+
+void RdmaChannel::post_binds() {
+  bool posted_any = false;
+  while (!closed_ && connected_ && !binds_waiting_.empty()) {
+    auto it = leases_.find(binds_waiting_.front());
+    if (it == leases_.end()) {  // ended meanwhile
+      binds_waiting_.pop_front();
+      continue;
+    }
+    const uint64_t id = it->first;
+    Lease& lease = it->second;
+    while (lease.next_bind < lease.windows.size() && in_flight_ < sq_depth_) {
+      const size_t i = lease.next_bind;
+      if (!lease.windows[i]) {
+        ++lease.next_bind;
+        continue;
+      }
+      auto* seg = lease.grant.mutable_segments(static_cast<int>(i));
+      ibv_send_wr wr{};
+      wr.wr_id = id | kBindBit;
+      wr.opcode = IBV_WR_BIND_MW;
+      wr.send_flags = IBV_SEND_SIGNALED;
+      wr.bind_mw.mw = lease.windows[i].get();
+      wr.bind_mw.rkey = ibv_inc_rkey(lease.windows[i]->rkey);
+      wr.bind_mw.bind_info.mr = lease.regions[i]->mr();
+      wr.bind_mw.bind_info.addr = seg->addr();
+      wr.bind_mw.bind_info.length = seg->length();
+      wr.bind_mw.bind_info.mw_access_flags = IBV_ACCESS_REMOTE_READ;
+      ibv_send_wr* bad = nullptr;
+      if (int rc = ibv_post_send(qp_.get(), &wr, &bad); rc != 0) {
+        if (rc == ENOMEM) break;  // fuller than we counted: wait for completions
+        FERRY_LOG_WARN("rdma: cannot post a memory-window bind: {}", std::strerror(rc));
+        fail(std::error_code(rc, std::system_category()));
+        return;
+      }
+      seg->set_rkey(wr.bind_mw.rkey);
+      ++lease.next_bind;
+      ++lease.binding;
+      ++in_flight_;
+      posted_any = true;
+    }
+    if (lease.next_bind < lease.windows.size()) break;  // the send queue is full
+    binds_waiting_.pop_front();
+    if (lease.binding == 0) send_grant(id, lease.grant);  // nothing needed binding
+  }
+  if (posted_any) watch_posted();
+}
+
+void RdmaChannel::on_bound(uint64_t request_id) {
+  if (auto it = leases_.find(request_id); it != leases_.end()) {
+    Lease& lease = it->second;
+    if (lease.binding) --lease.binding;
+    // The bind's completion means the window is usable: only now may the peer READ through it.
+    if (lease.binding == 0 && lease.next_bind == lease.windows.size()) {
+      send_grant(request_id, lease.grant);
+    }
+    return;
+  }
+  if (auto it = retired_.find(request_id); it != retired_.end()) {
+    if (--it->second.binding == 0) retired_.erase(it);  // deallocates the windows
+  }
+}
+
+void RdmaChannel::send_grant(uint64_t request_id, const wire::Grant& grant) {
+  auto link = link_.lock();
+  if (!link || !link->is_open()) return;
+  wire::Message m;
+  *m.mutable_grant() = grant;
+  link->send_transport_message(kTransportName, request_id, m.SerializeAsString());
 }
 
 bool RdmaChannel::end_lease(uint64_t request_id, std::error_code ec) {
@@ -364,6 +485,12 @@ bool RdmaChannel::end_lease(uint64_t request_id, std::error_code ec) {
   auto lease = std::move(it->second);
   leases_.erase(it);
   lease.timer->cancel();
+  // Windows go first (deallocating one invalidates its rkey), then the pin. A window whose bind
+  // is still in flight is kept until that bind completes.
+  if (lease.binding > 0) {
+    retired_[request_id] = Retired{lease.binding, std::move(lease.windows)};
+  }
+  lease.windows.clear();
   lease.pin.reset();  // the object may be collected now; its registration goes with it
   if (lease.done) lease.done(ec);
   return true;

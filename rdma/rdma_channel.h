@@ -16,20 +16,29 @@
 #include <chrono>
 #include <deque>
 #include <memory>
+#include <mutex>
 #include <unordered_map>
 #include <vector>
 
 #include "net/transport.h"
 #include "rdma/device.h"
 #include "rdma/proto/rdma.pb.h"
+#include "rdma/rdma.h"
 
 namespace ferry::rdma {
 
 inline constexpr const char* kTransportName = "RDMA";
 
+// Test hooks of one transport instance, shared with its channels.
+struct Hooks {
+  std::mutex mu;
+  GrantTamper tamper;  // see set_grant_tamper in rdma/rdma.h
+};
+
 struct ChannelOptions {
   bool busy_poll = false;
   std::chrono::milliseconds lease_timeout{60000};
+  std::shared_ptr<Hooks> hooks;
 };
 
 class RdmaChannel final : public TransportChannel,
@@ -54,7 +63,12 @@ class RdmaChannel final : public TransportChannel,
   bool abort_fetch(uint64_t request_id);
 
   // Owner side. Strand.
-  void add_lease(uint64_t request_id, ObjectStore::Pin pin, SendDone done);
+  // Pins the object for the lease and sends `grant` (one segment per tensor, region rkeys
+  // filled in). With memory windows, first binds one window per segment to this queue pair and
+  // puts the windows' rkeys in the grant: the peer can READ only the granted ranges, only over
+  // this queue pair, only until the lease ends. `done` runs once, when the lease ends.
+  void grant(uint64_t request_id, ObjectStore::Pin pin,
+             std::vector<std::shared_ptr<Region>> regions, wire::Grant grant, SendDone done);
   // Ends a lease (release, abort, timeout); false if there was none.
   bool end_lease(uint64_t request_id, std::error_code ec);
 
@@ -84,6 +98,16 @@ class RdmaChannel final : public TransportChannel,
     ObjectStore::Pin pin;
     SendDone done;
     std::unique_ptr<boost::asio::steady_timer> timer;
+    std::vector<std::shared_ptr<Region>> regions;  // per segment; null for empty tensors
+    wire::Grant grant;                             // sent once every window is bound
+    std::vector<MwHandle> windows;                 // per segment (null: nothing to bind)
+    size_t next_bind = 0;                          // segments whose bind is posted
+    uint32_t binding = 0;                          // binds posted, not yet completed
+  };
+  // Windows of a lease that ended while their binds were in flight: freed when those complete.
+  struct Retired {
+    uint32_t binding = 0;
+    std::vector<MwHandle> windows;
   };
 
   void watch();
@@ -91,9 +115,14 @@ class RdmaChannel final : public TransportChannel,
   void drain();
   void busy_loop();
   void arm_safety_net();
+  // After posting work requests: the safety net, and the polling loop in busy_poll mode.
+  void watch_posted();
   void post_reads();
   void maybe_finish(uint64_t request_id);
   void send_release(uint64_t request_id);
+  void post_binds();
+  void on_bound(uint64_t request_id);
+  void send_grant(uint64_t request_id, const wire::Grant& grant);
   // A completion error or a failed post: the QP is unusable. Fails this channel's fetches and
   // leases and has the session drop it (the next fetch sets up a new one).
   void fail(std::error_code ec);
@@ -123,6 +152,8 @@ class RdmaChannel final : public TransportChannel,
   std::deque<uint64_t> ready_;  // fetches with READs to post, served round-robin
   std::unordered_map<uint64_t, Fetch> fetches_;
   std::unordered_map<uint64_t, Lease> leases_;
+  std::deque<uint64_t> binds_waiting_;  // leases with windows still to bind (send queue full)
+  std::unordered_map<uint64_t, Retired> retired_;
 };
 
 }  // namespace ferry::rdma

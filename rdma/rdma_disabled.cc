@@ -9,4 +9,6 @@ std::optional<RegistrationCounters> registration_counters(Context&) { return std
 
 size_t inject_queue_pair_errors(Context&) { return 0; }
 
+void set_grant_tamper(Context&, GrantTamper) {}
+
 }  // namespace ferry::rdma

@@ -23,7 +23,7 @@ void send(PeerLink& link, uint64_t request_id, const wire::Message& m) {
 
 RdmaTransport::RdmaTransport(const TransportEnv& env, std::vector<std::shared_ptr<Device>> devices)
     : devices_(std::move(devices)),
-      channel_options_{env.options.busy_poll, env.options.lease_timeout},
+      channel_options_{env.options.busy_poll, env.options.lease_timeout, std::make_shared<Hooks>()},
       open_timeout_(env.options.handshake_timeout) {}
 
 TransportInfo RdmaTransport::local_info() const {
@@ -218,8 +218,8 @@ void RdmaTransport::send_multiple(PeerLink& link, uint64_t request_id, ObjectSto
     seg->set_length(tensors[i].data.size());
     seg->set_rkey((*regions)[i] ? (*regions)[i]->rkey() : 0);
   }
-  ch->add_lease(request_id, std::move(object), std::move(done));
-  send(link, request_id, m);
+  ch->grant(request_id, std::move(object), std::move(*regions), std::move(*m.mutable_grant()),
+            std::move(done));
 }
 
 bool RdmaTransport::abort(PeerLink& link, uint64_t request_id) {
@@ -252,8 +252,14 @@ RegistrationCounters RdmaTransport::counters() const {
       total.hits += c.hits;
       total.live += c.live;
     }
+    total.windows += dev->windows_live();
   }
   return total;
+}
+
+void RdmaTransport::set_grant_tamper(GrantTamper tamper) {
+  std::lock_guard lock(channel_options_.hooks->mu);
+  channel_options_.hooks->tamper = std::move(tamper);
 }
 
 size_t RdmaTransport::inject_queue_pair_errors() {
@@ -276,7 +282,7 @@ bool register_rdma_transport() {
     auto ec = register_transport(
         kTransportName, {"cpu"},
         [](const TransportEnv& env) -> Result<std::shared_ptr<TransportManager>> {
-          auto devices = Device::open_all();
+          auto devices = Device::open_all(env.options.rdma_memory_windows);
           if (devices.empty()) return make_error_code(errc::device_error);
           return std::shared_ptr<TransportManager>(
               std::make_shared<RdmaTransport>(env, std::move(devices)));
@@ -289,6 +295,11 @@ bool register_rdma_transport() {
 size_t inject_queue_pair_errors(Context& ctx) {
   auto t = std::dynamic_pointer_cast<RdmaTransport>(ctx.transport(kTransportName));
   return t ? t->inject_queue_pair_errors() : 0;
+}
+
+void set_grant_tamper(Context& ctx, GrantTamper tamper) {
+  auto t = std::dynamic_pointer_cast<RdmaTransport>(ctx.transport(kTransportName));
+  if (t) t->set_grant_tamper(std::move(tamper));
 }
 
 std::optional<RegistrationCounters> registration_counters(Context& ctx) {

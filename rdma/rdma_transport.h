@@ -36,6 +36,7 @@ class RdmaTransport final : public TransportManager {
 
   RegistrationCounters counters() const;
   size_t inject_queue_pair_errors();
+  void set_grant_tamper(GrantTamper tamper);
 
  private:
   struct PendingOpen {

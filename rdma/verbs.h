@@ -3,6 +3,8 @@
 
 #include <infiniband/verbs.h>
 
+#include <atomic>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <system_error>
@@ -27,6 +29,14 @@ struct CqDeleter {
 struct QpDeleter {
   void operator()(ibv_qp* p) const { ibv_destroy_qp(p); }
 };
+// Memory windows count themselves out of `live` (the device's gauge) when they go.
+struct MwDeleter {
+  std::atomic<uint64_t>* live = nullptr;
+  void operator()(ibv_mw* p) const {
+    ibv_dealloc_mw(p);
+    if (live) live->fetch_sub(1, std::memory_order_relaxed);
+  }
+};
 
 using ContextHandle = std::unique_ptr<ibv_context, ContextDeleter>;
 using PdHandle = std::unique_ptr<ibv_pd, PdDeleter>;
@@ -34,6 +44,7 @@ using MrHandle = std::unique_ptr<ibv_mr, MrDeleter>;
 using CompChannelHandle = std::unique_ptr<ibv_comp_channel, CompChannelDeleter>;
 using CqHandle = std::unique_ptr<ibv_cq, CqDeleter>;
 using QpHandle = std::unique_ptr<ibv_qp, QpDeleter>;
+using MwHandle = std::unique_ptr<ibv_mw, MwDeleter>;
 
 // Work-completion statuses as error codes (category "ibv_wc"); messages from
 // ibv_wc_status_str. Their failure scope is the peer: the queue pair is in error after one.

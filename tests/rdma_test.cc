@@ -5,6 +5,7 @@
 #include <sys/resource.h>
 
 #include <cstdlib>
+#include <filesystem>
 #include <random>
 #include <set>
 #include <thread>
@@ -244,7 +245,9 @@ TEST_F(Rdma, WaitingOnStuckReadsCostsNoCpuAndTheNextFetchReconnects) {
   for (auto& r : reqs) {
     auto ec = r.wait(120s);
     ASSERT_NE(ec, errc::timed_out) << "a fetch hung";
-    if (ec) EXPECT_EQ(scope_of(ec), Scope::peer) << ec.message();
+    if (ec) {
+      EXPECT_EQ(scope_of(ec), Scope::peer) << ec.message();
+    }
     failed += static_cast<bool>(ec);
   }
   std::printf("after the queue pair broke: %d of 100 failed\n", failed);
@@ -254,6 +257,210 @@ TEST_F(Rdma, WaitingOnStuckReadsCostsNoCpuAndTheNextFetchReconnects) {
   ASSERT_FALSE(again.wait(120s));
   EXPECT_EQ(again.result().transport, "RDMA");
   EXPECT_TRUE(same_bytes(again.result().tensors[0], *bytes));
+}
+
+// ---------------------------------------------------------------- access control
+
+// An owner with three 64 KiB objects. `shared_region`: views of one 1 MiB allocation, put with
+// it as their region (one registration covers all); otherwise separate allocations, each
+// registered on its own.
+struct GrantFixture {
+  explicit GrantFixture(bool windows, bool shared_region = false)
+      : server(server_options(windows)) {
+    for (size_t i = 0; i < 3; ++i) {
+      auto bytes = shared_region ? memory : make_pattern(kObject, 50 + i);
+      auto view = shared_region ? object(i) : std::span<const std::byte>(*bytes);
+      if (!shared_region) objects.push_back(bytes);
+      PutOptions o;
+      if (shared_region) o.region = *memory;
+      auto ref = server.ctx.put({Tensor::bytes(view)}, bytes, o);
+      EXPECT_TRUE(ref.ok());
+      refs.push_back(*ref);
+    }
+  }
+  static ContextOptions server_options(bool windows) {
+    ContextOptions o;
+    o.name = "owner";
+    o.rdma_memory_windows = windows;
+    return o;
+  }
+  std::span<const std::byte> object(size_t i) const {
+    if (!objects.empty()) return *objects[i];
+    return std::span<const std::byte>(*memory).subspan(i * kObject, kObject);
+  }
+  static constexpr size_t kObject = 64u << 10;
+  std::shared_ptr<std::vector<std::byte>> memory = make_pattern(1u << 20, 41);
+  std::vector<std::shared_ptr<std::vector<std::byte>>> objects;
+  Server server;
+  std::vector<ObjectRef> refs;
+};
+
+// The fetcher's READ came back with IBV_WC_REM_ACCESS_ERR (10): the owner's device refused it.
+bool is_remote_access_error(std::error_code ec) {
+  constexpr int kRemAccessErr = 10;  // IBV_WC_REM_ACCESS_ERR, without the verbs header here
+  return ec.category().name() == std::string("ibv_wc") && ec.value() == kRemAccessErr;
+}
+
+// Fetches of an honest peer, running until stopped; counts successes and failures.
+struct HonestPeer {
+  HonestPeer(const std::string& address, const ObjectRef& ref, std::span<const std::byte> expect)
+      : ctx(client_options("honest")) {
+    peer = connect_or_fail(ctx, address);
+    worker = std::thread([this, ref, expect] {
+      while (!stop) {
+        auto r = peer.fetch(ref);
+        auto ec = r.wait(60s);
+        if (!ec && same_bytes(r.result().tensors[0], expect)) {
+          ++ok;
+        } else {
+          ++bad;
+          std::printf("honest peer: %s\n", ec ? ec.message().c_str() : "wrong bytes");
+        }
+      }
+    });
+  }
+  ~HonestPeer() { finish(); }
+  void finish() {
+    stop = true;
+    if (worker.joinable()) worker.join();
+  }
+  Context ctx;
+  Peer peer;
+  std::atomic<bool> stop{false};
+  std::atomic<int> ok{0}, bad{0};
+  std::thread worker;
+};
+
+// A peer READs the 64 KiB after the object it was granted (and reconnects, and reads again),
+// while an honest peer fetches throughout.
+void read_past_the_grant(GrantFixture& f) {
+  HonestPeer honest(f.server.address(), f.refs[2], f.object(2));
+  Context attacker(client_options("attacker"));
+  auto peer = connect_or_fail(attacker, f.server.address());
+  rdma::set_grant_tamper(attacker, [](uint64_t& addr, uint32_t&, uint64_t length) {
+    addr += length;
+    return true;
+  });
+  for (int round = 0; round < 3; ++round) {
+    auto r = peer.fetch(f.refs[0]);
+    auto ec = r.wait(60s);
+    ASSERT_TRUE(ec) << "a READ past the granted range succeeded";
+    EXPECT_TRUE(is_remote_access_error(ec)) << ec.category().name() << ": " << ec.message();
+    EXPECT_EQ(scope_of(ec), Scope::peer);
+  }
+  // The same peer, honest again, gets a new queue pair and its data.
+  rdma::set_grant_tamper(attacker, {});
+  auto r = peer.fetch(f.refs[0]);
+  ASSERT_FALSE(r.wait(60s));
+  EXPECT_TRUE(same_bytes(r.result().tensors[0], f.object(0)));
+  honest.finish();
+  std::printf("honest peer meanwhile: %d fetches, %d failed\n", honest.ok.load(),
+              honest.bad.load());
+  EXPECT_GT(honest.ok.load(), 0);
+  EXPECT_EQ(honest.bad.load(), 0) << "the attacker disturbed another peer";
+  // Every lease ended: no window stays bound, nothing stays pinned.
+  for (int i = 0; i < 500 && rdma::registration_counters(f.server.ctx)->windows; ++i) {
+    std::this_thread::sleep_for(10ms);
+  }
+  EXPECT_EQ(rdma::registration_counters(f.server.ctx)->windows, 0u);
+  for (const auto& ref : f.refs) EXPECT_EQ(f.server.ctx.store().counts(ref.object_id)->pins, 0u);
+}
+
+TEST_F(Rdma, AReadPastTheGrantIsARemoteAccessErrorAndOtherPeersCarryOn) {
+  GrantFixture f(true);
+  read_past_the_grant(f);
+}
+
+// Views of one registered allocation: the bytes after the granted view are registered too, so
+// only the window's own bounds refuse the READ. rxe (Linux 6.1's rxe_resp.c) checks a window
+// access against the registration's range, not the window's: there the READ would succeed.
+TEST_F(Rdma, AReadOfTheNeighbouringViewIsARemoteAccessError) {
+  if (std::filesystem::exists("/sys/class/infiniband/rxe0")) {
+    GTEST_SKIP() << "SKIPPED: rxe does not enforce memory-window bounds (it checks the "
+                    "underlying registration's range); needs an RDMA NIC";
+  }
+  GrantFixture f(true, /*shared_region=*/true);
+  read_past_the_grant(f);
+}
+
+TEST_F(Rdma, AnExpiredGrantReadsNothing) {
+  GrantFixture f(true);
+  Context client(client_options("client"));
+  auto peer = connect_or_fail(client, f.server.address());
+  uint64_t old_addr = 0;
+  uint32_t old_rkey = 0;
+  rdma::set_grant_tamper(client, [&](uint64_t& addr, uint32_t& rkey, uint64_t) {
+    old_addr = addr;
+    old_rkey = rkey;
+    return true;
+  });
+  auto first = peer.fetch(f.refs[0]);
+  ASSERT_FALSE(first.wait(60s));
+  ASSERT_NE(old_rkey, 0u);
+  // The lease ended with the first fetch; its rkey, replayed on a new grant, must not work.
+  rdma::set_grant_tamper(client, [&](uint64_t& addr, uint32_t& rkey, uint64_t) {
+    addr = old_addr;
+    rkey = old_rkey;
+    return true;
+  });
+  auto replay = peer.fetch(f.refs[1]);
+  auto ec = replay.wait(60s);
+  ASSERT_TRUE(ec) << "an expired rkey still reads the owner's memory";
+  EXPECT_TRUE(is_remote_access_error(ec)) << ec.message();
+  // A forged rkey: the grant's, off by one.
+  rdma::set_grant_tamper(client, [](uint64_t&, uint32_t& rkey, uint64_t) {
+    rkey ^= 1;
+    return true;
+  });
+  auto forged = peer.fetch(f.refs[1]);
+  ec = forged.wait(60s);
+  ASSERT_TRUE(ec) << "a forged rkey read the owner's memory";
+  EXPECT_TRUE(is_remote_access_error(ec)) << ec.message();
+}
+
+// Peer A holds a live grant (and never reads it); peer B replays A's address and rkey. The
+// result of B's fetch: its error, or none when the READ went through.
+std::error_code read_with_another_peers_grant(bool windows) {
+  GrantFixture f(windows);
+  Context a(client_options("a")), b(client_options("b"));
+  auto pa = connect_or_fail(a, f.server.address());
+  auto pb = connect_or_fail(b, f.server.address());
+  std::atomic<uint64_t> a_addr{0};
+  std::atomic<uint32_t> a_rkey{0};
+  rdma::set_grant_tamper(a, [&](uint64_t& addr, uint32_t& rkey, uint64_t) {
+    a_addr = addr;
+    a_rkey = rkey;
+    return false;  // hold: A's lease stays live, its window bound
+  });
+  auto held = pa.fetch(f.refs[0], {}, {.timeout = 20s});
+  for (int i = 0; i < 2000 && !a_rkey; ++i) std::this_thread::sleep_for(5ms);
+  EXPECT_NE(a_rkey.load(), 0u) << "A got no grant";
+  rdma::set_grant_tamper(b, [&](uint64_t& addr, uint32_t& rkey, uint64_t) {
+    addr = a_addr;
+    rkey = a_rkey;
+    return true;
+  });
+  auto stolen = pb.fetch(f.refs[1]);
+  auto ec = stolen.wait(60s);
+  if (!ec) {
+    EXPECT_TRUE(same_bytes(stolen.result().tensors[0], f.object(0)));
+  }
+  EXPECT_FALSE(held.done()) << "A's lease ended early: the test proves nothing";
+  held.abort();
+  EXPECT_NE(held.wait(60s), errc::timed_out);
+  return ec;
+}
+
+TEST_F(Rdma, AnotherPeersLiveGrantReadsNothing) {
+  auto ec = read_with_another_peers_grant(true);
+  ASSERT_TRUE(ec) << "peer B read memory granted to peer A";
+  EXPECT_TRUE(is_remote_access_error(ec)) << ec.message();
+}
+
+// What memory windows buy: with region rkeys (rdma_memory_windows = false, or a device without
+// windows), the same replay reads A's object. The test above is not vacuous.
+TEST_F(Rdma, WithoutMemoryWindowsAnotherPeersGrantIsReadable) {
+  EXPECT_FALSE(read_with_another_peers_grant(false));
 }
 
 }  // namespace
