@@ -14,10 +14,35 @@
 namespace ferry::bench {
 using namespace std::chrono_literals;
 
+namespace {
+
+// Connected and idle: what waiting costs both sides (heartbeats only).
+int run_idle(const FetchArgs& args, Peer& peer) {
+  const double server_cpu0 = args.server_pid ? process_cpu_seconds(args.server_pid) : -1;
+  const double cpu0 = self_cpu_seconds();
+  const auto t0 = Clock::now();
+  std::this_thread::sleep_for(std::chrono::duration<double>(args.seconds));
+  const double secs = seconds_between(t0, Clock::now());
+  JsonLine out;
+  out.add("tool", "ferry")
+      .add("bench", "idle")
+      .add("transport", peer.transport())
+      .add("busy_poll", args.busy_poll ? 1 : 0)
+      .add("seconds", secs)
+      .add("cpu_client_s", self_cpu_seconds() - cpu0)
+      .add("cpu_server_s",
+           args.server_pid ? process_cpu_seconds(args.server_pid) - server_cpu0 : -1.0);
+  std::printf("%s\n", out.str().c_str());
+  return 0;
+}
+
+}  // namespace
+
 int run_fetch(const FetchArgs& args) {
   ContextOptions options;
   options.name = "ferry-bench-fetch";
   options.threads = args.threads;
+  options.busy_poll = args.busy_poll;
   auto ctx = Context::create(options);
   if (!ctx) {
     std::fprintf(stderr, "ferry-bench fetch: %s\n", ctx.error().message().c_str());
@@ -35,6 +60,7 @@ int run_fetch(const FetchArgs& args) {
                  static_cast<unsigned long long>(args.size));
     return 1;
   }
+  if (args.inflight == 0) return run_idle(args, *peer);
   Window window({*peer}, *ref, std::max(1, args.inflight), args.size, args.ferry_allocates);
   window.start();
   std::this_thread::sleep_for(std::chrono::duration<double>(args.warmup));
@@ -67,6 +93,7 @@ int run_fetch(const FetchArgs& args) {
       .add("size", args.size)
       .add("inflight", args.inflight)
       .add("ferry_allocates", args.ferry_allocates ? 1 : 0)
+      .add("busy_poll", args.busy_poll ? 1 : 0)
       .add("fetches", fetches)
       .add("seconds", secs)
       .add("gbps", bytes / secs / 1e9)

@@ -13,12 +13,14 @@ namespace ferry::bench {
 struct FetchArgs {
   std::string from;  // HOST:PORT of the server
   uint64_t size = 1 << 20;
-  int inflight = 1;      // fetches kept in flight (1 = latency: each issued when the last ended)
+  int inflight = 1;      // fetches kept in flight (1 = latency: each issued when the last ended;
+                         // 0 = idle: connected, no fetches, CPU of both sides measured)
   double seconds = 2.0;  // measured window
   double warmup = 0.3;   // not measured
   pid_t server_pid = 0;  // for the server's CPU time (same machine); 0 = not measured
   bool ferry_allocates = false;  // no targets: ferry allocates each result (first-touch cost)
   int threads = 1;
+  bool busy_poll = false;  // ContextOptions::busy_poll (RDMA)
 };
 
 // Returns an exit code; the result line goes to stdout.

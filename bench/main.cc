@@ -8,6 +8,7 @@
 
 #include "bench/fetch_bench.h"
 #include "bench/measure.h"
+#include "bench/memcpy_bench.h"
 #include "bench/pingpong.h"
 #include "bench/registration.h"
 #include "bench/scale.h"
@@ -35,6 +36,7 @@ int main(int argc, char** argv) {
   s->add_option("--listen", serve.listen, "HOST:PORT (port 0: any)")->capture_default_str();
   s->add_option("--sizes", serve.sizes, "Object sizes, e.g. 8,4K,1M")->capture_default_str();
   s->add_option("--threads", serve.threads, "io_context threads")->capture_default_str();
+  s->add_flag("--busy-poll", serve.busy_poll, "Poll RDMA completion queues");
 
   FetchArgs fetch;
   std::string fetch_size = "1M";
@@ -47,6 +49,13 @@ int main(int argc, char** argv) {
   f->add_option("--server-pid", fetch.server_pid, "Server process, for its CPU time");
   f->add_flag("--ferry-allocates", fetch.ferry_allocates, "No targets: ferry allocates");
   f->add_option("--threads", fetch.threads, "io_context threads")->capture_default_str();
+  f->add_flag("--busy-poll", fetch.busy_poll, "Poll RDMA completion queues");
+
+  std::string memcpy_size = "64M";
+  double memcpy_seconds = 1.0;
+  auto* mc = app.add_subcommand("memcpy", "Single-core memcpy bandwidth (the loopback bound)");
+  mc->add_option("--size", memcpy_size, "Buffer size")->capture_default_str();
+  mc->add_option("--seconds", memcpy_seconds, "Measured seconds")->capture_default_str();
 
   PingPongArgs pp;
   std::string pp_size = "8";
@@ -87,6 +96,7 @@ int main(int argc, char** argv) {
       return run_fetch(fetch);
     }
     if (*ps) return run_pingpong_serve(pp);
+    if (*mc) return run_memcpy(one_size(memcpy_size), memcpy_seconds);
     if (*pc) {
       pp.size = one_size(pp_size);
       return run_pingpong(pp);

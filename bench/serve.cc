@@ -30,6 +30,7 @@ int run_serve(const ServeArgs& args) {
   ContextOptions options;
   options.name = "ferry-bench-serve";
   options.threads = args.threads;
+  options.busy_poll = args.busy_poll;
   auto ctx = Context::create(options);
   if (!ctx) {
     std::fprintf(stderr, "ferry-bench serve: %s\n", ctx.error().message().c_str());

@@ -10,6 +10,7 @@ struct ServeArgs {
   std::string listen = "127.0.0.1:0";
   std::string sizes = "1M";  // one object of each size
   int threads = 1;
+  bool busy_poll = false;  // ContextOptions::busy_poll (RDMA)
 };
 
 // Prints "ready HOST:PORT" on stdout once listening, then serves. Returns an exit code.

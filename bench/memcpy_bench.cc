@@ -1,0 +1,33 @@
+#include "bench/memcpy_bench.h"
+
+#include <cstdio>
+#include <cstring>
+#include <memory>
+
+#include "bench/measure.h"
+
+namespace ferry::bench {
+
+int run_memcpy(uint64_t size, double seconds) {
+  std::unique_ptr<std::byte[]> a(new std::byte[size]);
+  std::unique_ptr<std::byte[]> b(new std::byte[size]);
+  std::memset(a.get(), 1, size);
+  std::memset(b.get(), 2, size);
+  const auto t0 = Clock::now();
+  uint64_t copies = 0;
+  double secs = 0;
+  do {
+    std::memcpy(copies % 2 ? a.get() : b.get(), copies % 2 ? b.get() : a.get(), size);
+    ++copies;
+    secs = seconds_between(t0, Clock::now());
+  } while (secs < seconds);
+  JsonLine out;
+  out.add("tool", "memcpy")
+      .add("size", size)
+      .add("copies", copies)
+      .add("gbps", static_cast<double>(copies * size) / secs / 1e9);
+  std::printf("%s\n", out.str().c_str());
+  return 0;
+}
+
+}  // namespace ferry::bench

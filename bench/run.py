@@ -1,0 +1,744 @@
+#!/usr/bin/env python3
+"""make bench: ferry beside the tools users trust, in one run, alternating, several repetitions.
+
+Suites
+  tcp           loopback: ferry-bench fetch vs iperf3, ucx_perftest (tag_bw, ucp_get over TCP),
+                qperf (tcp_bw, tcp_lat), sockperf ping-pong and a raw-socket fetch-shaped
+                ping-pong (ferry-bench pingpong)
+  rdma          inside the soft-RoCE guest (tests/softroce/ferry-vm): ferry over RDMA READ vs
+                ib_read_bw / ib_read_lat on the same rxe devices
+  registration  10,000 x 200 KiB views of one allocation and 1,000 x 2 MiB tensors (in the guest,
+                over RDMA; and on the host over TCP for comparison)
+  scale         1, 16, 256, 1,024 peers on one server; 1 and 4,096 fetches in flight (TCP)
+  misc          single-core memcpy (the loopback bound), idle CPU with a peer connected
+
+Output (in --out): samples.json (every sample), report.txt (the table printed on stdout),
+*.png (gnuplot), and rdma-samples.json from the guest. Only the standard library is used.
+"""
+
+import argparse
+import json
+import os
+import platform
+import re
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+
+KIB, MIB = 1 << 10, 1 << 20
+FULL_TCP_SIZES = [8, 64, 512, 4 * KIB, 32 * KIB, 256 * KIB, 1 * MIB, 8 * MIB, 64 * MIB]
+QUICK_TCP_SIZES = [8, 4 * KIB, 64 * KIB, 1 * MIB, 64 * MIB]
+FULL_RDMA_SIZES = [8, 512, 4 * KIB, 64 * KIB, 1 * MIB, 8 * MIB, 64 * MIB]
+QUICK_RDMA_SIZES = [8, 4 * KIB, 64 * KIB, 1 * MIB]
+
+
+def log(*a):
+    print(*a, file=sys.stderr, flush=True)
+
+
+def human(n):
+    for unit, div in (("G", 1 << 30), ("M", MIB), ("K", KIB)):
+        if n >= div and n % div == 0:
+            return f"{n // div}{unit}"
+    return str(n)
+
+
+class Proc:
+    """A child process with a deadline; reaped with its rusage."""
+
+    def __init__(self, argv, env=None, ready=False):
+        self.argv = argv
+        e = dict(os.environ)
+        e.update(env or {})
+        self.p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  stdin=subprocess.DEVNULL, env=e, text=True)
+        self.address = None
+        if ready:  # first stdout line: "ready HOST:PORT"
+            line = self.p.stdout.readline()
+            if not line.startswith("ready "):
+                self.stop()
+                raise RuntimeError(f"{argv[0]} did not start: {line!r} {self.p.stderr.read()}")
+            self.address = line.split()[1]
+
+    @property
+    def pid(self):
+        return self.p.pid
+
+    def wait(self, timeout):
+        """Waits (bounded); returns (rc, stdout, stderr, cpu seconds)."""
+        try:
+            out, err = self.p.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.p.kill()
+            out, err = self.p.communicate()
+            return 124, out, err, 0.0
+        return self.p.returncode, out, err, self.cpu()
+
+    def cpu(self):
+        # Popen reaps with waitpid; the children's rusage of this process grows by the child's.
+        return getattr(self, "_cpu", 0.0)
+
+    def stop(self, timeout=10):
+        """SIGTERM, then SIGKILL after `timeout`; returns the process's CPU seconds."""
+        if self.p.poll() is None:
+            self.p.send_signal(signal.SIGTERM)
+        try:
+            self.p.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.p.kill()
+            self.p.communicate()
+        return 0.0
+
+
+def listening(port):
+    """Whether some socket listens on TCP `port` (any address, IPv4 or IPv6)."""
+    for name in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(name) as f:
+                next(f)
+                for line in f:
+                    fields = line.split()
+                    if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                        return True
+        except OSError:
+            pass
+    return False
+
+
+def run_pair(server_argv, client_argv, timeout, env=None, server_ready=False, port=None):
+    """Starts a server, runs a client to completion, stops the server. The server is ready when
+    it prints "ready HOST:PORT" (server_ready) or listens on `port` (waited up to 30 s).
+    Returns (client stdout, client stderr, CPU seconds of both processes)."""
+    before = os.times()
+    srv = Proc(server_argv, env=env, ready=server_ready)
+    if port is not None:
+        deadline = time.time() + 30
+        while not listening(port) and srv.p.poll() is None and time.time() < deadline:
+            time.sleep(0.02)
+    try:
+        argv = [a.replace("{addr}", srv.address or "") for a in client_argv]
+        argv = [a.replace("{pid}", str(srv.pid)) for a in argv]
+        cli = Proc(argv, env=env)
+        rc, out, err, _ = cli.wait(timeout)
+    finally:
+        srv.stop()
+    after = os.times()
+    cpu = (after.children_user - before.children_user) + (after.children_system -
+                                                          before.children_system)
+    if rc != 0:
+        raise RuntimeError(f"{' '.join(argv)} exited {rc}: {err.strip()[-800:]}")
+    return out, err, cpu
+
+
+def free_port():
+    import socket
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+# ---------------------------------------------------------------- the tools, one sample each
+
+class Bench:
+    def __init__(self, args):
+        self.args = args
+        self.fb = os.path.abspath(args.ferry_bench)
+        self.secs = args.seconds
+        self.samples = []
+
+    def add(self, **s):
+        self.samples.append(s)
+        keys = ("suite", "metric", "tool", "size", "gbps", "p50_us", "p99_us")
+        log("  " + " ".join(f"{k}={s[k]:.4g}" if isinstance(s.get(k), float) else f"{k}={s.get(k)}"
+                            for k in keys if k in s))
+
+    def guarded(self, what, fn):
+        try:
+            fn()
+        except Exception as e:  # a peer tool failing must not sink the whole run
+            log(f"  ! {what}: {e}")
+            self.samples.append({"error": f"{what}: {e}"})
+
+    # ferry ---------------------------------------------------------------------------------
+    def ferry(self, suite, metric, size, rep, inflight, host="127.0.0.1", env=None,
+              tool="ferry", extra=()):
+        srv = [self.fb, "serve", "--listen", f"{host}:0", "--sizes", str(size)] + list(extra)
+        cli = [self.fb, "fetch", "--from", "{addr}", "--size", str(size), "--inflight",
+               str(inflight), "--seconds", str(self.secs), "--server-pid", "{pid}"] + list(extra)
+        out, _, _ = run_pair(srv, cli, timeout=120 + 4 * self.secs, env=env, server_ready=True)
+        r = json.loads(out.strip().splitlines()[-1])
+        self.add(suite=suite, metric=metric, tool=tool, size=size, rep=rep, inflight=inflight,
+                 gbps=r["gbps"], p50_us=r["p50_us"], p99_us=r["p99_us"],
+                 fetches_per_s=r["fetches_per_s"], cpu_s_per_gb=r.get("cpu_s_per_gb"),
+                 transport=r["transport"], raw=r)
+
+    def pingpong(self, size, rep, host="127.0.0.1", suite="tcp"):
+        srv = [self.fb, "pingpong-serve", "--listen", f"{host}:0"]
+        cli = [self.fb, "pingpong", "--to", "{addr}", "--size", str(size), "--seconds",
+               str(self.secs)]
+        out, _, _ = run_pair(srv, cli, timeout=60 + 4 * self.secs, server_ready=True)
+        r = json.loads(out.strip().splitlines()[-1])
+        self.add(suite=suite, metric="lat", tool="raw-pingpong", size=size, rep=rep,
+                 gbps=r["gbps"], p50_us=r["p50_us"], p99_us=r["p99_us"],
+                 fetches_per_s=r["fetches_per_s"], raw=r)
+
+    # iperf3 --------------------------------------------------------------------------------
+    def iperf3(self, size, rep):
+        port = free_port()
+        srv = ["iperf3", "-s", "-1", "-p", str(port)]
+        cli = ["iperf3", "-c", "127.0.0.1", "-p", str(port), "-l", str(size), "-t",
+               str(max(1, round(self.secs))), "-J"]
+        out, _, _ = run_pair(srv, cli, timeout=60 + 4 * self.secs, port=port)
+        d = json.loads(out)
+        end = d["end"]
+        secs = end["sum_received"]["seconds"]
+        gbps = end["sum_received"]["bytes"] / secs / 1e9
+        cpu = end["cpu_utilization_percent"]
+        cpu_s = (cpu["host_total"] + cpu["remote_total"]) / 100 * secs
+        self.add(suite="tcp", metric="bw", tool="iperf3", size=size, rep=rep, gbps=gbps,
+                 cpu_s_per_gb=cpu_s / (gbps * secs), raw={"cpu": cpu})
+
+    # ucx_perftest over TCP -------------------------------------------------------------------
+    def ucx(self, test, size, rep):
+        port = free_port()
+        env = {"UCX_TLS": "tcp", "UCX_NET_DEVICES": "lo", "UCX_WARN_UNUSED_ENV_VARS": "n"}
+        rate, most = (3e9, 200000) if test == "tag_bw" else (0.6e9, 5000)
+        iters = int(max(20, min(most, rate * self.secs / max(size, 256))))
+        srv = ["ucx_perftest", "-p", str(port)]
+        cli = ["ucx_perftest", "127.0.0.1", "-p", str(port), "-t", test, "-s", str(size), "-n",
+               str(iters), "-w", str(max(5, iters // 20))]
+        out, _, cpu = run_pair(srv, cli, timeout=120 + 10 * self.secs, env=env, port=port)
+        final = [l for l in out.splitlines() if l.startswith("Final:")]
+        if not final:
+            raise RuntimeError(f"ucx_perftest printed no Final line: {out[-400:]}")
+        f = final[-1].split()
+        # Final: iters  lat50  lat_avg  lat_overall  bw_avg  bw_overall  rate_avg  rate_overall
+        gbps = float(f[6]) * MIB / 1e9  # UCX's MB is 2^20 bytes
+        moved = size * iters
+        self.add(suite="tcp", metric="bw", tool=f"ucx-{test}", size=size, rep=rep, gbps=gbps,
+                 fetches_per_s=float(f[8]), cpu_s_per_gb=cpu / (moved / 1e9),
+                 raw={"final": final[-1], "iters": iters})
+
+    # qperf ---------------------------------------------------------------------------------
+    def qperf(self, metric, size, rep):
+        port = free_port()
+        srv = ["qperf", "-lp", str(port)]
+        test = "tcp_bw" if metric == "bw" else "tcp_lat"
+        cli = ["qperf", "127.0.0.1", "-lp", str(port), "-m", str(size), "-t",
+               str(max(1, round(self.secs))), "-v", "-un", test]
+        out, _, _ = run_pair(srv, cli, timeout=60 + 4 * self.secs, port=port)
+        vals = dict(re.findall(r"^\s+(\w+)\s+=\s+(.+?)\s*$", out, re.M))
+        loc = float(vals["loc_cpus_used"].split()[0]) / 100
+        rem = float(vals["rem_cpus_used"].split()[0]) / 100
+        secs = float(vals["time"].split()[0])
+        if metric == "bw":
+            num, unit = vals["bw"].split()[:2]
+            gbps = float(num) * {"GB/sec": 1, "MB/sec": 1e-3, "KB/sec": 1e-6}[unit]
+            self.add(suite="tcp", metric="bw", tool="qperf", size=size, rep=rep, gbps=gbps,
+                     cpu_s_per_gb=(loc + rem) * secs / (gbps * secs), raw=vals)
+        else:
+            num, unit = vals["latency"].split()[:2]
+            one_way = float(num) * {"us": 1, "ms": 1e3, "sec": 1e6, "ns": 1e-3}[unit]
+            # qperf reports half the round trip of a size-byte echo; a fetch is a round trip.
+            self.add(suite="tcp", metric="lat", tool="qperf-rtt", size=size, rep=rep,
+                     p50_us=2 * one_way, raw=vals)
+
+    # sockperf ------------------------------------------------------------------------------
+    def sockperf(self, size, rep):
+        port = free_port()
+        srv = ["sockperf", "sr", "--tcp", "-i", "127.0.0.1", "-p", str(port)]
+        cli = ["sockperf", "ping-pong", "--tcp", "-i", "127.0.0.1", "-p", str(port), "-m", str(size),
+               "-t", str(max(1, round(self.secs))), "--full-rtt"]
+        out, err, _ = run_pair(srv, cli, timeout=60 + 4 * self.secs, port=port)
+        text = out + err
+        p50 = re.search(r"percentile 50\.000 =\s+([\d.]+)", text)
+        p99 = re.search(r"percentile 99\.000 =\s+([\d.]+)", text)
+        if not p50:
+            raise RuntimeError(f"sockperf: no percentiles in {text[-400:]}")
+        self.add(suite="tcp", metric="lat", tool="sockperf", size=size, rep=rep,
+                 p50_us=float(p50.group(1)), p99_us=float(p99.group(1)) if p99 else None)
+
+    # perftest (in the guest) -----------------------------------------------------------------
+    def perftest(self, tool, size, rep):
+        dev, peer_dev = os.environ["FERRY_RDMA_DEV"], os.environ["FERRY_RDMA_PEER_DEV"]
+        server_ip = os.environ["FERRY_RDMA_PEER_IP"]
+        port = str(free_port())
+        common = ["-s", str(size), "-x", "1", "-F", "-p", port]
+        if tool == "ib_read_bw":
+            common += ["-D", str(max(1, round(self.secs)))]
+        else:
+            common += ["-n", str(self.args.lat_iters)]
+        srv = [tool, "-d", peer_dev] + common
+        cli = [tool, "-d", dev] + common + [server_ip]
+        out, _, cpu = run_pair(srv, cli, timeout=120 + 10 * self.secs, port=int(port))
+        rows = [l.split() for l in out.splitlines()
+                if re.match(r"^\s*\d+\s+\d+\s+[\d.]", l)]
+        if not rows:
+            raise RuntimeError(f"{tool}: no result row in {out[-600:]}")
+        row = rows[-1]
+        if tool == "ib_read_bw":
+            # #bytes #iterations BW peak[MB/sec] BW average[MB/sec] MsgRate[Mpps]
+            gbps = float(row[3]) * 1e6 / 1e9  # perftest's MB/sec is 10^6 bytes
+            self.add(suite="rdma", metric="bw", tool="ib_read_bw", size=size, rep=rep,
+                     gbps=gbps, fetches_per_s=float(row[4]) * 1e6, raw=row)
+        else:
+            # #bytes #iter t_min t_max t_typical t_avg t_stdev 99% 99.9%
+            self.add(suite="rdma", metric="lat", tool="ib_read_lat", size=size, rep=rep,
+                     p50_us=float(row[4]), p99_us=float(row[7]), raw=row)
+
+
+# ---------------------------------------------------------------- suites
+
+def rotate(items, rep):
+    """Alternation: each repetition starts with a different tool."""
+    k = rep % len(items)
+    return items[k:] + items[:k]
+
+
+def bw_inflight(size):
+    return max(2, min(16, (256 * MIB) // size))
+
+
+def suite_tcp(b, sizes, reps):
+    for rep in range(reps):
+        for size in sizes:
+            log(f"tcp size {human(size)} rep {rep + 1}/{reps}")
+            bw = [("ferry", lambda: b.ferry("tcp", "bw", size, rep, bw_inflight(size))),
+                  ("iperf3", lambda: b.iperf3(size, rep)),
+                  ("ucx tag_bw", lambda: b.ucx("tag_bw", size, rep)),
+                  ("ucx ucp_get", lambda: b.ucx("ucp_get", size, rep)),
+                  ("qperf tcp_bw", lambda: b.qperf("bw", size, rep))]
+            lat = [("ferry lat", lambda: b.ferry("tcp", "lat", size, rep, 1)),
+                   ("raw pingpong", lambda: b.pingpong(size, rep)),
+                   ("qperf tcp_lat", lambda: b.qperf("lat", size, rep))]
+            if size <= 60000:  # sockperf's largest message
+                lat.append(("sockperf", lambda: b.sockperf(size, rep)))
+            if size <= 64 * KIB:
+                bw.append(("ferry rate", lambda: b.ferry("tcp", "rate", size, rep, 512)))
+            for what, fn in rotate(bw, rep) + rotate(lat, rep):
+                b.guarded(what, fn)
+
+
+def suite_rdma(b, sizes, reps):
+    host = os.environ["FERRY_RDMA_PEER_IP"]
+    env = {"FERRY_TRANSPORT": "rdma"}
+    for rep in range(reps):
+        for size in sizes:
+            log(f"rdma size {human(size)} rep {rep + 1}/{reps}")
+            bw = [("ferry", lambda: b.ferry("rdma", "bw", size, rep, bw_inflight(size), host, env)),
+                  ("ib_read_bw", lambda: b.perftest("ib_read_bw", size, rep))]
+            lat = [("ferry lat", lambda: b.ferry("rdma", "lat", size, rep, 1, host, env)),
+                   ("ib_read_lat", lambda: b.perftest("ib_read_lat", size, rep))]
+            if size <= 4 * KIB:
+                lat.append(("ferry busy-poll", lambda: b.ferry(
+                    "rdma", "lat", size, rep, 1, host, env, "ferry-busypoll", ["--busy-poll"])))
+                # Where a fetch's time goes: its control messages cross TCP in the same guest.
+                lat.append(("ferry over TCP", lambda: b.ferry(
+                    "rdma", "lat", size, rep, 1, host, {"FERRY_TRANSPORT": "tcp"}, "ferry-tcp")))
+                lat.append(("raw pingpong", lambda: b.pingpong(size, rep, host, "rdma")))
+            for what, fn in rotate(bw, rep) + rotate(lat, rep):
+                b.guarded(what, fn)
+
+
+def suite_registration(b, host, env, quick):
+    views, tensors = (1000, 100) if quick else (10000, 1000)
+    argv = [b.fb, "registration", "--host", host, "--views", str(views), "--tensors",
+            str(tensors)]
+    p = Proc(argv, env=env)
+    rc, out, err, _ = p.wait(1800)
+    if rc != 0:
+        raise RuntimeError(f"registration exited {rc}: {err[-800:]}")
+    for line in out.strip().splitlines():
+        r = json.loads(line)
+        b.add(suite="registration", tool="ferry", transport=r["transport"], case=r["case"],
+              count=r["count"], size=r["bytes"], raw=r)
+
+
+def suite_scale(b, quick):
+    size = 64 * KIB
+    srv = Proc([b.fb, "serve", "--listen", "127.0.0.1:0", "--sizes", str(size)], ready=True)
+    try:
+        peers = "1,16,256" if quick else "1,16,256,1024"
+        p = Proc([b.fb, "scale", "--from", srv.address, "--size", str(size), "--peers", peers,
+                  "--inflight", "1,4096", "--seconds", str(b.secs), "--server-pid", str(srv.pid)])
+        rc, out, err, _ = p.wait(900)
+        if rc != 0:
+            raise RuntimeError(f"scale exited {rc}: {err[-800:]}")
+    finally:
+        srv.stop()
+    for line in out.strip().splitlines():
+        r = json.loads(line)
+        b.add(suite="scale", tool="ferry", size=size, peers=r["peers"], inflight=r["inflight"],
+              gbps=r["gbps"], p50_us=r["p50_us"], p99_us=r["p99_us"],
+              fetches_per_s=r["fetches_per_s"], raw=r)
+
+
+def suite_misc(b, host="127.0.0.1", env=None, suite="tcp"):
+    out = subprocess.run([b.fb, "memcpy", "--size", "64M"], capture_output=True, text=True,
+                         timeout=60).stdout
+    r = json.loads(out)
+    b.add(suite=suite, metric="memcpy", tool="memcpy", size=64 * MIB, gbps=r["gbps"])
+    srv = Proc([b.fb, "serve", "--listen", f"{host}:0", "--sizes", "8"], env=env, ready=True)
+    try:
+        p = Proc([b.fb, "fetch", "--from", srv.address, "--size", "8", "--inflight", "0",
+                  "--seconds", "3", "--server-pid", str(srv.pid)], env=env)
+        rc, out, err, _ = p.wait(60)
+    finally:
+        srv.stop()
+    if rc != 0:
+        raise RuntimeError(f"idle exited {rc}: {err[-400:]}")
+    r = json.loads(out)
+    b.add(suite=suite, metric="idle", tool="ferry", transport=r["transport"],
+          cpu_idle_pct=100 * (r["cpu_client_s"] + r["cpu_server_s"]) / r["seconds"], raw=r)
+
+
+# ---------------------------------------------------------------- report
+
+def stat(values):
+    v = [x for x in values if isinstance(x, (int, float))]
+    if not v:
+        return None
+    return {"median": statistics.median(v), "min": min(v), "max": max(v), "n": len(v)}
+
+
+def fmt(s, key_digits=3):
+    if not s:
+        return "-"
+    m = s["median"]
+    if s["n"] == 1:
+        return f"{m:.{key_digits}g}"
+    return f"{m:.{key_digits}g} [{s['min']:.{key_digits}g}-{s['max']:.{key_digits}g}]"
+
+
+def medians(samples, suite, metric, tool, key):
+    out = {}
+    for s in samples:
+        if s.get("suite") == suite and s.get("metric") == metric and s.get("tool") == tool:
+            out.setdefault(s["size"], []).append(s.get(key))
+    return {size: stat(v) for size, v in out.items()}
+
+
+PEERS = {
+    ("tcp", "bw"): ["iperf3", "ucx-tag_bw", "ucx-ucp_get", "qperf"],
+    ("tcp", "lat"): ["raw-pingpong", "sockperf", "qperf-rtt"],
+    ("rdma", "bw"): ["ib_read_bw"],
+    ("rdma", "lat"): ["ib_read_lat", "ferry-busypoll", "ferry-tcp", "raw-pingpong"],
+}
+
+
+def table(samples, suite, metric):
+    key = "gbps" if metric == "bw" else "p50_us"
+    unit = "GB/s" if metric == "bw" else "p50 us"
+    ferry = medians(samples, suite, metric, "ferry", key)
+    if not ferry:
+        return []
+    peers = [p for p in PEERS[(suite, metric)] if medians(samples, suite, metric, p, key)]
+    lines = [f"\n{suite.upper()} {'bandwidth' if metric == 'bw' else 'latency'} ({unit}; "
+             f"median [min-max] of the repetitions; ratio = ferry / peer, medians)"]
+    head = f"{'size':>6} {'ferry':>22}"
+    for p in peers:
+        head += f" | {p:>22} {'ratio':>6}"
+    lines.append(head)
+    extra = []
+    for size in sorted(ferry):
+        f = ferry[size]
+        row = f"{human(size):>6} {fmt(f):>22}"
+        for p in peers:
+            ps = medians(samples, suite, metric, p, key).get(size)
+            ratio = f["median"] / ps["median"] if f and ps and ps["median"] else None
+            row += f" | {fmt(ps):>22} {('%.2f' % ratio) if ratio else '-':>6}"
+        lines.append(row)
+        if metric == "lat":
+            p99 = stat([s.get("p99_us") for s in samples if s.get("suite") == suite and
+                        s.get("metric") == "lat" and s.get("tool") == "ferry" and
+                        s.get("size") == size])
+            extra.append(f"{human(size):>6} ferry p99 {fmt(p99)} us")
+        else:
+            cpu = stat([s.get("cpu_s_per_gb") for s in samples if s.get("suite") == suite and
+                        s.get("metric") == "bw" and s.get("tool") == "ferry" and
+                        s.get("size") == size])
+            fps = stat([s.get("fetches_per_s") for s in samples if s.get("suite") == suite and
+                        s.get("metric") == "bw" and s.get("tool") == "ferry" and
+                        s.get("size") == size])
+            extra.append(f"{human(size):>6} ferry {fmt(fps)} fetches/s, CPU {fmt(cpu)} s/GB")
+    lines += extra
+    return lines
+
+
+def rate_table(samples):
+    rate = medians(samples, "tcp", "rate", "ferry", "fetches_per_s")
+    if not rate:
+        return []
+    lines = ["\nTCP fetches per second, 512 in flight (median [min-max])"]
+    for size in sorted(rate):
+        lines.append(f"{human(size):>6} {fmt(rate[size])}")
+    return lines
+
+
+def targets(samples):
+    """The issue's targets, evaluated on this run's medians."""
+    out = ["\nTargets (medians of this run)"]
+
+    def med(suite, metric, tool, size, key):
+        s = medians(samples, suite, metric, tool, key).get(size)
+        return s["median"] if s else None
+
+    def verdict(ok):
+        return "MET" if ok else "SHORT"
+
+    for size in sorted({s["size"] for s in samples if s.get("suite") == "tcp" and
+                        s.get("metric") == "bw" and s.get("tool") == "ferry"}):
+        if size < MIB:
+            continue
+        f = med("tcp", "bw", "ferry", size, "gbps")
+        best = max([v for v in (med("tcp", "bw", t, size, "gbps")
+                                for t in ("iperf3", "ucx-tag_bw")) if v] or [0])
+        get = med("tcp", "bw", "ucx-ucp_get", size, "gbps")
+        if f and best:
+            out.append(f"  TCP {human(size)}: ferry/best streaming peer = {f / best:.2f} "
+                       f"(target >= 1.0): {verdict(f >= best)}")
+        if f and get:
+            out.append(f"  TCP {human(size)}: ferry/ucx ucp_get = {f / get:.2f} "
+                       f"(target >= 3.0): {verdict(f >= 3 * get)}")
+    for size in sorted({s["size"] for s in samples if s.get("suite") == "tcp" and
+                        s.get("metric") == "lat" and s.get("tool") == "ferry"}):
+        if size > 4 * KIB:
+            continue
+        f = med("tcp", "lat", "ferry", size, "p50_us")
+        raw = med("tcp", "lat", "raw-pingpong", size, "p50_us")
+        if f and raw:
+            out.append(f"  TCP {human(size)} latency p50: ferry/raw ping-pong = {f / raw:.2f} "
+                       f"(target <= 1.3): {verdict(f <= 1.3 * raw)}")
+    for size in sorted({s["size"] for s in samples if s.get("suite") == "rdma" and
+                        s.get("tool") == "ferry" and "size" in s}):
+        f = med("rdma", "bw", "ferry", size, "gbps")
+        ib = med("rdma", "bw", "ib_read_bw", size, "gbps")
+        if size >= 64 * KIB and f and ib:
+            out.append(f"  RDMA {human(size)}: ferry/ib_read_bw = {f / ib:.2f} "
+                       f"(target >= 0.95): {verdict(f >= 0.95 * ib)}")
+        fl = med("rdma", "lat", "ferry", size, "p50_us")
+        il = med("rdma", "lat", "ib_read_lat", size, "p50_us")
+        if size <= 4 * KIB and fl and il:
+            out.append(f"  RDMA {human(size)} latency p50: ferry/ib_read_lat = {fl / il:.2f} "
+                       f"(target <= 1.3): {verdict(fl <= 1.3 * il)}")
+    for s in samples:
+        if s.get("suite") == "registration" and s.get("case") == "views":
+            r = s["raw"]
+            ms = r["registration_s"] * 1e3
+            out.append(f"  {r['count']} x {human(r['bytes'])} views ({r['transport']}) "
+                       f"registered in {ms:.1f} ms (target < 100 ms): {verdict(ms < 100)}")
+    for s in samples:
+        if s.get("metric") == "idle":
+            out.append(f"  idle CPU with a peer connected ({s['transport']}): "
+                       f"{s['cpu_idle_pct']:.2f} % of a core (both processes)")
+    return out
+
+
+def other_tables(samples):
+    lines = []
+    reg = [s for s in samples if s.get("suite") == "registration"]
+    if reg:
+        lines.append("\nRegistration (put = make fetchable; registration = put + extra time of "
+                     "the first fetch pass; pass 2 = every registration cached on the owner)")
+        lines.append(f"{'case':>26} {'transport':>9} {'put ms':>8} {'reg ms':>8} "
+                     f"{'pass1 s':>8} {'pass2 s':>8} {'GB/s':>6} {'owner regs':>10} "
+                     f"{'fetcher regs':>12}")
+        for s in reg:
+            r = s["raw"]
+            oc = (r.get("owner_counters") or {}).get("registrations", "-")
+            fc = (r.get("fetcher_counters") or {}).get("registrations", "-")
+            name = f"{r['count']} x {human(r['bytes'])} {r['case']}"
+            lines.append(f"{name:>26} {r['transport']:>9} {r['put_s'] * 1e3:8.1f} "
+                         f"{r['registration_s'] * 1e3:8.1f} {r['pass1_s']:8.2f} "
+                         f"{r['pass2_s']:8.2f} {r['pass2_gbps']:6.2f} {oc:>10} {fc:>12}")
+    sc = [s for s in samples if s.get("suite") == "scale"]
+    if sc:
+        lines.append("\nScale (TCP, 64 KiB objects, one server; RSS in MiB)")
+        lines.append(f"{'peers':>6} {'inflight':>8} {'GB/s':>6} {'fetches/s':>10} "
+                     f"{'p50 us':>9} {'p99 us':>9} {'srv RSS idle':>12} {'srv RSS busy':>12} "
+                     f"{'cli RSS busy':>12}")
+        for s in sc:
+            r = s["raw"]
+            lines.append(f"{r['peers']:>6} {r['inflight']:>8} {r['gbps']:6.2f} "
+                         f"{r['fetches_per_s']:10.0f} {r['p50_us']:9.0f} {r['p99_us']:9.0f} "
+                         f"{r['server_rss_idle'] / MIB:12.1f} {r['server_rss_busy'] / MIB:12.1f} "
+                         f"{r['client_rss_busy'] / MIB:12.1f}")
+    for s in samples:
+        if s.get("metric") == "memcpy":
+            lines.append(f"\nSingle-core memcpy ({s['suite']}): {s['gbps']:.2f} GB/s "
+                         f"(loopback TCP copies every byte twice)")
+    return lines
+
+
+def plots(samples, out_dir):
+    if not shutil.which("gnuplot"):
+        log("gnuplot not found: no plots")
+        return []
+    made = []
+    for suite in ("tcp", "rdma"):
+        for metric, key, ylabel in (("bw", "gbps", "GB/s"), ("lat", "p50_us", "p50 latency (us)")):
+            tools = ["ferry"] + PEERS[(suite, metric)]
+            series = []
+            for t in tools:
+                m = medians(samples, suite, metric, t, key)
+                pts = [(size, s["median"]) for size, s in sorted(m.items()) if s]
+                if pts:
+                    series.append((t, pts))
+            if not series:
+                continue
+            png = os.path.join(out_dir, f"{suite}-{metric}.png")
+            dat = os.path.join(out_dir, f"{suite}-{metric}.dat")
+            with open(dat, "w") as f:
+                for t, pts in series:
+                    f.write(f"# {t}\n")
+                    for x, y in pts:
+                        f.write(f"{x} {y}\n")
+                    f.write("\n\n")
+            title = f"{suite.upper()} {'bandwidth' if metric == 'bw' else 'latency'} vs size"
+            plot = ", ".join(f"'{dat}' index {i} with linespoints lw 2 title '{t}'"
+                             for i, (t, _) in enumerate(series))
+            script = (f"set terminal pngcairo size 900,560 font ',11'\nset output '{png}'\n"
+                      f"set title '{title}'\nset logscale x 2\nset logscale y 10\n"
+                      "set format x '%.0b%B'\nset xlabel 'object / message size (bytes)'\n"
+                      f"set ylabel '{ylabel}'\nset grid\nset key left top\nplot {plot}\n")
+            subprocess.run(["gnuplot"], input=script, text=True, check=False, timeout=60)
+            if os.path.exists(png):
+                made.append(png)
+    return made
+
+
+def machine():
+    cpu = ""
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / (1 << 30)
+    return (f"{os.cpu_count()} CPUs ({cpu}), {mem:.0f} GiB RAM, Linux {platform.release()}, "
+            f"load average at start {os.getloadavg()[0]:.2f}")
+
+
+def report(samples, out_dir, meta):
+    lines = [f"ferry bench: {meta['machine']}", f"command: {meta['command']}"]
+    for suite, metric in (("tcp", "bw"), ("tcp", "lat"), ("rdma", "bw"), ("rdma", "lat")):
+        lines += table(samples, suite, metric)
+    lines += rate_table(samples)
+    lines += other_tables(samples)
+    lines += targets(samples)
+    errors = [s["error"] for s in samples if "error" in s]
+    if errors:
+        lines.append(f"\n{len(errors)} samples failed:")
+        lines += ["  " + e[:300] for e in errors]
+    text = "\n".join(lines) + "\n"
+    with open(os.path.join(out_dir, "report.txt"), "w") as f:
+        f.write(text)
+    print(text, flush=True)
+
+
+# ---------------------------------------------------------------- main
+
+def guest_part(b, args):
+    """Inside the soft-RoCE guest: the RDMA suite, RDMA registration, RDMA idle/busy-poll."""
+    sizes = args.sizes or (QUICK_RDMA_SIZES if args.quick else FULL_RDMA_SIZES)
+    if "rdma" in args.suites:
+        suite_rdma(b, sizes, args.reps)
+    host = os.environ["FERRY_RDMA_PEER_IP"]
+    env = {"FERRY_TRANSPORT": "rdma"}
+    if "registration" in args.suites:
+        b.guarded("registration (RDMA)", lambda: suite_registration(b, host, env, args.quick))
+    if "misc" in args.suites:
+        b.guarded("idle (RDMA)", lambda: suite_misc(b, host, env, "rdma"))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--ferry-bench", default=os.path.join(ROOT, "build", "bench", "ferry-bench"))
+    ap.add_argument("--out", default=None, help="results folder (default: beside ferry-bench)")
+    ap.add_argument("--quick", action="store_true", help="fewer sizes, shorter runs")
+    ap.add_argument("--reps", type=int, default=None)
+    ap.add_argument("--seconds", type=float, default=None, help="per sample")
+    ap.add_argument("--lat-iters", type=int, default=None, help="ib_read_lat iterations")
+    ap.add_argument("--suites", default="tcp,rdma,registration,scale,misc")
+    ap.add_argument("--sizes", default=None, help="comma-separated sizes in bytes (both suites)")
+    ap.add_argument("--guest-mem", type=int, default=6144, help="MiB for the soft-RoCE guest")
+    ap.add_argument("--inside-guest", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    args.suites = set(args.suites.split(","))
+    args.sizes = [int(x) for x in args.sizes.split(",")] if args.sizes else None
+    if args.reps is None:
+        args.reps = 2 if args.quick else 3
+    if args.seconds is None:
+        args.seconds = 0.5 if args.quick else 1.0
+    if args.lat_iters is None:
+        args.lat_iters = 300 if args.quick else 1000
+    out_dir = os.path.abspath(args.out or os.path.join(os.path.dirname(
+        os.path.abspath(args.ferry_bench)), "results"))
+    os.makedirs(out_dir, exist_ok=True)
+    b = Bench(args)
+    if not os.access(b.fb, os.X_OK):
+        sys.exit(f"run.py: {b.fb} not built (make bench builds it)")
+
+    if args.inside_guest:
+        guest_part(b, args)
+        with open(os.path.join(out_dir, "rdma-samples.json"), "w") as f:
+            json.dump(b.samples, f, indent=1)
+        return
+
+    started = time.time()
+    meta = {"machine": machine(), "command": " ".join(sys.argv),
+            "started": time.strftime("%Y-%m-%d %H:%M:%S")}
+    log(f"ferry bench on {meta['machine']}")
+    if "misc" in args.suites:
+        b.guarded("misc", lambda: suite_misc(b))
+    if "tcp" in args.suites:
+        suite_tcp(b, args.sizes or (QUICK_TCP_SIZES if args.quick else FULL_TCP_SIZES), args.reps)
+    if "registration" in args.suites:
+        b.guarded("registration (TCP)", lambda: suite_registration(b, "127.0.0.1", {}, True))
+    if "scale" in args.suites:
+        b.guarded("scale", lambda: suite_scale(b, args.quick))
+    if args.suites & {"rdma", "registration", "misc"}:
+        vm = os.path.join(ROOT, "tests", "softroce", "ferry-vm")
+        argv = [vm, "--cwd", ROOT, "--rw", out_dir, "--mem", str(args.guest_mem),
+                "--timeout", "2400", "--", "python3", os.path.join(HERE, "run.py"),
+                "--inside-guest", "--ferry-bench", b.fb, "--out", out_dir,
+                "--reps", str(args.reps), "--seconds", str(args.seconds),
+                "--lat-iters", str(args.lat_iters), "--suites", ",".join(args.suites)]
+        if args.sizes:
+            argv += ["--sizes", ",".join(map(str, args.sizes))]
+        if args.quick:
+            argv.append("--quick")
+        log("RDMA part: inside the soft-RoCE guest")
+        rdma_file = os.path.join(out_dir, "rdma-samples.json")
+        if os.path.exists(rdma_file):
+            os.remove(rdma_file)
+        rc = subprocess.run(argv, timeout=2700).returncode
+        if rc == 77:
+            log("SKIPPED: the RDMA part (the soft-RoCE guest cannot run here)")
+            b.samples.append({"error": "RDMA part skipped: soft-RoCE guest cannot run here"})
+        elif os.path.exists(rdma_file):
+            b.samples += json.load(open(rdma_file))
+        if rc not in (0, 77):
+            b.samples.append({"error": f"the soft-RoCE guest exited {rc}"})
+    meta["seconds"] = round(time.time() - started, 1)
+    meta["load_at_end"] = os.getloadavg()[0]
+    with open(os.path.join(out_dir, "samples.json"), "w") as f:
+        json.dump({"meta": meta, "samples": b.samples}, f, indent=1)
+    report(b.samples, out_dir, meta)
+    for png in plots(b.samples, out_dir):
+        log(f"plot: {png}")
+    log(f"samples: {os.path.join(out_dir, 'samples.json')}; took {meta['seconds']} s")
+
+
+if __name__ == "__main__":
+    main()
