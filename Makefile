@@ -64,6 +64,18 @@ fuzz: deps
 	  test $${PIPESTATUS[0]} -eq 0 || exit 1; \
 	done
 
+# ferry beside the tools users trust, in one run: iperf3, ucx_perftest, qperf, sockperf and a raw
+# socket ping-pong over loopback TCP; ib_read_bw / ib_read_lat beside ferry's RDMA READ inside the
+# soft-RoCE guest; registration and scale benchmarks. Installs the peer tools (Debian packages).
+# Table on stdout; samples.json, report.txt and PNG plots in $(BUILD)/bench/results.
+# BENCH_QUICK=1: fewer sizes, two short repetitions. BENCH_ARGS: more bench/run.py options.
+.PHONY: bench
+BENCH_QUICK ?=
+BENCH_ARGS ?=
+bench: build
+	@scripts/install-deps.sh softroce bench
+	python3 bench/run.py --ferry-bench $(BUILD)/bench/ferry-bench $(if $(BENCH_QUICK),--quick) $(BENCH_ARGS)
+
 # The demo over RDMA: serve on rxe1, fetch on rxe0, inside the soft-RoCE guest.
 demo-rdma: build
 	@scripts/demo-rdma.sh $(BUILD)

@@ -9,11 +9,13 @@ packages=(
     libgtest-dev libgmock-dev libibverbs-dev librdmacm-dev libssl-dev
     clang-format clang
 )
-# Extra groups: `install-deps.sh softroce` adds what the soft-RoCE test tier needs.
+# Extra groups: `install-deps.sh softroce` adds what the soft-RoCE test tier needs; `bench` the
+# peer tools `make bench` runs beside ferry, python3 for its driver and gnuplot for its plots.
 for extra in "$@"; do
   case "$extra" in
     # busybox-static is left out: it conflicts with Debian's busybox; ferry-vm unpacks its .deb.
     softroce) packages+=(qemu-system-x86 iproute2 kmod ibverbs-providers rdma-core xz-utils) ;;
+    bench) packages+=(python3 iperf3 perftest ucx-utils qperf sockperf gnuplot-nox) ;;
     *) echo "install-deps: unknown group '$extra'" >&2; exit 2 ;;
   esac
 done
