@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# A few seconds of ferry-bench: serve + fetch (window and latency), the raw ping-pong and memcpy
+# each produce one sane JSON line. The real comparison is `make bench`.
+# Usage: bench/smoke_test.sh path/to/ferry-bench
+set -euo pipefail
+fb=${1:?usage: smoke_test.sh path/to/ferry-bench}
+work=$(mktemp -d)
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+fail() { echo "smoke: $*" >&2; exit 1; }
+
+# start VAR COMMAND...: starts COMMAND in the background, sets VAR to the address from its
+# "ready HOST:PORT" line (waited up to 10 s) and last_pid to its process id.
+start() {
+  local var=$1
+  shift
+  local out=$work/server.${#pids[@]}
+  "$@" >"$out" 2>&1 &
+  last_pid=$!
+  pids+=("$last_pid")
+  for _ in $(seq 1 100); do
+    grep -q '^ready ' "$out" 2>/dev/null && break
+    sleep 0.1
+  done
+  local a
+  a=$(awk '/^ready /{print $2}' "$out")
+  [[ -n "$a" ]] || fail "$1 $2 did not start: $(cat "$out")"
+  printf -v "$var" '%s' "$a"
+}
+
+# Checks that JSON line $1 has a positive number for every key in $2...
+positive() {
+  local line=$1
+  shift
+  for key in "$@"; do
+    local v
+    v=$(sed -n "s/.*\"$key\": \([-0-9.e+]*\).*/\1/p" <<<"$line")
+    awk -v v="$v" 'BEGIN { exit !(v + 0 > 0) }' || fail "$key is not positive in: $line"
+  done
+}
+
+start addr "$fb" serve --listen 127.0.0.1:0 --sizes 8,1M
+server_pid=$last_pid
+line=$("$fb" fetch --from "$addr" --size 1M --inflight 4 --seconds 0.3 --warmup 0.1 \
+  --server-pid "$server_pid")
+echo "$line"
+grep -q '"transport": "TCP"' <<<"$line" || fail "not over TCP: $line"
+positive "$line" gbps fetches_per_s p50_us p99_us cpu_s_per_gb
+line=$("$fb" fetch --from "$addr" --size 8 --inflight 1 --seconds 0.3 --warmup 0.1)
+echo "$line"
+positive "$line" fetches_per_s p50_us
+line=$("$fb" fetch --from "$addr" --size 8 --inflight 0 --seconds 0.2 --server-pid "$server_pid")
+echo "$line"
+grep -q '"bench": "idle"' <<<"$line" || fail "no idle result: $line"
+
+start ppaddr "$fb" pingpong-serve --listen 127.0.0.1:0
+line=$("$fb" pingpong --to "$ppaddr" --size 4K --seconds 0.3 --warmup 0.1)
+echo "$line"
+positive "$line" gbps p50_us
+
+line=$("$fb" memcpy --size 1M --seconds 0.1)
+echo "$line"
+positive "$line" gbps
+echo "smoke: ok"
