@@ -37,6 +37,7 @@ int main(int argc, char** argv) {
   s->add_option("--sizes", serve.sizes, "Object sizes, e.g. 8,4K,1M")->capture_default_str();
   s->add_option("--threads", serve.threads, "io_context threads")->capture_default_str();
   s->add_flag("--busy-poll", serve.busy_poll, "Poll RDMA completion queues");
+  s->add_option("--max-requests", serve.max_requests, "Requests one peer may have served at once");
 
   FetchArgs fetch;
   std::string fetch_size = "1M";

@@ -31,6 +31,7 @@ int run_serve(const ServeArgs& args) {
   options.name = "ferry-bench-serve";
   options.threads = args.threads;
   options.busy_poll = args.busy_poll;
+  if (args.max_requests) options.max_requests_per_peer = args.max_requests;
   auto ctx = Context::create(options);
   if (!ctx) {
     std::fprintf(stderr, "ferry-bench serve: %s\n", ctx.error().message().c_str());
