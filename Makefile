@@ -5,7 +5,7 @@ JOBS     ?= $(shell nproc)
 PREFIX   ?= /usr/local
 CMAKE_FLAGS ?=
 
-.PHONY: all deps build demo demo-rdma test test-asan test-tsan fuzz format format-check install clean
+.PHONY: all deps build demo demo-rdma test test-asan test-tsan fuzz soak soak-rdma format format-check install clean
 
 all: build
 
@@ -63,6 +63,17 @@ fuzz: deps
 	    grep -E "^#[0-9]+.*DONE|stat::number_of_executed_units|ERROR|SUMMARY|Test unit written" ; \
 	  test $${PIPESTATUS[0]} -eq 0 || exit 1; \
 	done
+
+# Ten minutes of fetches, aborts, deadlines, SIGKILLed fetchers and owners and reconnects across
+# several peers, checksums on every byte; fails on any hang, corruption or leak (tests/soak_main.cc).
+# soak-rdma: the same inside the soft-RoCE guest, over RDMA.
+SOAK_SECONDS ?= 600
+soak: build
+	$(BUILD)/tests/ferry_soak $(SOAK_SECONDS)
+
+soak-rdma: build
+	tests/softroce/ferry-vm --cwd $(BUILD) --timeout $$(( $(SOAK_SECONDS) + 300 )) -- \
+	  env FERRY_TEST_TRANSPORT=RDMA tests/ferry_soak $(SOAK_SECONDS)
 
 # ferry beside the tools users trust, in one run: iperf3, ucx_perftest, qperf, sockperf and a raw
 # socket ping-pong over loopback TCP; ib_read_bw / ib_read_lat beside ferry's RDMA READ inside the

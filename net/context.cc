@@ -20,6 +20,7 @@
 #include "net/log.h"
 #include "net/registry.h"
 #include "net/session.h"
+#include "net/socket_util.h"
 #include "net/wire_convert.h"
 
 namespace ferry {
@@ -184,6 +185,7 @@ void Context::Impl::accept_next() {
 // A new connection's first frame says what it is: Hello (a peer) or AttachChannel (a data
 // channel of an existing session). Read exactly one frame, with a deadline.
 void Context::Impl::on_accepted(tcp::socket socket) {
+  close_on_exec(socket.native_handle());
   struct Greeting {
     tcp::socket socket;
     asio::steady_timer timer;
@@ -380,6 +382,7 @@ Result<uint16_t> Context::listen(std::string_view host_port) {
   tcp::endpoint endpoint = results.begin()->endpoint();
   tcp::acceptor acceptor(impl_->io);
   acceptor.open(endpoint.protocol(), ec);
+  if (!ec) close_on_exec(acceptor.native_handle());
   if (!ec) acceptor.set_option(tcp::acceptor::reuse_address(true), ec);
   if (!ec) acceptor.bind(endpoint, ec);
   if (!ec) acceptor.listen(asio::socket_base::max_listen_connections, ec);
@@ -449,6 +452,7 @@ void Context::start_connect(std::shared_ptr<Impl> impl, std::string address,
                 return deliver(std::move(op->handler),
                                op->timed_out ? errc::timed_out : errc::connection_failed, {});
               }
+              close_on_exec(op->socket.native_handle());
               auto session = std::make_shared<Session>(impl, std::move(op->socket), true, address);
               impl->add_session(session);
               asio::post(session->strand(), [impl, op, session, deliver] {

@@ -10,6 +10,7 @@
 #include "net/auth.h"
 #include "net/errors.h"
 #include "net/log.h"
+#include "net/socket_util.h"
 #include "net/wire_convert.h"
 
 namespace ferry {
@@ -831,6 +832,7 @@ void Session::async_open_side_connection(std::string_view transport_name,
   op->socket.async_connect(
       endpoint, asio::bind_executor(strand_, [self, op](boost::system::error_code ec) {
         if (ec) return op->finish(errc::connection_failed);
+        close_on_exec(op->socket.native_handle());
         boost::system::error_code ignored;
         op->socket.set_option(tcp::no_delay(true), ignored);
         asio::async_write(

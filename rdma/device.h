@@ -44,6 +44,8 @@ class Device {
   // A type-2 window on this PD, counted in windows_live(); null with errno set on failure.
   MwHandle alloc_window();
   uint64_t windows_live() const { return windows_live_.load(std::memory_order_relaxed); }
+  // Queue pairs created on this device and not yet destroyed (kept by RdmaChannel).
+  std::atomic<uint64_t>& queue_pairs_live() { return queue_pairs_live_; }
 
   // Registrations that peers READ from (owner side) and that READs land in (fetcher side).
   MrCache& remote_cache() { return remote_cache_; }
@@ -58,6 +60,7 @@ class Device {
   ibv_device_attr attr_{};
   bool memory_windows_ = false;
   std::atomic<uint64_t> windows_live_{0};
+  std::atomic<uint64_t> queue_pairs_live_{0};
   std::vector<Address> addresses_;
   MrCache remote_cache_;
   MrCache local_cache_;

@@ -22,12 +22,14 @@ bool register_rdma_transport();
 struct RegistrationCounters {
   uint64_t registrations = 0;  // ibv_reg_mr calls
   uint64_t deregistrations = 0;
-  uint64_t hits = 0;     // buffers served by an existing registration
-  uint64_t live = 0;     // registered regions now
-  uint64_t windows = 0;  // memory windows allocated now (one per granted tensor while leased)
+  uint64_t hits = 0;         // buffers served by an existing registration
+  uint64_t live = 0;         // registered regions now
+  uint64_t windows = 0;      // memory windows allocated now (one per granted tensor while leased)
+  uint64_t queue_pairs = 0;  // queue pairs that exist now (one per connected peer)
 };
 
-// Summed over the devices of `ctx`'s RDMA transport; nullopt when it has none.
+// Summed over the devices of `ctx`'s RDMA transport; nullopt when it has none. Gauges for leak
+// checks (live, windows, queue_pairs) and counters of work done.
 std::optional<RegistrationCounters> registration_counters(Context& ctx);
 
 // Fault injection (tests, soak runs): moves every queue pair of `ctx`'s RDMA transport to the

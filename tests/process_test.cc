@@ -10,73 +10,15 @@
 #include <string>
 #include <vector>
 
+#include "tests/child_process.h"
 #include "tests/test_util.h"
 
 namespace ferry::test {
 namespace {
 
-// A child process running the test server; killed (and reaped) on destruction.
-class ServerProcess {
- public:
-  // With `ready_line` "fetching", runs the fetching mode instead (args after "fetch").
-  explicit ServerProcess(const std::vector<std::string>& sizes,
-                         const std::string& ready_line = "ready") {
-    int fds[2];
-    EXPECT_EQ(::pipe(fds), 0);
-    pid_ = ::fork();
-    if (pid_ == 0) {
-      ::dup2(fds[1], STDOUT_FILENO);
-      ::close(fds[0]);
-      ::close(fds[1]);
-      std::vector<char*> argv{const_cast<char*>(FERRY_TEST_SERVER)};  // then the arguments
-      for (const auto& s : sizes) argv.push_back(const_cast<char*>(s.c_str()));
-      argv.push_back(nullptr);
-      ::execv(FERRY_TEST_SERVER, argv.data());
-      ::_exit(127);
-    }
-    ::close(fds[1]);
-    out_ = fds[0];
-    for (std::string line; read_line(line, 20s) && line != ready_line;) {
-      if (line.rfind("listening ", 0) == 0) address = test_host() + ":" + line.substr(10);
-      if (line.rfind("ref ", 0) == 0) refs.push_back(*ObjectRef::from_string(line.substr(4)));
-    }
-    if (ready_line == "ready") EXPECT_FALSE(address.empty()) << "test server did not start";
-  }
-  ~ServerProcess() {
-    kill(SIGKILL);
-    if (out_ >= 0) ::close(out_);
-  }
-  void kill(int sig) {
-    if (pid_ <= 0) return;
-    ::kill(pid_, sig);
-    if (sig == SIGKILL) {
-      ::waitpid(pid_, nullptr, 0);
-      pid_ = -1;
-    }
-  }
-
-  std::string address;
-  std::vector<ObjectRef> refs;
-
- private:
-  bool read_line(std::string& line, std::chrono::milliseconds timeout) {
-    line.clear();
-    for (;;) {
-      pollfd p{out_, POLLIN, 0};
-      if (::poll(&p, 1, static_cast<int>(timeout.count())) <= 0) return false;
-      char c;
-      if (::read(out_, &c, 1) != 1) return false;
-      if (c == '\n') return true;
-      line.push_back(c);
-    }
-  }
-  pid_t pid_ = -1;
-  int out_ = -1;
-};
-
 TEST(Process, ServerKilledMidFetchFailsEveryPendingFutureWithPeerScope) {
   constexpr size_t kBig = 256u << 20;
-  ServerProcess doomed({std::to_string(kBig), std::to_string(kBig), "1000"});
+  ChildProcess doomed({std::to_string(kBig), std::to_string(kBig), "1000"});
   ASSERT_EQ(doomed.refs.size(), 3u);
   Context client(client_options("survivor"));
   auto peer = connect_or_fail(client, doomed.address);
@@ -103,17 +45,11 @@ TEST(Process, ServerKilledMidFetchFailsEveryPendingFutureWithPeerScope) {
   EXPECT_EQ(scope_of(peer.fetch(doomed.refs[2]).wait(5s)), Scope::peer);
 
   // The client is healthy: it connects to another server and fetches byte-exact.
-  ServerProcess other({"5000000"});
+  ChildProcess other({"5000000"});
   auto peer2 = connect_or_fail(client, other.address);
   auto req = peer2.fetch(other.refs.at(0));
   ASSERT_FALSE(req.wait(20s));
   EXPECT_TRUE(same_bytes(req.result().tensors[0], *make_pattern(5000000, 1)));
-}
-
-size_t open_fds() {
-  size_t n = 0;
-  for ([[maybe_unused]] const auto& e : std::filesystem::directory_iterator("/proc/self/fd")) ++n;
-  return n;
 }
 
 TEST(Process, FetcherKilledMidFetchLeavesTheServerClean) {
@@ -129,8 +65,8 @@ TEST(Process, FetcherKilledMidFetchLeavesTheServerClean) {
   const size_t peers_before = server.ctx.peer_count();
   for (int round = 0; round < 3; ++round) {
     {
-      ServerProcess fetcher({"fetch", server.address(), big_ref.to_string(), small_ref.to_string()},
-                            "fetching");
+      ChildProcess fetcher({"fetch", server.address(), big_ref.to_string(), small_ref.to_string()},
+                           "fetching");
       std::this_thread::sleep_for(std::chrono::milliseconds(30 + 40 * round));
       fetcher.kill(SIGKILL);
     }  // (its pipe to this process is closed here)
@@ -152,8 +88,30 @@ TEST(Process, FetcherKilledMidFetchLeavesTheServerClean) {
   }
 }
 
+// A process the application spawns must not inherit ferry's connections: it would keep them
+// open after this process closes them (or dies), and peers would not see the reset.
+TEST(Process, SpawnedProcessesInheritNoFerrySocket) {
+  Server server;
+  auto ref = server.put(make_pattern(100000, 9));
+  Context client(client_options("client"));
+  auto peer = connect_or_fail(client, server.address());
+  ASSERT_FALSE(peer.fetch(ref).wait(30s));  // metadata and data channels are open now
+  size_t sockets = 0;
+  for (const auto& e : std::filesystem::directory_iterator("/proc/self/fd")) {
+    std::error_code ec;
+    const auto target = std::filesystem::read_symlink(e.path(), ec).string();
+    if (ec || target.rfind("socket:", 0) != 0) continue;
+    const int fd = std::stoi(e.path().filename().string());
+    const int flags = ::fcntl(fd, F_GETFD);
+    if (flags < 0) continue;  // the directory iterator's own descriptor, gone by now
+    ++sockets;
+    EXPECT_TRUE(flags & FD_CLOEXEC) << "socket fd " << fd << " would be inherited by exec";
+  }
+  EXPECT_GE(sockets, 4u) << "expected the listener and both sides of two connections";
+}
+
 TEST(Process, FrozenServerIsDeclaredDeadByHeartbeats) {
-  ServerProcess frozen({"1000"});
+  ChildProcess frozen({"1000"});
   ContextOptions options = client_options("watcher");
   options.heartbeat_interval = 100ms;
   options.peer_timeout = 800ms;

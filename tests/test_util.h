@@ -46,9 +46,11 @@ inline std::string test_transport() {
   return t && *t ? t : "TCP";
 }
 
-// Where servers listen: loopback for TCP; for RDMA the guest's second RoCE address
-// ($FERRY_RDMA_PEER_IP, rxe1), so clients (rxe0, $FERRY_RDMA_IP) cross the veth pair.
+// Where servers listen: $FERRY_TEST_HOST when set; else loopback for TCP, and for RDMA the
+// guest's second RoCE address ($FERRY_RDMA_PEER_IP, rxe1), so clients (rxe0, $FERRY_RDMA_IP)
+// cross the veth pair.
 inline std::string test_host() {
+  if (const char* host = std::getenv("FERRY_TEST_HOST"); host && *host) return host;  // override
   if (test_transport() == "RDMA") {
     const char* ip = std::getenv("FERRY_RDMA_PEER_IP");
     return ip ? ip : "";
