@@ -6,6 +6,7 @@
 #include <boost/asio/ip/host_name.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/read.hpp>
+#include <boost/asio/ssl/host_name_verification.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/write.hpp>
 #include <cctype>
@@ -21,6 +22,7 @@
 #include "net/registry.h"
 #include "net/session.h"
 #include "net/socket_util.h"
+#include "net/tls.h"
 #include "net/wire_convert.h"
 
 namespace ferry {
@@ -49,6 +51,7 @@ bool same_token(const std::string& a, const std::string& b) {
 
 Context::Impl::Impl(ContextOptions opts) : options(std::move(opts)), instance(random_instance()) {
   if (options.threads < 1) options.threads = 1;
+  tls = make_tls_contexts(options.tls);
   add_registered_transports(true);
   for (const auto& name : options.transports) {
     if (!find_transport(name)) {
@@ -182,100 +185,122 @@ void Context::Impl::accept_next() {
       });
 }
 
-// A new connection's first frame says what it is: Hello (a peer) or AttachChannel (a data
-// channel of an existing session). Read exactly one frame, with a deadline.
 void Context::Impl::on_accepted(tcp::socket socket) {
   close_on_exec(socket.native_handle());
-  struct Greeting {
-    tcp::socket socket;
-    asio::steady_timer timer;
-    std::array<unsigned char, 4> header{};
-    std::string body;
-    std::string peer;
-  };
   boost::system::error_code ignored;
   auto remote = socket.remote_endpoint(ignored);
   auto g = std::make_shared<Greeting>(
-      Greeting{std::move(socket),
+      Greeting{MetaStream(std::move(socket)),
                asio::steady_timer(io),
                {},
                {},
                format_host_port(remote.address().to_string(), remote.port())});
   g->timer.expires_after(options.handshake_timeout);
   g->timer.async_wait([g](boost::system::error_code ec) {
-    if (!ec) {
-      boost::system::error_code ignored;
-      g->socket.close(ignored);  // silent or too slow: not a peer
-    }
+    if (!ec) g->stream.close();  // silent or too slow: not a peer
   });
-  auto reject = [g](std::error_code ec, const std::string& why) {
-    FERRY_LOG_WARN("connection from {} rejected: {}", g->peer, why);
-    wire::Envelope env;
-    env.mutable_error()->set_code(static_cast<uint32_t>(ec.value()));
-    env.mutable_error()->set_message(why);
-    env.mutable_error()->set_fatal(true);
-    auto frame = std::make_shared<std::string>(encode_frame(env));
-    asio::async_write(g->socket, asio::buffer(*frame),
-                      [g, frame](boost::system::error_code, size_t) {
-                        boost::system::error_code ignored;
-                        g->socket.shutdown(tcp::socket::shutdown_both, ignored);
-                        g->socket.close(ignored);
-                        g->timer.cancel();
-                      });
-  };
   auto self = shared_from_this();
-  asio::async_read(
-      g->socket, asio::buffer(g->header), [self, g, reject](boost::system::error_code ec, size_t) {
-        if (ec) return;
-        const uint32_t len = decode_frame_length(g->header.data());
-        if (len > self->options.max_frame_bytes) {
-          return reject(errc::frame_too_large, "first frame of " + std::to_string(len) +
-                                                   " bytes exceeds the maximum of " +
-                                                   std::to_string(self->options.max_frame_bytes));
+  // The first byte tells a TLS ClientHello from a plain frame (kTlsHandshakeByte).
+  g->stream.socket().async_wait(tcp::socket::wait_read, [self, g](boost::system::error_code ec) {
+    if (ec) return g->finish();
+    unsigned char first = 0;
+    boost::system::error_code rec;
+    const size_t n =
+        g->stream.socket().receive(asio::buffer(&first, 1), tcp::socket::message_peek, rec);
+    if (rec || n != 1) return g->finish();
+    if (first != kTlsHandshakeByte) return self->read_greeting(g);
+    if (!self->tls.server) {
+      FERRY_LOG_WARN(
+          "connection from {} rejected: it speaks TLS, and this context has no TLS "
+          "certificate (ContextOptions::tls)",
+          g->peer);
+      return g->finish();
+    }
+    g->stream.start_tls(*self->tls.server);
+    g->stream.tls().async_handshake(
+        asio::ssl::stream_base::server, [self, g](boost::system::error_code ec) {
+          if (ec) {
+            FERRY_LOG_WARN("TLS handshake with {} failed: {}", g->peer, ec.message());
+            return g->finish();
+          }
+          self->read_greeting(g);
+        });
+  });
+}
+
+void Context::Impl::reject_greeting(const std::shared_ptr<Greeting>& g, std::error_code ec,
+                                    const std::string& why) {
+  FERRY_LOG_WARN("connection from {} rejected: {}", g->peer, why);
+  wire::Envelope env;
+  env.mutable_error()->set_code(static_cast<uint32_t>(ec.value()));
+  env.mutable_error()->set_message(why);
+  env.mutable_error()->set_fatal(true);
+  auto frame = std::make_shared<std::string>(encode_frame(env));
+  g->stream.async_write(asio::buffer(*frame),
+                        [g, frame](boost::system::error_code, size_t) { g->finish(); });
+}
+
+void Context::Impl::read_greeting(const std::shared_ptr<Greeting>& g) {
+  auto self = shared_from_this();
+  auto reject = [self, g](std::error_code ec, const std::string& why) {
+    self->reject_greeting(g, ec, why);
+  };
+  g->stream.async_read(asio::buffer(g->header), [self, g, reject](boost::system::error_code ec,
+                                                                  size_t) {
+    if (ec) return g->finish();
+    const uint32_t len = decode_frame_length(g->header.data());
+    if (len > self->options.max_frame_bytes) {
+      return reject(errc::frame_too_large, "first frame of " + std::to_string(len) +
+                                               " bytes exceeds the maximum of " +
+                                               std::to_string(self->options.max_frame_bytes));
+    }
+    g->body.resize(len);
+    g->stream.async_read(asio::buffer(g->body), [self, g, reject](boost::system::error_code ec,
+                                                                  size_t) {
+      if (ec) return g->finish();
+      wire::Envelope env;
+      if (parse_envelope(g->body, env)) return reject(errc::protocol_error, "malformed frame");
+      if (self->closed) return reject(errc::context_closed, "shutting down");
+      if (env.has_hello()) {
+        if (self->options.tls.enabled() && !g->stream.is_tls()) {
+          return reject(errc::tls_required,
+                        "this server accepts peers only over TLS (its ContextOptions::tls is set)");
         }
-        g->body.resize(len);
-        asio::async_read(
-            g->socket, asio::buffer(g->body),
-            [self, g, reject](boost::system::error_code ec, size_t) {
-              if (ec) return;
-              wire::Envelope env;
-              if (parse_envelope(g->body, env))
-                return reject(errc::protocol_error, "malformed frame");
-              if (self->closed) return reject(errc::context_closed, "shutting down");
-              if (env.has_hello()) {
-                g->timer.cancel();
-                auto session =
-                    std::make_shared<Session>(self, std::move(g->socket), false, g->peer);
-                self->add_session(session);
-                asio::post(session->strand(),
-                           [session, hello = env.hello()] { session->start_server(hello); });
-                return;
-              }
-              if (env.has_attach_channel()) {
-                const auto& a = env.attach_channel();
-                auto session = self->find_session(a.session_id());
-                if (!session || session->info().initiator || !session->is_open() ||
-                    !same_token(session->token(), a.session_token())) {
-                  return reject(errc::handshake_failed, "unknown session or bad token");
-                }
-                if (!self->find_transport(a.transport())) {
-                  return reject(errc::transport_unknown, "no transport '" + a.transport() + "'");
-                }
-                g->timer.cancel();
-                wire::Envelope ack;
-                ack.mutable_ack();
-                // The socket is fresh and the frame tiny: this write completes at once.
-                boost::system::error_code wec;
-                asio::write(g->socket, asio::buffer(encode_frame(ack)), wec);
-                if (wec) return;
-                asio::post(session->strand(), [session, g, transport = a.transport()] {
-                  session->attach_side_connection(transport, std::move(g->socket));
-                });
-                return;
-              }
-              reject(errc::protocol_error, "expected Hello or AttachChannel as the first frame");
-            });
-      });
+        g->timer.cancel();
+        auto session = std::make_shared<Session>(self, std::move(g->stream), false, g->peer);
+        self->add_session(session);
+        asio::post(session->strand(),
+                   [session, hello = env.hello()] { session->start_server(hello); });
+        return;
+      }
+      if (env.has_attach_channel()) {
+        const auto& a = env.attach_channel();
+        auto session = self->find_session(a.session_id());
+        if (!session || session->info().initiator || !session->is_open() ||
+            !same_token(session->token(), a.session_token())) {
+          return reject(errc::handshake_failed, "unknown session or bad token");
+        }
+        if (g->stream.is_tls()) {
+          return reject(errc::protocol_error, "data channels are plain TCP, not TLS");
+        }
+        if (!self->find_transport(a.transport())) {
+          return reject(errc::transport_unknown, "no transport '" + a.transport() + "'");
+        }
+        g->timer.cancel();
+        wire::Envelope ack;
+        ack.mutable_ack();
+        // The socket is fresh and the frame tiny: this write completes at once.
+        boost::system::error_code wec;
+        asio::write(g->stream.socket(), asio::buffer(encode_frame(ack)), wec);
+        if (wec) return g->finish();
+        asio::post(session->strand(), [session, g, transport = a.transport()] {
+          session->attach_side_connection(transport, g->stream.release_plain());
+        });
+        return;
+      }
+      reject(errc::protocol_error, "expected Hello or AttachChannel as the first frame");
+    });
+  });
 }
 
 // ---------------------------------------------------------------- Context
@@ -380,6 +405,12 @@ Result<uint16_t> Context::listen(std::string_view host_port) {
   auto results = resolver.resolve(hp->host, hp->port, tcp::resolver::passive, ec);
   if (ec || results.empty()) return errc::invalid_argument;
   tcp::endpoint endpoint = results.begin()->endpoint();
+  if (impl_->options.tls.enabled() && !impl_->tls.server) {
+    FERRY_LOG_WARN(
+        "listen: TLS is configured without a certificate and key: this context can "
+        "connect over TLS but not accept");
+    return errc::invalid_argument;
+  }
   tcp::acceptor acceptor(impl_->io);
   acceptor.open(endpoint.protocol(), ec);
   if (!ec) close_on_exec(acceptor.native_handle());
@@ -423,6 +454,7 @@ void Context::start_connect(std::shared_ptr<Impl> impl, std::string address,
     asio::steady_timer timer;
     ConnectHandler handler;
     bool timed_out = false;
+    std::optional<MetaStream> stream;  // once connected (TLS handshakes under the same deadline)
   };
   auto op = std::make_shared<Op>(Op{tcp::resolver(impl->io), tcp::socket(impl->io),
                                     asio::steady_timer(impl->io), std::move(handler)});
@@ -432,12 +464,25 @@ void Context::start_connect(std::shared_ptr<Impl> impl, std::string address,
     op->timed_out = true;
     op->resolver.cancel();
     boost::system::error_code ignored;
-    op->socket.close(ignored);
+    if (op->stream) {
+      op->stream->close();
+    } else {
+      op->socket.close(ignored);
+    }
   });
+  auto start_session = [impl, op, deliver, address](MetaStream stream) {
+    auto session = std::make_shared<Session>(impl, std::move(stream), true, address);
+    impl->add_session(session);
+    asio::post(session->strand(), [impl, op, session, deliver] {
+      session->start_client(impl->options.transport, [op, session, deliver](std::error_code ec) {
+        deliver(std::move(op->handler), ec, ec ? Peer() : Peer(session));
+      });
+    });
+  };
   op->resolver.async_resolve(
       hp->host, hp->port,
-      [impl, op, deliver, address](boost::system::error_code ec,
-                                   tcp::resolver::results_type results) {
+      [impl, op, deliver, address, start_session, host = hp->host](
+          boost::system::error_code ec, tcp::resolver::results_type results) {
         if (ec) {
           op->timer.cancel();
           return deliver(std::move(op->handler),
@@ -445,22 +490,44 @@ void Context::start_connect(std::shared_ptr<Impl> impl, std::string address,
         }
         asio::async_connect(
             op->socket, results,
-            [impl, op, deliver, address](boost::system::error_code ec, const auto&) {
-              op->timer.cancel();
+            [impl, op, deliver, address, start_session, host](boost::system::error_code ec,
+                                                              const auto&) {
               if (ec) {
+                op->timer.cancel();
                 FERRY_LOG_INFO("connect to {} failed: {}", address, ec.message());
                 return deliver(std::move(op->handler),
                                op->timed_out ? errc::timed_out : errc::connection_failed, {});
               }
               close_on_exec(op->socket.native_handle());
-              auto session = std::make_shared<Session>(impl, std::move(op->socket), true, address);
-              impl->add_session(session);
-              asio::post(session->strand(), [impl, op, session, deliver] {
-                session->start_client(
-                    impl->options.transport, [op, session, deliver](std::error_code ec) {
-                      deliver(std::move(op->handler), ec, ec ? Peer() : Peer(session));
-                    });
-              });
+              if (!impl->options.tls.enabled()) {
+                op->timer.cancel();
+                return start_session(MetaStream(std::move(op->socket)));
+              }
+              if (!impl->tls.client) {
+                op->timer.cancel();
+                FERRY_LOG_WARN("TLS to {}: no CA configured to verify the server (TlsOptions::ca)",
+                               address);
+                return deliver(std::move(op->handler), errc::tls_failed, {});
+              }
+              op->stream.emplace(std::move(op->socket));
+              op->stream->start_tls(*impl->tls.client);
+              auto& tls = op->stream->tls();
+              // The server's certificate must name the host (or IP address) we dialled.
+              tls.set_verify_callback(asio::ssl::host_name_verification(host));
+              boost::system::error_code not_ip;
+              asio::ip::make_address(host, not_ip);
+              if (not_ip) SSL_set_tlsext_host_name(tls.native_handle(), host.c_str());
+              tls.async_handshake(
+                  asio::ssl::stream_base::client,
+                  [op, deliver, address, start_session](boost::system::error_code ec) {
+                    op->timer.cancel();
+                    if (ec) {
+                      FERRY_LOG_WARN("TLS handshake with {} failed: {}", address, ec.message());
+                      return deliver(std::move(op->handler),
+                                     op->timed_out ? errc::timed_out : errc::tls_failed, {});
+                    }
+                    start_session(std::move(*op->stream));
+                  });
             });
       });
 }

@@ -23,6 +23,21 @@ namespace ferry {
 
 inline constexpr uint32_t kProtocolVersion = 1;
 
+// TLS for the metadata channel (Boost.Asio SSL over OpenSSL, TLS 1.2+). Data channels stay plain
+// TCP or RDMA: TLS protects the control messages (object ids, sizes, grants and their rkeys,
+// session tokens), not the tensor bytes (docs/security.md). Off when all three are empty.
+struct TlsOptions {
+  std::string certificate;  // PEM chain this side presents; needed to accept TLS connections
+  std::string private_key;  // PEM key of `certificate`
+  // PEM CAs the peer's certificate must chain to. Needed to connect (the server is always
+  // verified, by IP or host name against its certificate's names); on a server it also makes
+  // client certificates mandatory (mutual TLS).
+  std::string ca;
+  bool enabled() const;
+  // From $FERRY_TLS_CERT, $FERRY_TLS_KEY and $FERRY_TLS_CA.
+  static TlsOptions from_environment();
+};
+
 struct ContextOptions {
   std::string name = "ferry";           // shown to peers and in logs
   int threads = 1;                      // threads running the io_context
@@ -48,6 +63,10 @@ struct ContextOptions {
   // knowledge of it (HMAC-SHA256 challenge-response; it is never sent) before anything else;
   // a peer without it, or with another, is refused with errc::auth_failed.
   std::string secret = default_secret();
+  // TLS on the metadata channel (see TlsOptions). When enabled, a listening context refuses
+  // plain-TCP peers (errc::tls_required) and a connecting one speaks only TLS. A file that
+  // cannot be loaded makes the Context constructor throw std::system_error.
+  TlsOptions tls = TlsOptions::from_environment();
 
   // "auto", or the transport named by $FERRY_TRANSPORT ("rdma" and "tcp" in any case map to the
   // built-in "RDMA" and "TCP").

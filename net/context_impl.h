@@ -13,7 +13,12 @@
 #include <unordered_map>
 #include <vector>
 
+#include <array>
+#include <boost/asio/steady_timer.hpp>
+
 #include "net/context.h"
+#include "net/meta_stream.h"
+#include "net/tls.h"
 
 namespace ferry {
 
@@ -23,6 +28,7 @@ struct Context::Impl : std::enable_shared_from_this<Context::Impl> {
   explicit Impl(ContextOptions opts);
 
   ContextOptions options;
+  TlsContexts tls;  // from options.tls
   boost::asio::io_context io;
   std::optional<boost::asio::executor_work_guard<boost::asio::io_context::executor_type>> work;
   std::vector<std::thread> threads;
@@ -65,8 +71,26 @@ struct Context::Impl : std::enable_shared_from_this<Context::Impl> {
   void remove_session(uint64_t local_id);
   std::shared_ptr<Session> find_session(uint64_t local_id);
 
+  // A new connection's first frame says what it is: Hello (a peer) or AttachChannel (a data
+  // channel of an existing session). Read exactly one frame (after TLS, when the connection
+  // starts with a ClientHello), with a deadline.
+  struct Greeting {
+    MetaStream stream;
+    boost::asio::steady_timer timer;
+    std::array<unsigned char, 4> header{};
+    std::string body;
+    std::string peer;
+    // Not a peer after all (or an error): close, and end the deadline so nothing waits on it.
+    void finish() {
+      stream.close();
+      timer.cancel();
+    }
+  };
   void accept_next();
   void on_accepted(boost::asio::ip::tcp::socket socket);
+  void read_greeting(const std::shared_ptr<Greeting>& g);
+  void reject_greeting(const std::shared_ptr<Greeting>& g, std::error_code ec,
+                       const std::string& why);
 };
 
 }  // namespace ferry

@@ -46,6 +46,10 @@ class FerryCategory final : public std::error_category {
         return "transport not available on both sides";
       case errc::auth_failed:
         return "authentication failed (shared secret missing or wrong)";
+      case errc::tls_failed:
+        return "TLS handshake failed (certificate not trusted or not matching, or no TLS there)";
+      case errc::tls_required:
+        return "the peer requires TLS on the metadata channel (ContextOptions::tls)";
       case errc::transport_unknown:
         return "no transport registered under that name";
       case errc::transport_duplicate:

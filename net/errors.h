@@ -30,6 +30,8 @@ enum class errc {
   peer_unresponsive = 26,
   transport_unavailable = 27,
   auth_failed = 28,
+  tls_failed = 29,    // TLS handshake failed: certificate not trusted, or the peer has no TLS
+  tls_required = 30,  // the peer accepts only TLS on the metadata channel
   // registry (operation scope at the call site)
   transport_unknown = 40,
   transport_duplicate = 41,

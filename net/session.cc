@@ -37,12 +37,12 @@ uint32_t to_wire_code(std::error_code ec) {
 
 }  // namespace
 
-Session::Session(std::shared_ptr<Context::Impl> ctx, tcp::socket socket, bool initiator,
+Session::Session(std::shared_ptr<Context::Impl> ctx, MetaStream stream, bool initiator,
                  std::string address)
     : ctx_(std::move(ctx)),
       local_id_(ctx_->next_session_id++),
       strand_(asio::make_strand(ctx_->io)),
-      socket_(std::move(socket)),
+      stream_(std::move(stream)),
       decoder_(ctx_->options.max_frame_bytes),
       handshake_timer_(ctx_->io),
       heartbeat_timer_(ctx_->io) {
@@ -50,10 +50,10 @@ Session::Session(std::shared_ptr<Context::Impl> ctx, tcp::socket socket, bool in
   info_.initiator = initiator;
   next_request_id_ = initiator ? 1 : 2;
   boost::system::error_code ignored;
-  socket_.set_option(tcp::no_delay(true), ignored);
-  auto local = socket_.local_endpoint(ignored);
+  stream_.socket().set_option(tcp::no_delay(true), ignored);
+  auto local = stream_.socket().local_endpoint(ignored);
   if (!ignored) info_.local_ip = local.address().to_string();
-  auto remote = socket_.remote_endpoint(ignored);
+  auto remote = stream_.socket().remote_endpoint(ignored);
   if (!ignored) info_.remote_ip = remote.address().to_string();
 }
 
@@ -219,7 +219,7 @@ void Session::finish_handshake(std::shared_ptr<TransportManager> transport) {
 // ---------------------------------------------------------------- reading and dispatch
 
 void Session::start_reading() {
-  socket_.async_read_some(asio::buffer(read_buf_),
+  stream_.async_read_some(asio::buffer(read_buf_),
                           asio::bind_executor(strand_, [self = shared_from_this()](
                                                            boost::system::error_code ec, size_t n) {
                             self->on_read(ec, n);
@@ -807,7 +807,7 @@ void Session::async_open_side_connection(std::string_view transport_name,
     }
   };
   boost::system::error_code err;
-  auto endpoint = socket_.remote_endpoint(err);
+  auto endpoint = stream_.socket().remote_endpoint(err);
   if (err || !info_.initiator) {
     done(err ? std::error_code(err) : std::error_code(errc::invalid_argument),
          tcp::socket(ctx_->io));
@@ -933,22 +933,22 @@ void Session::write_more() {
     write_queue_.pop_front();
   }
   for (const auto& f : writing_) buffers.emplace_back(asio::buffer(f));
-  asio::async_write(socket_, buffers,
-                    asio::bind_executor(strand_, [self = shared_from_this()](
-                                                     boost::system::error_code ec, size_t n) {
-                      self->queued_bytes_ -= n;
-                      self->writing_.clear();
-                      if (self->state_ == State::closed) return;
-                      if (ec) {
-                        self->do_close(errc::peer_closed);
-                        return;
-                      }
-                      if (self->close_after_write_ && self->write_queue_.empty()) {
-                        self->do_close(self->close_after_write_ec_);
-                        return;
-                      }
-                      self->write_more();
-                    }));
+  stream_.async_write(
+      buffers, asio::bind_executor(
+                   strand_, [self = shared_from_this()](boost::system::error_code ec, size_t n) {
+                     self->queued_bytes_ -= n;
+                     self->writing_.clear();
+                     if (self->state_ == State::closed) return;
+                     if (ec) {
+                       self->do_close(errc::peer_closed);
+                       return;
+                     }
+                     if (self->close_after_write_ && self->write_queue_.empty()) {
+                       self->do_close(self->close_after_write_ec_);
+                       return;
+                     }
+                     self->write_more();
+                   }));
 }
 
 // ---------------------------------------------------------------- liveness and closing
@@ -1013,8 +1013,7 @@ void Session::do_close(std::error_code ec) {
   handshake_timer_.cancel();
   heartbeat_timer_.cancel();
   boost::system::error_code ignored;
-  socket_.shutdown(tcp::socket::shutdown_both, ignored);
-  socket_.close(ignored);
+  stream_.close();
   // Channels first: they drop their hold on every target buffer and pinned object.
   auto channels = std::move(channels_);
   channels_.clear();

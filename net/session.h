@@ -20,6 +20,7 @@
 #include "net/context_impl.h"
 #include "net/fetch.h"
 #include "net/frame.h"
+#include "net/meta_stream.h"
 #include "net/proto/ferry.pb.h"
 #include "net/transport.h"
 
@@ -31,7 +32,7 @@ class Session final : public PeerLink, public std::enable_shared_from_this<Sessi
   using Clock = std::chrono::steady_clock;
   using RpcHandler = std::function<void(std::error_code, const wire::Envelope&)>;
 
-  Session(std::shared_ptr<Context::Impl> ctx, tcp::socket socket, bool initiator,
+  Session(std::shared_ptr<Context::Impl> ctx, MetaStream stream, bool initiator,
           std::string address);
   ~Session() override;
 
@@ -132,7 +133,7 @@ class Session final : public PeerLink, public std::enable_shared_from_this<Sessi
   std::shared_ptr<Context::Impl> ctx_;
   const uint64_t local_id_;
   PeerStrand strand_;
-  tcp::socket socket_;
+  MetaStream stream_;
   PeerInfo info_;  // written on the strand, under info_mu_
   mutable std::mutex info_mu_;
   std::string token_;

@@ -7,7 +7,7 @@ packages=(
   g++ cmake ninja-build pkg-config make
   libboost1.81-dev libprotobuf-dev protobuf-compiler libfmt-dev libcli11-dev
     libgtest-dev libgmock-dev libibverbs-dev librdmacm-dev libssl-dev
-    clang-format clang
+        clang-format clang openssl iproute2
 )
 # Extra groups: `install-deps.sh softroce` adds what the soft-RoCE test tier needs; `bench` the
 # peer tools `make bench` runs beside ferry, python3 for its driver and gnuplot for its plots.

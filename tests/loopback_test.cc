@@ -10,6 +10,7 @@
 #include <boost/asio/use_future.hpp>
 #include <boost/asio/write.hpp>
 
+#include <filesystem>
 #include <future>
 #include <random>
 #include <thread>
@@ -543,6 +544,127 @@ TEST(Auth, TheSecretNeverCrossesTheWire) {
   const std::string wire = relay.seen();
   EXPECT_GT(wire.size(), 100u) << "the relay saw no handshake";
   EXPECT_EQ(wire.find(secret), std::string::npos) << "the secret was sent in the clear";
+}
+
+// ---------------------------------------------------------------- TLS on the metadata channel
+
+// Certificates made fresh per test run by tests/tls/make_certs.sh (the openssl command).
+class Tls : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = std::filesystem::temp_directory_path() / ("ferry-tls-" + std::to_string(::getpid()));
+    const std::string cmd = std::string(FERRY_TLS_CERT_SCRIPT) + " " + dir_.string();
+    made_ = std::system("command -v openssl >/dev/null") == 0 && std::system(cmd.c_str()) == 0;
+  }
+  static void TearDownTestSuite() { std::filesystem::remove_all(dir_); }
+  void SetUp() override {
+    FERRY_REQUIRE_TEST_HOST();
+    if (!made_) GTEST_SKIP() << "SKIPPED: no test certificates (needs the openssl command)";
+  }
+  static std::string file(const std::string& name) { return (dir_ / name).string(); }
+  // A server with the test CA's certificate; `mutual`: it also requires client certificates.
+  static ContextOptions server_tls(bool mutual, const std::string& cert = "server") {
+    ContextOptions o;
+    o.name = "tls-server";
+    o.tls = {file(cert + ".crt"), file(cert + ".key"), mutual ? file("ca.crt") : ""};
+    return o;
+  }
+  static ContextOptions client_tls(const std::string& name, bool with_cert) {
+    ContextOptions o = client_options(name);
+    o.tls = {with_cert ? file("client.crt") : "", with_cert ? file("client.key") : "",
+             file("ca.crt")};
+    return o;
+  }
+  static inline std::filesystem::path dir_;
+  static inline bool made_ = false;
+};
+
+TEST_F(Tls, MutualTlsFetchesByteExactOverTheSuitesTransport) {
+  Server server(server_tls(true));
+  auto bytes = make_pattern(3u << 20, 80);
+  auto ref = server.put(bytes);
+  Context client(client_tls("client", true));
+  auto peer = connect_or_fail(client, server.address());
+  ASSERT_TRUE(peer.valid());
+  EXPECT_EQ(peer.transport(), test_transport());
+  auto req = peer.fetch(ref);
+  ASSERT_FALSE(req.wait(60s));
+  EXPECT_TRUE(same_bytes(req.result().tensors[0], *bytes));
+}
+
+// What crosses the wire: the metadata channel is TLS (a peer's name, sent in its Hello, is not
+// visible); the data channel is plain TCP by design (the tensor's bytes are).
+TEST_F(Tls, TheMetadataChannelIsEncryptedAndTheDataPathIsNot) {
+  if (test_transport() != "TCP") GTEST_SKIP() << "SKIPPED: the relay is for the TCP suite";
+  Server server(server_tls(false));
+  auto bytes = make_pattern(1u << 20, 81);
+  auto ref = server.put(bytes);
+  RecordingRelay relay(server.port);
+  const std::string name = "client-name-that-must-not-appear-0123";
+  {
+    Context client(client_tls(name, false));
+    auto peer = connect_or_fail(client, "127.0.0.1:" + std::to_string(relay.port()));
+    ASSERT_TRUE(peer.valid());
+    auto req = peer.fetch(ref);
+    ASSERT_FALSE(req.wait(30s));
+    EXPECT_TRUE(same_bytes(req.result().tensors[0], *bytes));
+  }
+  const std::string wire = relay.seen();
+  ASSERT_FALSE(wire.empty());
+  EXPECT_EQ(static_cast<unsigned char>(wire[0]), 0x16) << "the connection did not start with TLS";
+  EXPECT_EQ(wire.find(name), std::string::npos) << "metadata crossed the wire in the clear";
+  const std::string_view tensor(reinterpret_cast<const char*>(bytes->data()), 4096);
+  EXPECT_NE(wire.find(tensor), std::string::npos) << "the data path is documented as plain TCP";
+}
+
+TEST_F(Tls, APlainPeerIsRefusedWithAClearErrorAndOthersCarryOn) {
+  Server server(server_tls(false));
+  auto bytes = make_pattern(100000, 82);
+  auto ref = server.put(bytes);
+  Context good(client_tls("good", false));
+  auto peer = connect_or_fail(good, server.address());
+  ContextOptions plain = client_options("plain");
+  plain.tls = {};
+  Context bad(plain);
+  auto r = bad.connect(server.address());
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.error(), errc::tls_required) << r.error().message();
+  auto req = peer.fetch(ref);
+  ASSERT_FALSE(req.wait(30s));
+  EXPECT_TRUE(same_bytes(req.result().tensors[0], *bytes));
+}
+
+TEST_F(Tls, AServerTheClientDoesNotTrustIsRefused) {
+  Server server(server_tls(false, "rogue"));  // signed by another CA
+  Context client(client_tls("client", false));
+  auto r = client.connect(server.address());
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.error(), errc::tls_failed) << r.error().message();
+}
+
+TEST_F(Tls, ATlsClientAgainstAPlainServerFailsClearly) {
+  ContextOptions o;
+  o.name = "plain-server";
+  o.tls = {};
+  Server server(o);
+  Context client(client_tls("client", false));
+  auto r = client.connect(server.address());
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.error(), errc::tls_failed) << r.error().message();
+}
+
+TEST_F(Tls, AMutualTlsServerRefusesAClientWithoutCertificate) {
+  Server server(server_tls(true));
+  Context client(client_tls("no-cert", false));
+  auto r = client.connect(server.address());
+  ASSERT_FALSE(r.ok()) << "a client without a certificate got in";
+  EXPECT_EQ(scope_of(r.error()), Scope::peer) << r.error().message();
+}
+
+TEST_F(Tls, AnUnreadableCertificateFailsTheContextAtConstruction) {
+  ContextOptions o;
+  o.tls = {file("missing.crt"), file("missing.key"), ""};
+  EXPECT_THROW(Context{o}, std::system_error);
 }
 
 TEST(Races, AbortAndTimeoutAgainstCompletionExactlyOnce) {
