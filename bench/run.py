@@ -156,9 +156,17 @@ class Bench:
 
     def add(self, **s):
         self.samples.append(s)
+        if self.args.inside_guest:  # what the guest measured survives a timeout
+            self.save_guest_samples()
         keys = ("suite", "metric", "tool", "size", "gbps", "p50_us", "p99_us")
         log("  " + " ".join(f"{k}={s[k]:.4g}" if isinstance(s.get(k), float) else f"{k}={s.get(k)}"
                             for k in keys if k in s))
+
+    def save_guest_samples(self):
+        path = os.path.join(self.out_dir, "rdma-samples.json")
+        with open(path + ".tmp", "w") as f:
+            json.dump(self.samples, f, indent=1)
+        os.replace(path + ".tmp", path)
 
     def guarded(self, what, fn):
         try:
@@ -166,6 +174,8 @@ class Bench:
         except Exception as e:  # a peer tool failing must not sink the whole run
             log(f"  ! {what}: {e}")
             self.samples.append({"error": f"{what}: {e}"})
+            if self.args.inside_guest:
+                self.save_guest_samples()
 
     # ferry ---------------------------------------------------------------------------------
     def ferry(self, suite, metric, size, rep, inflight, host="127.0.0.1", env=None,
@@ -194,7 +204,8 @@ class Bench:
     def iperf3(self, size, rep):
         port = free_port()
         srv = ["iperf3", "-s", "-1", "-p", str(port)]
-        cli = ["iperf3", "-c", "127.0.0.1", "-p", str(port), "-l", str(size), "-t",
+        # iperf3 writes at most 1 MiB at a time; above that the stream is the same.
+        cli = ["iperf3", "-c", "127.0.0.1", "-p", str(port), "-l", str(min(size, MIB)), "-t",
                str(max(1, round(self.secs))), "-J"]
         out, _, _ = run_pair(srv, cli, timeout=60 + 4 * self.secs, port=port)
         d = json.loads(out)
@@ -255,7 +266,9 @@ class Bench:
     def sockperf(self, size, rep):
         port = free_port()
         srv = ["sockperf", "sr", "--tcp", "-i", "127.0.0.1", "-p", str(port)]
-        cli = ["sockperf", "ping-pong", "--tcp", "-i", "127.0.0.1", "-p", str(port), "-m", str(size),
+        # sockperf's smallest message is 14 bytes (its header); 8 B runs as 14 B.
+        cli = ["sockperf", "ping-pong", "--tcp", "-i", "127.0.0.1", "-p", str(port), "-m",
+               str(max(14, size)),
                "-t", str(max(1, round(self.secs))), "--full-rtt"]
         out, err, _ = run_pair(srv, cli, timeout=60 + 4 * self.secs, port=port)
         text = out + err
@@ -354,7 +367,7 @@ def suite_registration(b, host, env, quick):
     argv = [b.fb, "registration", "--host", host, "--views", str(views), "--tensors",
             str(tensors)]
     p = Proc(argv, env=env)
-    rc, out, err, _ = p.wait(1800)
+    rc, out, err, _ = p.wait(240 if quick else 1200)
     if rc != 0:
         raise RuntimeError(f"registration exited {rc}: {err[-800:]}")
     for line in out.strip().splitlines():
@@ -690,13 +703,13 @@ def main():
         os.path.abspath(args.ferry_bench)), "results"))
     os.makedirs(out_dir, exist_ok=True)
     b = Bench(args)
+    b.out_dir = out_dir
     if not os.access(b.fb, os.X_OK):
         sys.exit(f"run.py: {b.fb} not built (make bench builds it)")
 
     if args.inside_guest:
         guest_part(b, args)
-        with open(os.path.join(out_dir, "rdma-samples.json"), "w") as f:
-            json.dump(b.samples, f, indent=1)
+        b.save_guest_samples()
         return
 
     started = time.time()
