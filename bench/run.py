@@ -563,8 +563,9 @@ def other_tables(samples):
     lines = []
     reg = [s for s in samples if s.get("suite") == "registration"]
     if reg:
-        lines.append("\nRegistration (put = make fetchable; registration = put + extra time of "
-                     "the first fetch pass; pass 2 = every registration cached on the owner)")
+        lines.append("\nRegistration (reg ms = put + what first fetches cost over later ones: "
+                     "the owner registers lazily, at an object's first grant; pass 1 and 2 fetch "
+                     "every object, 16 in flight)")
         lines.append(f"{'case':>26} {'transport':>9} {'put ms':>8} {'reg ms':>8} "
                      f"{'pass1 s':>8} {'pass2 s':>8} {'GB/s':>6} {'owner regs':>10} "
                      f"{'fetcher regs':>12}")
