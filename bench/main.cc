@@ -38,6 +38,8 @@ int main(int argc, char** argv) {
   s->add_option("--threads", serve.threads, "io_context threads")->capture_default_str();
   s->add_flag("--busy-poll", serve.busy_poll, "Poll RDMA completion queues");
   s->add_option("--max-requests", serve.max_requests, "Requests one peer may have served at once");
+  std::string chunk = "0";
+  s->add_option("--tcp-chunk", chunk, "TCP data channel chunk size (0: the default)");
 
   FetchArgs fetch;
   std::string fetch_size = "1M";
@@ -91,7 +93,10 @@ int main(int argc, char** argv) {
 
   try {
     app.parse(argc, argv);
-    if (*s) return run_serve(serve);
+    if (*s) {
+      if (chunk != "0") serve.tcp_chunk_bytes = one_size(chunk);
+      return run_serve(serve);
+    }
     if (*f) {
       fetch.size = one_size(fetch_size);
       return run_fetch(fetch);
