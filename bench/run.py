@@ -631,7 +631,8 @@ def plots(samples, out_dir):
                              for i, (t, _) in enumerate(series))
             script = (f"set terminal pngcairo noenhanced size 900,560 font ',11'\nset output '{png}'\n"
                       f"set title '{title}'\nset logscale x 2\nset logscale y 10\n"
-                      "set format x '%.0b%B'\nset xlabel 'object / message size (bytes)'\n"
+                      "set format x '%.0b%B'\nset format y '%g'\n"
+                      "set xlabel 'object / message size (bytes)'\n"
                       f"set ylabel '{ylabel}'\nset grid\nset key left top\nplot {plot}\n")
             subprocess.run(["gnuplot"], input=script, text=True, check=False, timeout=60)
             if os.path.exists(png):
@@ -696,6 +697,8 @@ def main():
     ap.add_argument("--suites", default="tcp,rdma,registration,scale,misc")
     ap.add_argument("--sizes", default=None, help="comma-separated sizes in bytes (both suites)")
     ap.add_argument("--guest-mem", type=int, default=6144, help="MiB for the soft-RoCE guest")
+    ap.add_argument("--report-only", action="store_true",
+                    help="no measuring: table and plots again from --out's samples.json")
     ap.add_argument("--inside-guest", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     args.suites = set(args.suites.split(","))
@@ -709,6 +712,11 @@ def main():
     out_dir = os.path.abspath(args.out or os.path.join(os.path.dirname(
         os.path.abspath(args.ferry_bench)), "results"))
     os.makedirs(out_dir, exist_ok=True)
+    if args.report_only:
+        saved = json.load(open(os.path.join(out_dir, "samples.json")))
+        report(saved["samples"], out_dir, saved["meta"])
+        plots(saved["samples"], out_dir)
+        return
     b = Bench(args)
     b.out_dir = out_dir
     if not os.access(b.fb, os.X_OK):
