@@ -38,6 +38,8 @@ int main(int argc, char** argv) {
   s->add_option("--threads", serve.threads, "io_context threads")->capture_default_str();
   s->add_flag("--busy-poll", serve.busy_poll, "Poll RDMA completion queues");
   s->add_option("--max-requests", serve.max_requests, "Requests one peer may have served at once");
+  bool no_windows = false;
+  s->add_flag("--no-memory-windows", no_windows, "RDMA grants with region rkeys, no windows");
   std::string chunk = "0";
   s->add_option("--tcp-chunk", chunk, "TCP data channel chunk size (0: the default)");
 
@@ -95,6 +97,7 @@ int main(int argc, char** argv) {
     app.parse(argc, argv);
     if (*s) {
       if (chunk != "0") serve.tcp_chunk_bytes = one_size(chunk);
+      serve.memory_windows = !no_windows;
       return run_serve(serve);
     }
     if (*f) {

@@ -183,9 +183,10 @@ class Bench:
         return max(self.secs, 4 * size / 50e6) if suite == "rdma" else self.secs
 
     def ferry(self, suite, metric, size, rep, inflight, host="127.0.0.1", env=None,
-              tool="ferry", extra=()):
+              tool="ferry", extra=(), serve_extra=()):
         secs = self.window(suite, size)
         srv = [self.fb, "serve", "--listen", f"{host}:0", "--sizes", str(size)] + list(extra)
+        srv += list(serve_extra)
         cli = [self.fb, "fetch", "--from", "{addr}", "--size", str(size), "--inflight",
                str(inflight), "--seconds", str(secs), "--server-pid", "{pid}"] + list(extra)
         out, _, _ = run_pair(srv, cli, timeout=180 + 4 * secs, env=env, server_ready=True)
@@ -364,6 +365,10 @@ def suite_rdma(b, sizes, reps):
                 lat.append(("ferry over TCP", lambda: b.ferry(
                     "rdma", "lat", size, rep, 1, host, {"FERRY_TRANSPORT": "tcp"}, "ferry-tcp")))
                 lat.append(("raw pingpong", lambda: b.pingpong(size, rep, host, "rdma")))
+                # What per-grant memory windows cost: the owner grants region rkeys instead.
+                lat.append(("ferry no windows", lambda: b.ferry(
+                    "rdma", "lat", size, rep, 1, host, env, "ferry-nomw",
+                    serve_extra=["--no-memory-windows"])))
             for what, fn in rotate(bw, rep) + rotate(lat, rep):
                 b.guarded(what, fn)
 
@@ -453,7 +458,7 @@ PEERS = {
     ("tcp", "bw"): ["iperf3", "ucx-tag_bw", "ucx-ucp_get", "qperf"],
     ("tcp", "lat"): ["raw-pingpong", "sockperf", "qperf-rtt"],
     ("rdma", "bw"): ["ib_read_bw"],
-    ("rdma", "lat"): ["ib_read_lat", "ferry-busypoll", "ferry-tcp", "raw-pingpong"],
+    ("rdma", "lat"): ["ib_read_lat", "ferry-busypoll", "ferry-nomw", "ferry-tcp", "raw-pingpong"],
 }
 
 

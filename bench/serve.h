@@ -12,8 +12,10 @@ struct ServeArgs {
   int threads = 1;
   bool busy_poll = false;  // ContextOptions::busy_poll (RDMA)
   size_t max_requests = 0;
-  size_t tcp_chunk_bytes = 0;  // ContextOptions::tcp_chunk_bytes; 0 = the default  //
-                               // ContextOptions::max_requests_per_peer; 0 = the default
+  size_t tcp_chunk_bytes = 0;
+  bool memory_windows =
+      true;  // ContextOptions::rdma_memory_windows  // ContextOptions::tcp_chunk_bytes; 0 = the
+             // default  // ContextOptions::max_requests_per_peer; 0 = the default
 };
 
 // Prints "ready HOST:PORT" on stdout once listening, then serves. Returns an exit code.
