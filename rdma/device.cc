@@ -17,9 +17,15 @@ Device::Device(std::string name, ContextHandle ctx, PdHandle pd, const ibv_devic
       local_cache_(pd_.get(), IBV_ACCESS_LOCAL_WRITE) {}
 
 MwHandle Device::alloc_window() {
-  MwHandle mw(ibv_alloc_mw(pd_.get(), IBV_MW_TYPE_2), MwDeleter{&windows_live_});
-  if (mw) windows_live_.fetch_add(1, std::memory_order_relaxed);
+  MwHandle mw(ibv_alloc_mw(pd_.get(), IBV_MW_TYPE_2), MwDeleter{windows_live_});
+  if (mw) windows_live_->fetch_add(1, std::memory_order_relaxed);
   return mw;
+}
+
+QpHandle Device::create_qp(ibv_qp_init_attr& init) {
+  QpHandle qp(ibv_create_qp(pd_.get(), &init), QpDeleter{queue_pairs_live_});
+  if (qp) queue_pairs_live_->fetch_add(1, std::memory_order_relaxed);
+  return qp;
 }
 
 const Address* Device::find(const std::string& ip) const {

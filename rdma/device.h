@@ -43,9 +43,12 @@ class Device {
   bool memory_windows() const { return memory_windows_; }
   // A type-2 window on this PD, counted in windows_live(); null with errno set on failure.
   MwHandle alloc_window();
-  uint64_t windows_live() const { return windows_live_.load(std::memory_order_relaxed); }
-  // Queue pairs created on this device and not yet destroyed (kept by RdmaChannel).
-  std::atomic<uint64_t>& queue_pairs_live() { return queue_pairs_live_; }
+  uint64_t windows_live() const { return windows_live_->load(std::memory_order_relaxed); }
+  // Queue pairs created on this device and not yet destroyed (see create_qp).
+  uint64_t queue_pairs_live() const { return queue_pairs_live_->load(std::memory_order_relaxed); }
+  // A queue pair on this PD, counted in queue_pairs_live() until the reaper destroys it; null
+  // with errno set on failure.
+  QpHandle create_qp(ibv_qp_init_attr& init);
 
   // Registrations that peers READ from (owner side) and that READs land in (fetcher side).
   MrCache& remote_cache() { return remote_cache_; }
@@ -59,8 +62,8 @@ class Device {
   PdHandle pd_;
   ibv_device_attr attr_{};
   bool memory_windows_ = false;
-  std::atomic<uint64_t> windows_live_{0};
-  std::atomic<uint64_t> queue_pairs_live_{0};
+  Gauge windows_live_ = std::make_shared<std::atomic<uint64_t>>(0);
+  Gauge queue_pairs_live_ = std::make_shared<std::atomic<uint64_t>>(0);
   std::vector<Address> addresses_;
   MrCache remote_cache_;
   MrCache local_cache_;

@@ -43,7 +43,6 @@ RdmaChannel::RdmaChannel(std::shared_ptr<Device> device, Address address,
 RdmaChannel::~RdmaChannel() {
   // Order matters: the QP before its CQ, every CQ event acked before the CQ goes, and the
   // completion channel's fd is the channel's to close, not Asio's.
-  if (qp_) device_->queue_pairs_live().fetch_sub(1, std::memory_order_relaxed);
   qp_.reset();
   if (cq_ && unacked_events_) ibv_ack_cq_events(cq_.get(), unacked_events_);
   cq_.reset();
@@ -70,9 +69,8 @@ std::error_code RdmaChannel::init() {
   init.cap.max_recv_wr = 1;
   init.cap.max_send_sge = 1;
   init.cap.max_recv_sge = 1;
-  qp_.reset(ibv_create_qp(device_->pd(), &init));
+  qp_ = device_->create_qp(init);
   if (!qp_) return last_errno();
-  device_->queue_pairs_live().fetch_add(1, std::memory_order_relaxed);
   ibv_qp_attr a{};
   a.qp_state = IBV_QPS_INIT;
   a.pkey_index = 0;

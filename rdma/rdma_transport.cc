@@ -253,7 +253,7 @@ RegistrationCounters RdmaTransport::counters() const {
       total.live += c.live;
     }
     total.windows += dev->windows_live();
-    total.queue_pairs += dev->queue_pairs_live().load(std::memory_order_relaxed);
+    total.queue_pairs += dev->queue_pairs_live();
   }
   return total;
 }

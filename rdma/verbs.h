@@ -7,31 +7,53 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+
 #include <system_error>
+#include "rdma/reaper.h"
 
 namespace ferry::rdma {
 
+// Queue pairs, completion queues and channels, protection domains and device contexts are
+// destroyed by the reaper (rdma/reaper.h): ibv_destroy_qp may block for seconds, and the others
+// must follow the queue pairs they served. Registrations and memory windows are released at
+// once, on the caller's thread: deregistering before the owner frees memory, and invalidating a
+// window when its lease ends, are the access guarantees (docs/rdma.md).
 struct ContextDeleter {
-  void operator()(ibv_context* p) const { ibv_close_device(p); }
+  void operator()(ibv_context* p) const {
+    retire([p] { ibv_close_device(p); });
+  }
 };
 struct PdDeleter {
-  void operator()(ibv_pd* p) const { ibv_dealloc_pd(p); }
+  void operator()(ibv_pd* p) const {
+    retire([p] { ibv_dealloc_pd(p); });
+  }
 };
 struct MrDeleter {
   void operator()(ibv_mr* p) const { ibv_dereg_mr(p); }
 };
 struct CompChannelDeleter {
-  void operator()(ibv_comp_channel* p) const { ibv_destroy_comp_channel(p); }
+  void operator()(ibv_comp_channel* p) const {
+    retire([p] { ibv_destroy_comp_channel(p); });
+  }
 };
 struct CqDeleter {
-  void operator()(ibv_cq* p) const { ibv_destroy_cq(p); }
+  void operator()(ibv_cq* p) const {
+    retire([p] { ibv_destroy_cq(p); });
+  }
 };
+// Queue pairs and memory windows count themselves out of their device's gauge once destroyed.
+using Gauge = std::shared_ptr<std::atomic<uint64_t>>;
 struct QpDeleter {
-  void operator()(ibv_qp* p) const { ibv_destroy_qp(p); }
+  Gauge live;
+  void operator()(ibv_qp* p) const {
+    retire([p, live = live] {
+      ibv_destroy_qp(p);
+      if (live) live->fetch_sub(1, std::memory_order_relaxed);
+    });
+  }
 };
-// Memory windows count themselves out of `live` (the device's gauge) when they go.
 struct MwDeleter {
-  std::atomic<uint64_t>* live = nullptr;
+  Gauge live;
   void operator()(ibv_mw* p) const {
     ibv_dealloc_mw(p);
     if (live) live->fetch_sub(1, std::memory_order_relaxed);

@@ -27,7 +27,8 @@ void expect_clean(const WorkloadReport& r, size_t min_transfers) {
 WorkloadOptions kill_options() {
   WorkloadOptions o;
   o.transfers = 1000;
-  o.max_size = in_guest() ? (1u << 20) : (4u << 20);  // rxe under emulation moves ~30 MB/s
+  if (const char* n = std::getenv("FERRY_FAULT_TRANSFERS")) o.transfers = std::stoul(n);  // probes
+  o.max_size = in_guest() ? (256u << 10) : (4u << 20);  // rxe under emulation: ~30 MB/s
   o.cap = std::chrono::seconds(in_guest() ? 400 : 150);
   o.seed = std::random_device{}();
   std::printf("seed %llu\n", static_cast<unsigned long long>(o.seed));

@@ -76,6 +76,7 @@ inline ContextOptions client_options(std::string name) {
     // Emulated RDMA (QEMU TCG) can be slow to set up queue pairs under load: no tight deadlines.
     o.connect_timeout = std::chrono::seconds(30);
     o.handshake_timeout = std::chrono::seconds(30);
+    o.peer_timeout = std::chrono::seconds(30);
   }
   return o;
 }
