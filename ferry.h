@@ -3,6 +3,8 @@
 // registered before main() runs.
 #pragma once
 
+#include "collective/group.h"
+#include "collective/reduce.h"
 #include "net/context.h"
 #include "net/errors.h"
 #include "net/fetch.h"

@@ -60,10 +60,41 @@ Context::Impl::Impl(ContextOptions opts) : options(std::move(opts)), instance(ra
     }
   }
   store.set_gc_hook([this](const StoredObject& object) {
+    {
+      std::lock_guard lock(mu);
+      if (auto it = name_of.find(object.id); it != name_of.end()) {
+        names.erase(it->second);
+        name_of.erase(it);
+      }
+    }
     for (const auto& t : *transport_list()) {
       if (object.transport.empty() || t->name() == object.transport) t->garbage_collect(object);
     }
   });
+}
+
+ObjectId Context::Impl::find_or_wait_name(const std::string& name,
+                                          const std::shared_ptr<Session>& waiter) {
+  std::lock_guard lock(mu);
+  if (auto it = names.find(name); it != names.end()) return it->second;
+  name_waiters.emplace(name, waiter);
+  return 0;
+}
+
+bool Context::Impl::bind_name(const std::string& name, ObjectId id) {
+  std::vector<std::shared_ptr<Session>> wake;
+  {
+    std::lock_guard lock(mu);
+    if (!names.emplace(name, id).second) return false;
+    name_of[id] = name;
+    auto [b, e] = name_waiters.equal_range(name);
+    for (auto it = b; it != e; ++it) {
+      if (auto s = it->second.lock()) wake.push_back(std::move(s));
+    }
+    name_waiters.erase(b, e);
+  }
+  for (auto& s : wake) s->on_named(name);
+  return true;
 }
 
 std::shared_ptr<const Context::Impl::TransportList> Context::Impl::transport_list() const {
@@ -576,6 +607,10 @@ Result<ObjectRef> Context::put(std::vector<Tensor> tensors, std::shared_ptr<void
       return errc::invalid_argument;  // exclusive to which transport?
     }
     store.set_exclusive(id);
+  }
+  if (!options.name.empty() && !impl_->bind_name(options.name, id)) {
+    store.release(id);
+    return errc::invalid_argument;  // the name is taken
   }
   return impl_->make_ref(*store.find(id));
 }

@@ -81,6 +81,10 @@ struct PutOptions {
   // The allocation the tensors are views of, when the caller knows it: one memory registration
   // then serves every object inside it (10,000 views of one buffer cost one ibv_reg_mr).
   std::span<const std::byte> region;
+  // A name peers can fetch it by (ObjectRef::named), even before it is put: their fetches wait
+  // on this side until it is. Unique among this context's live objects (a taken name is
+  // errc::invalid_argument); freed when the object is collected.
+  std::string name;
 };
 
 class Context {

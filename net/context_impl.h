@@ -11,7 +11,9 @@
 #include <string>
 #include <thread>
 #include <unordered_map>
+
 #include <vector>
+#include "store/object_store.h"
 
 #include <array>
 #include <boost/asio/steady_timer.hpp>
@@ -53,6 +55,14 @@ struct Context::Impl : std::enable_shared_from_this<Context::Impl> {
   std::optional<boost::asio::ip::tcp::acceptor> acceptor;
   std::string listen_address;
   std::string advertise_address;
+  // Named objects (PutOptions::name) and the sessions with fetches waiting for a name; under mu.
+  std::unordered_map<std::string, ObjectId> names;
+  std::unordered_map<ObjectId, std::string> name_of;
+  std::unordered_multimap<std::string, std::weak_ptr<Session>> name_waiters;
+  // The object named `name`, or 0 after registering `waiter` to hear of it (Session::on_named).
+  ObjectId find_or_wait_name(const std::string& name, const std::shared_ptr<Session>& waiter);
+  // Binds `name` to `id` and wakes its waiters; false if the name is taken.
+  bool bind_name(const std::string& name, ObjectId id);
   std::unordered_map<uint64_t, std::weak_ptr<Session>> sessions;  // by local id
   std::atomic<uint64_t> next_session_id{1};
   std::atomic<bool> closed{false};

@@ -82,6 +82,7 @@ void to_wire(const ObjectRef& in, wire::ObjectRef& out) {
   out.set_owner(in.owner);
   out.set_object_id(in.object_id);
   out.set_owner_instance(in.owner_instance);
+  out.set_name(in.name);
   auto* md = out.mutable_metadata();
   md->set_transport(in.metadata.transport);
   md->set_extension(in.metadata.extension);
@@ -99,6 +100,7 @@ bool from_wire(const wire::ObjectRef& in, ObjectRef& out) {
   out.owner = in.owner();
   out.object_id = in.object_id();
   out.owner_instance = in.owner_instance();
+  out.name = in.name();
   out.metadata.transport = in.metadata().transport();
   out.metadata.extension = in.metadata().extension();
   out.metadata.exclusive = in.metadata().exclusive();
@@ -115,7 +117,15 @@ bool from_wire(const wire::ObjectRef& in, ObjectRef& out) {
     total += t.nbytes;
     out.metadata.tensors.push_back(std::move(t));
   }
-  return out.object_id != 0;
+  return out.object_id != 0 || !out.name.empty();
+}
+
+ObjectRef ObjectRef::named(std::string owner, std::string name, std::vector<TensorMeta> tensors) {
+  ObjectRef ref;
+  ref.owner = std::move(owner);
+  ref.name = std::move(name);
+  ref.metadata.tensors = std::move(tensors);
+  return ref;
 }
 
 std::string ObjectRef::serialize() const {

@@ -29,6 +29,12 @@ struct ObjectRef {
   ObjectId object_id = 0;
   uint64_t owner_instance = 0;  // changes when the owner restarts: stale refs are detected
   TransportMetadata metadata;
+  // Named refs (object_id 0) stand for an object the owner puts under this name
+  // (PutOptions::name), possibly later: a fetch of one waits on the owner until it exists.
+  std::string name;
+
+  // A ref to the object `owner` puts (or will put) under `name`, with these tensors.
+  static ObjectRef named(std::string owner, std::string name, std::vector<TensorMeta> tensors);
 
   // Binary form (protobuf). parse() rejects anything that is not a well-formed ref.
   std::string serialize() const;

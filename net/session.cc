@@ -353,12 +353,12 @@ std::error_code Session::dispatch(const wire::Envelope& env) {
 // ---------------------------------------------------------------- owner side
 
 void Session::handle_fetch(uint64_t rid, const wire::Fetch& msg) {
-  if (serving_.count(rid) || rid % 2 == next_request_id_ % 2) {
+  if (serving_.count(rid) || parked_.count(rid) || rid % 2 == next_request_id_ % 2) {
     send_error(rid, errc::invalid_argument, "request id in use, or not one the peer may use",
                false);
     return;
   }
-  if (serving_.size() >= ctx_->options.max_requests_per_peer) {
+  if (serving_.size() + parked_.size() >= ctx_->options.max_requests_per_peer) {
     // Bounded: a peer that floods requests (or never reads what it asked for) gets errors, not
     // an ever-growing share of this process.
     send_error(
@@ -377,12 +377,30 @@ void Session::handle_fetch(uint64_t rid, const wire::Fetch& msg) {
     send_error(rid, ec, "transport '" + msg.transport() + "' is not available", false);
     return;
   }
-  auto pin = ctx_->store.pin(msg.object_id());
+  ObjectId id = msg.object_id();
+  if (id == 0 && !msg.name().empty()) {
+    id = ctx_->find_or_wait_name(msg.name(), shared_from_this());
+    if (id == 0) {
+      // Not put yet: wait for it, at most what the fetcher allows and our lease timeout.
+      const auto wait = std::min<uint64_t>(msg.wait_ms(), ctx_->options.lease_timeout.count());
+      auto timer = std::make_unique<asio::steady_timer>(ctx_->io, std::chrono::milliseconds(wait));
+      timer->async_wait(asio::bind_executor(
+          strand_, [self = shared_from_this(), rid](boost::system::error_code ec) {
+            if (ec || !self->parked_.erase(rid) || !self->is_open()) return;
+            self->send_error(rid, errc::object_not_found,
+                             "no object was put under that name in time", false);
+          }));
+      parked_[rid] = Parked{msg, std::move(timer)};
+      return;
+    }
+  }
+  auto pin = ctx_->store.pin(id);
   if (!pin) {
-    send_error(
-        rid, errc::object_not_found,
-        "object " + std::to_string(msg.object_id()) + " not found on '" + ctx_->options.name + "'",
-        false);
+    send_error(rid, errc::object_not_found,
+               msg.name().empty()
+                   ? "object " + std::to_string(id) + " not found on '" + ctx_->options.name + "'"
+                   : "object named '" + msg.name() + "' is gone from '" + ctx_->options.name + "'",
+               false);
     return;
   }
   if (pin.object().exclusive && pin.object().transport != transport->name()) {
@@ -416,7 +434,26 @@ void Session::handle_fetch(uint64_t rid, const wire::Fetch& msg) {
                            });
 }
 
+void Session::on_named(const std::string& name) {
+  asio::post(strand_, [self = shared_from_this(), name] {
+    std::vector<std::pair<uint64_t, wire::Fetch>> ready;
+    for (auto it = self->parked_.begin(); it != self->parked_.end();) {
+      if (it->second.msg.name() == name) {
+        it->second.timer->cancel();
+        ready.emplace_back(it->first, std::move(it->second.msg));
+        it = self->parked_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    for (auto& [rid, msg] : ready) {
+      if (self->is_open()) self->handle_fetch(rid, msg);
+    }
+  });
+}
+
 void Session::handle_cancel(uint64_t rid) {
+  if (parked_.erase(rid)) return;  // waiting for a name: nothing started
   auto it = serving_.find(rid);
   if (it == serving_.end()) return;  // already finished: nothing to stop
   auto transport = it->second;
@@ -677,6 +714,11 @@ void Session::start_transfer(std::shared_ptr<detail::FetchState> state,
   f->set_transport(transport->name());
   f->set_owner_instance(ref.owner_instance);
   for (const auto& t : ref.metadata.tensors) f->add_sizes(t.nbytes);
+  if (!ref.name.empty()) {
+    f->set_name(ref.name);
+    // The owner waits for the name at most this long (and at most its lease timeout).
+    f->set_wait_ms(timeout.count() > 0 ? static_cast<uint64_t>(timeout.count()) : ~uint64_t{0});
+  }
   send(env);
 }
 
@@ -1015,6 +1057,7 @@ void Session::do_close(std::error_code ec) {
   boost::system::error_code ignored;
   stream_.close();
   // Channels first: they drop their hold on every target buffer and pinned object.
+  parked_.clear();  // their timers go with them
   auto channels = std::move(channels_);
   channels_.clear();
   for (auto& [name, slot] : channels) {

@@ -52,6 +52,8 @@ class Session final : public PeerLink, public std::enable_shared_from_this<Sessi
   void close(std::error_code ec);
   // Sends this side's current transports to the peer (after one was registered). Any thread.
   void announce_transports();
+  // An object was put under `name`: serve the fetches parked waiting for it. Any thread.
+  void on_named(const std::string& name);
   // A copy of the peer's description, safe from any thread.
   PeerInfo info_snapshot() const;
 
@@ -89,6 +91,11 @@ class Session final : public PeerLink, public std::enable_shared_from_this<Sessi
     std::shared_ptr<TransportChannel> channel;
     bool opening = false;
     std::vector<std::function<void(std::error_code)>> waiters;
+  };
+  // A fetch by name that arrived before the name was put (ObjectRef::named).
+  struct Parked {
+    wire::Fetch msg;
+    std::unique_ptr<boost::asio::steady_timer> timer;
   };
   struct PendingRpc {
     RpcHandler done;
@@ -164,6 +171,7 @@ class Session final : public PeerLink, public std::enable_shared_from_this<Sessi
   std::atomic<uint64_t> next_request_id_;
   std::unordered_map<uint64_t, PendingFetch> fetches_;
   std::unordered_map<uint64_t, std::shared_ptr<TransportManager>> serving_;
+  std::unordered_map<uint64_t, Parked> parked_;
   std::unordered_map<uint64_t, PendingRpc> rpcs_;
   std::unordered_map<std::string, ChannelSlot> channels_;
 };

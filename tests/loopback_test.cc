@@ -546,6 +546,61 @@ TEST(Auth, TheSecretNeverCrossesTheWire) {
   EXPECT_EQ(wire.find(secret), std::string::npos) << "the secret was sent in the clear";
 }
 
+// ---------------------------------------------------------------- named objects (rendezvous)
+
+TEST(Named, AFetchByNameWaitsForThePutAndLandsByteExact) {
+  Server server;
+  Context client(client_options("client"));
+  auto peer = connect_or_fail(client, server.address());
+  auto bytes = make_pattern(300000, 90);
+  std::vector<std::byte> into(bytes->size());
+  auto ref = ObjectRef::named(server.address(), "step/1", {TensorMeta::bytes(bytes->size())});
+  auto req = peer.fetch(ref, {into}, {.timeout = 20s});
+  std::this_thread::sleep_for(200ms);
+  EXPECT_FALSE(req.done()) << "a fetch of a name nobody put completed";
+  PutOptions o;
+  o.name = "step/1";
+  auto put = server.ctx.put({Tensor::bytes(*bytes)}, bytes, o);
+  ASSERT_TRUE(put.ok());
+  ASSERT_FALSE(req.wait(20s));
+  EXPECT_TRUE(same_bytes(into, *bytes));
+  // Already there: served at once. A taken name is refused.
+  auto again = peer.fetch(ref, {into}, {.timeout = 5s});
+  EXPECT_FALSE(again.wait(10s));
+  EXPECT_EQ(server.ctx.put({Tensor::bytes(*bytes)}, bytes, o).error(), errc::invalid_argument);
+  // Released and collected: the name is free again, and a fetch of it waits once more.
+  EXPECT_TRUE(server.ctx.release(*put));
+  for (int i = 0; i < 200 && server.ctx.store().find(put->object_id); ++i) {
+    std::this_thread::sleep_for(5ms);
+  }
+  EXPECT_TRUE(server.ctx.put({Tensor::bytes(*bytes)}, bytes, o).ok());
+}
+
+TEST(Named, ANameNeverPutFailsByTheDeadlineAndAbortsFreeTheOwner) {
+  Server server;
+  Context client(client_options("client"));
+  auto peer = connect_or_fail(client, server.address());
+  std::vector<std::byte> into(10);
+  auto ref = ObjectRef::named(server.address(), "never", {TensorMeta::bytes(10)});
+  const auto t0 = std::chrono::steady_clock::now();
+  auto ec = peer.fetch(ref, {into}, {.timeout = 500ms}).wait(10s);
+  EXPECT_TRUE(ec == errc::timed_out || ec == errc::object_not_found) << ec.message();
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 3s);
+  // Many parked fetches, aborted: the owner forgets them (they count against the peer's bound
+  // while parked, so a leak would show as overload).
+  std::vector<FetchRequest> reqs;
+  for (int i = 0; i < 100; ++i) reqs.push_back(peer.fetch(ref, {into}, {.timeout = 60s}));
+  for (auto& r : reqs) r.abort();
+  for (auto& r : reqs) EXPECT_EQ(r.wait(10s), errc::aborted);
+  auto bytes = make_pattern(10, 91);
+  PutOptions o;
+  o.name = "never";
+  ASSERT_TRUE(server.ctx.put({Tensor::bytes(*bytes)}, bytes, o).ok());
+  auto late = peer.fetch(ref, {into}, {.timeout = 10s});
+  ASSERT_FALSE(late.wait(20s));
+  EXPECT_TRUE(same_bytes(into, *bytes));
+}
+
 // ---------------------------------------------------------------- TLS on the metadata channel
 
 // Certificates made fresh per test run by tests/tls/make_certs.sh (the openssl command).

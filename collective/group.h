@@ -1,0 +1,99 @@
+// Group: N processes (ranks) running collectives over ferry's stores and transports.
+//
+// Every rank has a Context listening at its address; Group::join connects it to every other
+// rank. A collective moves data the way every fetch does: a rank offers the bytes others need
+// as *named* objects in its own store (views of the caller's memory: no serialisation, no
+// staging copy), and the others fetch them by name (ObjectRef::named), straight into their
+// destination buffers, over RDMA (one-sided READs) or the TCP fallback. A fetch of a name not
+// yet offered waits on the owner (a rendezvous), so no extra round trip announces readiness.
+//
+// Algorithms (docs/collectives.md): below `direct_threshold` bytes, a direct exchange (one
+// round: every rank fetches every other rank's tensor and reduces locally); above it,
+// reduce-scatter then allgather (each rank reduces one balanced chunk, then fetches every other
+// reduced chunk), which moves 2(N-1)/N of the tensor per rank, like a ring. Reductions run in
+// rank order, so every rank gets bit-identical results, and overlap the fetches of later ranks.
+//
+// Threading: a Group is used by one thread at a time; every rank calls the same collectives in
+// the same order (like MPI). Calls block until done, never longer than `timeout`.
+//
+// Failure: a rank that dies (or a fetch that fails) fails the call with a Status naming that
+// rank; the Group then closes its connections, so every other rank's pending fetches fail at
+// once too instead of waiting for their deadline. A failed Group stays failed.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "collective/reduce.h"
+#include "net/context.h"
+#include "net/fetch.h"
+#include "net/peer.h"
+
+namespace ferry::collective {
+
+struct GroupOptions {
+  std::string name = "group";  // tells groups of the same processes apart
+  std::chrono::milliseconds join_timeout{30000};
+  std::chrono::milliseconds timeout{60000};  // each collective call
+  size_t direct_threshold = 64u << 10;       // bytes: direct exchange below, RS + AG from here
+};
+
+// The outcome of a collective: ok, or the error, the rank it came from (-1: local) and a
+// message naming it.
+struct Status {
+  std::error_code ec;
+  int rank = -1;
+  std::string message;
+  bool ok() const { return !ec; }
+  explicit operator bool() const { return ok(); }
+};
+
+class Group {
+ public:
+  // Joins group `options.name` as rank `rank` of addresses.size(); `ctx` must be listening at
+  // addresses[rank]. Connects to every other rank (retrying while they start) and returns once
+  // all of them have joined, or after join_timeout with errc::timed_out and a message naming
+  // the ranks that did not. Blocking; not from an io_context thread.
+  static Result<std::unique_ptr<Group>> join(Context& ctx, std::vector<std::string> addresses,
+                                             int rank, GroupOptions options = {}, Status* why = {});
+  ~Group();
+  Group(const Group&) = delete;
+  Group& operator=(const Group&) = delete;
+
+  int rank() const { return rank_; }
+  int size() const { return static_cast<int>(addresses_.size()); }
+
+  // In place: every rank's `data` becomes op over all ranks' `data` (same size and dtype on
+  // every rank).
+  Status allreduce(std::span<std::byte> data, DType dtype, ReduceOp op);
+  // `data` of `root` is copied into every other rank's `data` (same size everywhere).
+  Status broadcast(std::span<std::byte> data, int root);
+  // out = concatenation of every rank's `in`, in rank order; out.size() == size() * in.size().
+  Status allgather(std::span<const std::byte> in, std::span<std::byte> out);
+  // `in` (same size and dtype on every rank) is reduced with op, and this rank gets its chunk:
+  // elements [rank*count/N, (rank+1)*count/N) (chunk_range), so any count works.
+  Status reduce_scatter(std::span<const std::byte> in, std::span<std::byte> out, DType dtype,
+                        ReduceOp op);
+
+  // The balanced split the collectives use: elements [first, last) of `count` for `rank`.
+  static std::pair<size_t, size_t> chunk_range(size_t count, int rank, int size);
+
+ private:
+  struct Op;
+  Group(Context& ctx, std::vector<std::string> addresses, int rank, GroupOptions options);
+  Status connect_all(std::chrono::steady_clock::time_point deadline);
+
+  Context& ctx_;
+  std::vector<std::string> addresses_;
+  int rank_;
+  GroupOptions options_;
+  std::vector<Peer> peers_;  // by rank; invalid for this rank
+  uint64_t seq_ = 0;         // collectives started
+  std::vector<ObjectRef> previous_markers_;  // released once every rank is past their op
+  Status failed_;
+};
+
+}  // namespace ferry::collective

@@ -1,0 +1,389 @@
+// Collectives (collective/): reduction kernels against references, and every collective on N
+// ranks (each its own Context, real sockets; RDMA in the guest), byte-exact for integers and
+// within a documented tolerance for floats, sizes from one element to 64 MiB and counts that do
+// not divide by N; a rank that dies fails the others in bounded time.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <random>
+#include <thread>
+
+#include "collective/group.h"
+#include "tests/test_util.h"
+
+namespace ferry::test {
+namespace {
+
+using collective::Group;
+using collective::ReduceOp;
+using collective::Status;
+
+// ---------------------------------------------------------------- kernels
+
+TEST(Reduce, HalfAndBfloat16RoundTripEveryValue) {
+  for (uint32_t h = 0; h < 0x10000; ++h) {
+    const float f = collective::half_to_float(static_cast<uint16_t>(h));
+    if (std::isnan(f)) {
+      EXPECT_TRUE(std::isnan(collective::half_to_float(collective::float_to_half(f))));
+      continue;
+    }
+    ASSERT_EQ(collective::float_to_half(f), h) << "half 0x" << std::hex << h;
+    const float b = collective::bf16_to_float(static_cast<uint16_t>(h));
+    if (!std::isnan(b)) {
+      ASSERT_EQ(collective::float_to_bf16(b), h) << "bf16 0x" << std::hex << h;
+    }
+  }
+  // Rounding: to nearest, ties to even.
+  EXPECT_EQ(collective::float_to_half(1.0f + 1.0f / 2048), collective::float_to_half(1.0f));
+  EXPECT_EQ(collective::float_to_half(65520.0f), 0x7c00);  // overflows to infinity
+  EXPECT_EQ(collective::half_to_float(0x0001), std::ldexp(1.0f, -24));
+}
+
+TEST(Reduce, RejectsBadInput) {
+  std::vector<std::byte> a(8), b(4);
+  EXPECT_TRUE(collective::reduce_into(DType::kFloat32, ReduceOp::kSum, a, b));  // sizes differ
+  std::vector<std::byte> c(6), d(6);
+  EXPECT_TRUE(collective::reduce_into(DType::kFloat32, ReduceOp::kSum, c, d));  // not elements
+  EXPECT_TRUE(collective::reduce_into(DType::kBool, ReduceOp::kSum, a, a));
+}
+
+// ---------------------------------------------------------------- data for the ranks
+
+const std::vector<DType> kDtypes = {DType::kFloat32, DType::kFloat64, DType::kInt32,
+                                    DType::kInt64,   DType::kFloat16, DType::kBFloat16};
+const std::vector<ReduceOp> kOps = {ReduceOp::kSum, ReduceOp::kProd, ReduceOp::kMin,
+                                    ReduceOp::kMax};
+
+// Rank r's value for element i: integers in [-5, 5], floats in [0.5, 1.5) (products stay finite).
+double value(int r, size_t i) { return static_cast<double>((i * 7 + r * 13 + (i >> 3)) % 11); }
+
+void store(DType t, std::byte* p, double v, bool integer_scale) {
+  switch (t) {
+    case DType::kInt32: {
+      int32_t x = static_cast<int32_t>(v) - 5;
+      std::memcpy(p, &x, 4);
+      return;
+    }
+    case DType::kInt64: {
+      int64_t x = static_cast<int64_t>(v) - 5;
+      std::memcpy(p, &x, 8);
+      return;
+    }
+    default:
+      break;
+  }
+  const double f = integer_scale ? v : 0.5 + v / 11.0;
+  switch (t) {
+    case DType::kFloat32: {
+      float x = static_cast<float>(f);
+      std::memcpy(p, &x, 4);
+      return;
+    }
+    case DType::kFloat64:
+      std::memcpy(p, &f, 8);
+      return;
+    case DType::kFloat16: {
+      uint16_t x = collective::float_to_half(static_cast<float>(f));
+      std::memcpy(p, &x, 2);
+      return;
+    }
+    case DType::kBFloat16: {
+      uint16_t x = collective::float_to_bf16(static_cast<float>(f));
+      std::memcpy(p, &x, 2);
+      return;
+    }
+    default:
+      return;
+  }
+}
+
+double load(DType t, const std::byte* p) {
+  switch (t) {
+    case DType::kInt32: {
+      int32_t x;
+      std::memcpy(&x, p, 4);
+      return x;
+    }
+    case DType::kInt64: {
+      int64_t x;
+      std::memcpy(&x, p, 8);
+      return static_cast<double>(x);
+    }
+    case DType::kFloat32: {
+      float x;
+      std::memcpy(&x, p, 4);
+      return x;
+    }
+    case DType::kFloat64: {
+      double x;
+      std::memcpy(&x, p, 8);
+      return x;
+    }
+    case DType::kFloat16: {
+      uint16_t x;
+      std::memcpy(&x, p, 2);
+      return collective::half_to_float(x);
+    }
+    case DType::kBFloat16: {
+      uint16_t x;
+      std::memcpy(&x, p, 2);
+      return collective::bf16_to_float(x);
+    }
+    default:
+      return 0;
+  }
+}
+
+std::vector<std::byte> rank_data(DType t, int r, size_t count) {
+  const size_t es = dtype_size(t);
+  std::vector<std::byte> v(count * es);
+  for (size_t i = 0; i < count; ++i) store(t, v.data() + i * es, value(r, i), false);
+  return v;
+}
+
+// The reference: the ranks' values (as stored, i.e. already rounded to the dtype) combined in
+// double precision; integers exactly (small values: no wrap).
+double reference(DType t, ReduceOp op, int n, size_t i) {
+  std::byte tmp[8];
+  double acc = 0;
+  for (int r = 0; r < n; ++r) {
+    store(t, tmp, value(r, i), false);
+    const double x = load(t, tmp);
+    if (r == 0) {
+      acc = x;
+      continue;
+    }
+    switch (op) {
+      case ReduceOp::kSum:
+        acc += x;
+        break;
+      case ReduceOp::kProd:
+        acc *= x;
+        break;
+      case ReduceOp::kMin:
+        acc = std::min(acc, x);
+        break;
+      case ReduceOp::kMax:
+        acc = std::max(acc, x);
+        break;
+    }
+  }
+  return acc;
+}
+
+// Relative tolerance of a float result after n-1 roundings in the dtype (docs/collectives.md).
+double tolerance(DType t, int n) {
+  switch (t) {
+    case DType::kFloat32:
+      return 1e-6 * n;
+    case DType::kFloat64:
+      return 1e-14 * n;
+    case DType::kFloat16:
+      return 1e-3 * n;
+    case DType::kBFloat16:
+      return 8e-3 * n;
+    default:
+      return 0;  // integers: exact
+  }
+}
+
+// ---------------------------------------------------------------- ranks
+
+// N ranks in this process, each with its own Context listening on the suite's host.
+class Ranks {
+ public:
+  explicit Ranks(int n, collective::GroupOptions options = {}) {
+    for (int r = 0; r < n; ++r) {
+      contexts_.push_back(std::make_unique<Context>(client_options("rank" + std::to_string(r))));
+      auto port = contexts_.back()->listen(test_host() + ":0");
+      EXPECT_TRUE(port.ok());
+      addresses_.push_back(test_host() + ":" + std::to_string(port.ok() ? *port : 0));
+    }
+    groups_.resize(n);
+    run([&](int r) {
+      Status why;
+      auto g = Group::join(*contexts_[r], addresses_, r, options, &why);
+      ASSERT_TRUE(g.ok()) << why.message;
+      groups_[r] = std::move(*g);
+    });
+  }
+  // Runs f(rank) on one thread per rank and joins them.
+  void run(const std::function<void(int)>& f) {
+    std::vector<std::thread> threads;
+    for (int r = 0; r < size(); ++r) threads.emplace_back([&f, r] { f(r); });
+    for (auto& t : threads) t.join();
+  }
+  int size() const { return static_cast<int>(contexts_.size()); }
+  Group& group(int r) { return *groups_[r]; }
+  Context& context(int r) { return *contexts_[r]; }
+  void kill(int r) {
+    groups_[r].reset();
+    contexts_[r].reset();
+  }
+
+ private:
+  std::vector<std::unique_ptr<Context>> contexts_;
+  std::vector<std::string> addresses_;
+  std::vector<std::unique_ptr<Group>> groups_;
+};
+
+void check_allreduce(Ranks& ranks, DType t, ReduceOp op, size_t count) {
+  const int n = ranks.size();
+  const size_t es = dtype_size(t);
+  std::vector<std::vector<std::byte>> data(n);
+  for (int r = 0; r < n; ++r) data[r] = rank_data(t, r, count);
+  ranks.run([&](int r) {
+    auto s = ranks.group(r).allreduce(data[r], t, op);
+    ASSERT_TRUE(s.ok()) << s.message;
+  });
+  const double tol = tolerance(t, n);
+  for (int r = 0; r < n; ++r) {
+    // Every rank holds bit-identical results (reductions in rank order).
+    ASSERT_EQ(data[r], data[0]) << dtype_name(t) << " " << reduce_op_name(op) << " n=" << n
+                                << " count=" << count << ": rank " << r << " differs from rank 0";
+  }
+  for (size_t i = 0; i < count; ++i) {
+    const double want = reference(t, op, n, i);
+    const double got = load(t, data[0].data() + i * es);
+    if (tol == 0) {
+      ASSERT_EQ(got, want) << dtype_name(t) << " " << reduce_op_name(op) << " n=" << n
+                           << " element " << i;
+    } else {
+      ASSERT_NEAR(got, want, tol * std::max(1.0, std::abs(want)))
+          << dtype_name(t) << " " << reduce_op_name(op) << " n=" << n << " element " << i;
+    }
+  }
+}
+
+class Collective : public ::testing::TestWithParam<int> {
+ protected:
+  void SetUp() override { FERRY_REQUIRE_TEST_HOST(); }
+};
+
+TEST_P(Collective, AllreduceEveryOpAndDtypeAndSize) {
+  Ranks ranks(GetParam());
+  // One element, fewer elements than ranks, odd counts, and sizes on both sides of the
+  // direct/reduce-scatter threshold (64 KiB).
+  for (size_t count : {size_t{1}, size_t{3}, size_t{1001}, size_t{40009}}) {
+    for (DType t : kDtypes) {
+      for (ReduceOp op : kOps) check_allreduce(ranks, t, op, count);
+    }
+  }
+}
+
+TEST_P(Collective, BroadcastAllgatherReduceScatter) {
+  Ranks ranks(GetParam());
+  const int n = ranks.size();
+  for (size_t count : {size_t{1}, size_t{5}, size_t{100003}}) {
+    // Broadcast from every root.
+    for (int root = 0; root < n; ++root) {
+      std::vector<std::vector<std::byte>> data(n);
+      for (int r = 0; r < n; ++r) data[r] = rank_data(DType::kInt32, r, count);
+      ranks.run([&](int r) {
+        auto s = ranks.group(r).broadcast(data[r], root);
+        ASSERT_TRUE(s.ok()) << s.message;
+      });
+      for (int r = 0; r < n; ++r) ASSERT_EQ(data[r], rank_data(DType::kInt32, root, count));
+    }
+    // Allgather.
+    std::vector<std::vector<std::byte>> in(n), out(n);
+    for (int r = 0; r < n; ++r) {
+      in[r] = rank_data(DType::kInt64, r, count);
+      out[r].resize(in[r].size() * n);
+    }
+    ranks.run([&](int r) {
+      auto s = ranks.group(r).allgather(in[r], out[r]);
+      ASSERT_TRUE(s.ok()) << s.message;
+    });
+    for (int r = 0; r < n; ++r) {
+      for (int q = 0; q < n; ++q) {
+        ASSERT_EQ(0, std::memcmp(out[r].data() + q * in[q].size(), in[q].data(), in[q].size()));
+      }
+    }
+    // Reduce-scatter (int32 sum: exact): rank r gets its chunk of the allreduce.
+    for (int r = 0; r < n; ++r) in[r] = rank_data(DType::kInt32, r, count);
+    std::vector<std::vector<std::byte>> chunk(n);
+    for (int r = 0; r < n; ++r) {
+      auto [first, last] = Group::chunk_range(count, r, n);
+      chunk[r].resize((last - first) * 4);
+    }
+    ranks.run([&](int r) {
+      auto s = ranks.group(r).reduce_scatter(in[r], chunk[r], DType::kInt32, ReduceOp::kSum);
+      ASSERT_TRUE(s.ok()) << s.message;
+    });
+    for (int r = 0; r < n; ++r) {
+      auto [first, last] = Group::chunk_range(count, r, n);
+      for (size_t i = first; i < last; ++i) {
+        ASSERT_EQ(load(DType::kInt32, chunk[r].data() + (i - first) * 4),
+                  reference(DType::kInt32, ReduceOp::kSum, n, i));
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, Collective, ::testing::Values(2, 3, 4, 8),
+                         [](const auto& info) { return "N" + std::to_string(info.param); });
+
+TEST(CollectiveLarge, AllreduceOf64MiBOnFourRanks) {
+  FERRY_REQUIRE_TEST_HOST();
+  if (test_transport() == "RDMA") GTEST_SKIP() << "SKIPPED: 64 MiB x 4 is minutes on emulated rxe";
+  Ranks ranks(4);
+  check_allreduce(ranks, DType::kFloat32, ReduceOp::kSum, (64u << 20) / 4);
+}
+
+TEST(CollectiveJoin, AMissingRankIsNamedWithinTheDeadline) {
+  FERRY_REQUIRE_TEST_HOST();
+  Context a(client_options("a"));
+  auto port = a.listen(test_host() + ":0");
+  ASSERT_TRUE(port.ok());
+  // Rank 1's address: a port nobody listens on.
+  Context probe(client_options("probe"));
+  auto dead = probe.listen(test_host() + ":0");
+  ASSERT_TRUE(dead.ok());
+  const std::string dead_address = test_host() + ":" + std::to_string(*dead);
+  probe.close();
+  collective::GroupOptions o;
+  o.join_timeout = std::chrono::milliseconds(1500);
+  Status why;
+  const auto t0 = std::chrono::steady_clock::now();
+  auto g = Group::join(a, {test_host() + ":" + std::to_string(*port), dead_address}, 0, o, &why);
+  EXPECT_FALSE(g.ok());
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(10));
+  EXPECT_EQ(why.rank, 1);
+  EXPECT_NE(why.message.find(dead_address), std::string::npos) << why.message;
+}
+
+TEST(CollectiveFailure, ARankThatDiesFailsEveryOtherRankInBoundedTime) {
+  FERRY_REQUIRE_TEST_HOST();
+  collective::GroupOptions o;
+  o.timeout = std::chrono::seconds(60);  // the failure must come long before this
+  Ranks ranks(4, o);
+  std::vector<std::vector<std::byte>> data(4);
+  for (int r = 0; r < 4; ++r) data[r] = rank_data(DType::kFloat32, r, 1u << 20);
+  std::vector<Status> result(4);
+  std::vector<std::chrono::steady_clock::duration> took(4);
+  std::thread killer([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    ranks.kill(3);  // rank 3 never joins the call, then dies
+  });
+  ranks.run([&](int r) {
+    if (r == 3) return;
+    const auto t0 = std::chrono::steady_clock::now();
+    result[r] = ranks.group(r).allreduce(data[r], DType::kFloat32, ReduceOp::kSum);
+    took[r] = std::chrono::steady_clock::now() - t0;
+  });
+  killer.join();
+  bool named = false;
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_FALSE(result[r].ok()) << "rank " << r << " finished an allreduce missing rank 3";
+    EXPECT_LT(took[r], std::chrono::seconds(15)) << "rank " << r << ": " << result[r].message;
+    named |= result[r].rank == 3;
+    std::printf("rank %d: %s\n", r, result[r].message.c_str());
+  }
+  EXPECT_TRUE(named) << "no rank named the dead rank 3";
+}
+
+}  // namespace
+}  // namespace ferry::test
