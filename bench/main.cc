@@ -82,6 +82,8 @@ int main(int argc, char** argv) {
   r->add_option("--tensors", reg.tensors, "Separate tensors (0: skip)")->capture_default_str();
   r->add_option("--tensor-bytes", tensor_bytes, "Bytes per tensor")->capture_default_str();
   r->add_option("--inflight", reg.inflight, "Fetches in flight")->capture_default_str();
+  bool reg_no_windows = false;
+  r->add_flag("--no-memory-windows", reg_no_windows, "RDMA grants with region rkeys");
 
   ScaleArgs scale;
   std::string scale_size = "64K";
@@ -113,6 +115,7 @@ int main(int argc, char** argv) {
     if (*r) {
       reg.view_bytes = one_size(view_bytes);
       reg.tensor_bytes = one_size(tensor_bytes);
+      reg.memory_windows = !reg_no_windows;
       return run_registration(reg);
     }
     if (*sc) {
