@@ -46,9 +46,10 @@ struct Group::Op {
   }
   // Starts fetching rank `from`'s `tag` into `into` (exactly its size).
   void take(int from, const std::string& tag, std::span<std::byte> into) {
-    auto ref = ObjectRef::named(g.addresses_[from], name(tag, from), {TensorMeta::bytes(into.size())});
-    pending.emplace_back(from, g.peers_[from].fetch(std::move(ref), {into},
-                                                    {.timeout = left_until(deadline)}));
+    auto ref =
+        ObjectRef::named(g.addresses_[from], name(tag, from), {TensorMeta::bytes(into.size())});
+    pending.emplace_back(
+        from, g.peers_[from].fetch(std::move(ref), {into}, {.timeout = left_until(deadline)}));
   }
   // Waits for the fetch at `i` of `pending`.
   Status wait(size_t i) {
@@ -67,11 +68,10 @@ struct Group::Op {
   }
   // Every rank offers a one-byte marker and fetches everyone else's: when it returns, every
   // rank has finished everything before it.
-    // `gone_is_done`: a rank whose connection has closed counts as arrived (see finish).
+  // `gone_is_done`: a rank whose connection has closed counts as arrived (see finish).
   Status barrier(const std::string& tag, std::vector<ObjectRef>* keep = nullptr,
                  bool gone_is_done = false) {
-    static const std::byte one{1};
-    if (auto s = offer(tag, {&one, 1}, keep); !s) return s;
+    if (auto s = offer(tag, {&g.marker_, 1}, keep); !s) return s;
     std::vector<std::byte> sink(static_cast<size_t>(g.size()));
     for (int q = 0; q < g.size(); ++q) {
       if (q != g.rank_) take(q, tag, {&sink[q], 1});
@@ -102,8 +102,8 @@ struct Group::Op {
     s.ec = ec;
     s.rank = rank;
     s.message = what + " #" + std::to_string(seq) + " on rank " + std::to_string(g.rank_) + ": " +
-                doing + (rank >= 0 ? " (" + g.addresses_[rank] + ")" : "") + " failed: " +
-                ec.message();
+                doing + (rank >= 0 ? " (" + g.addresses_[rank] + ")" : "") +
+                " failed: " + ec.message();
     FERRY_LOG_WARN("collective: {}", s.message);
     // Fail fast everywhere: closing our connections fails the other ranks' fetches from us now
     // instead of at their deadline.
@@ -155,8 +155,8 @@ Status Group::connect_all(Clock::time_point deadline) {
   Status s;
   s.ec = errc::timed_out;
   s.rank = missing.front();
-  s.message = "group '" + options_.name + "': rank " + std::to_string(rank_) +
-              " could not reach rank(s)";
+  s.message =
+      "group '" + options_.name + "': rank " + std::to_string(rank_) + " could not reach rank(s)";
   for (int q : missing) s.message += " " + std::to_string(q) + " (" + addresses_[q] + ")";
   return s;
 }
@@ -177,8 +177,7 @@ Result<std::unique_ptr<Group>> Group::join(Context& ctx, std::vector<std::string
   // Every rank offers "join" and fetches everyone else's, within the join deadline.
   Op op(*g, "join");
   op.deadline = deadline;
-  static const std::byte one{1};
-  if (auto s = op.offer("join", {&one, 1}, &g->previous_markers_); !s) return report(s);
+  if (auto s = op.offer("join", {&g->marker_, 1}, &g->previous_markers_); !s) return report(s);
   std::vector<std::byte> sink(g->addresses_.size());
   std::vector<int> missing;
   for (int q = 0; q < g->size(); ++q) {
@@ -325,8 +324,8 @@ Status Group::allgather(std::span<const std::byte> in, std::span<std::byte> out)
   return o.finish();
 }
 
-Status Group::reduce_scatter(std::span<const std::byte> in, std::span<std::byte> out,
-                             DType dtype, ReduceOp op) {
+Status Group::reduce_scatter(std::span<const std::byte> in, std::span<std::byte> out, DType dtype,
+                             ReduceOp op) {
   if (!failed_) return failed_;
   const size_t esize = dtype_size(dtype);
   if (esize == 0 || in.size() % esize) {

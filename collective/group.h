@@ -90,10 +90,12 @@ class Group {
   std::vector<std::string> addresses_;
   int rank_;
   GroupOptions options_;
-  std::vector<Peer> peers_;  // by rank; invalid for this rank
-  uint64_t seq_ = 0;         // collectives started
+  std::vector<Peer> peers_;                  // by rank; invalid for this rank
+  uint64_t seq_ = 0;                         // collectives started
   std::vector<ObjectRef> previous_markers_;  // released once every rank is past their op
   Status failed_;
+  // The byte every marker offers: writable memory (RDMA cannot register read-only pages).
+  std::byte marker_{1};
 };
 
 }  // namespace ferry::collective

@@ -58,7 +58,8 @@ struct ContextOptions {
   // binds a type-2 memory window to the fetcher's queue pair over exactly the granted range,
   // invalidated when the lease ends. Devices without windows fall back to region rkeys (a
   // warning says so); false forces that fallback (one bind fewer per grant, weaker isolation).
-  bool rdma_memory_windows = true;
+  // Default: on, unless $FERRY_RDMA_MEMORY_WINDOWS is "0".
+  bool rdma_memory_windows = default_memory_windows();
   // Shared secret for the metadata channel (default: $FERRY_SECRET). When set, both sides prove
   // knowledge of it (HMAC-SHA256 challenge-response; it is never sent) before anything else;
   // a peer without it, or with another, is refused with errc::auth_failed.
@@ -72,6 +73,7 @@ struct ContextOptions {
   // built-in "RDMA" and "TCP").
   static std::string default_transport();
   static std::string default_secret();
+  static bool default_memory_windows();
 };
 
 struct PutOptions {

@@ -1,5 +1,8 @@
 #include "rdma/device.h"
 
+#include <fcntl.h>
+#include <poll.h>
+
 #include "net/log.h"
 
 namespace ferry::rdma {
@@ -15,6 +18,37 @@ Device::Device(std::string name, ContextHandle ctx, PdHandle pd, const ibv_devic
       // bound to one peer's queue pair, over one granted range, opens memory to READs.
       remote_cache_(pd_.get(), memory_windows ? IBV_ACCESS_MW_BIND : IBV_ACCESS_REMOTE_READ),
       local_cache_(pd_.get(), IBV_ACCESS_LOCAL_WRITE) {}
+
+Device::~Device() {
+  stopping_ = true;
+  if (async_events_.joinable()) async_events_.join();
+}
+
+void Device::watch_async_events() {
+  const int fd = ctx_->async_fd;
+  ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
+  async_events_ = std::thread([this, fd] {
+    while (!stopping_) {
+      pollfd p{fd, POLLIN, 0};
+      if (::poll(&p, 1, 200) <= 0) continue;
+      ibv_async_event e{};
+      if (ibv_get_async_event(ctx_.get(), &e) != 0) continue;
+      const bool qp_event =
+          e.event_type == IBV_EVENT_QP_FATAL || e.event_type == IBV_EVENT_QP_REQ_ERR ||
+          e.event_type == IBV_EVENT_QP_ACCESS_ERR || e.event_type == IBV_EVENT_COMM_EST ||
+          e.event_type == IBV_EVENT_SQ_DRAINED || e.event_type == IBV_EVENT_QP_LAST_WQE_REACHED;
+      if (e.event_type == IBV_EVENT_COMM_EST) {
+        FERRY_LOG_DEBUG("rdma: {}: {}", name_, ibv_event_type_str(e.event_type));
+      } else if (qp_event) {
+        FERRY_LOG_WARN("rdma: {}: {} on queue pair {}", name_, ibv_event_type_str(e.event_type),
+                       e.element.qp ? e.element.qp->qp_num : 0);
+      } else {
+        FERRY_LOG_WARN("rdma: {}: {}", name_, ibv_event_type_str(e.event_type));
+      }
+      ibv_ack_async_event(&e);
+    }
+  });
+}
 
 MwHandle Device::alloc_window() {
   MwHandle mw(ibv_alloc_mw(pd_.get(), IBV_MW_TYPE_2), MwDeleter{windows_live_});
@@ -64,6 +98,7 @@ std::vector<std::shared_ptr<Device>> Device::open_all(bool memory_windows) {
           name);
     }
     std::shared_ptr<Device> dev(new Device(name, std::move(ctx), std::move(pd), attr, windows));
+    dev->watch_async_events();
     for (uint8_t port = 1; port <= dev->attr_.phys_port_cnt; ++port) {
       ibv_port_attr pa{};
       if (ibv_query_port(dev->context(), port, &pa) != 0 || pa.state != IBV_PORT_ACTIVE) continue;

@@ -5,6 +5,7 @@
 #include <atomic>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "net/result.h"
@@ -49,6 +50,7 @@ class Device {
   // A queue pair on this PD, counted in queue_pairs_live() until the reaper destroys it; null
   // with errno set on failure.
   QpHandle create_qp(ibv_qp_init_attr& init);
+  ~Device();
 
   // Registrations that peers READ from (owner side) and that READs land in (fetcher side).
   MrCache& remote_cache() { return remote_cache_; }
@@ -64,6 +66,11 @@ class Device {
   bool memory_windows_ = false;
   Gauge windows_live_ = std::make_shared<std::atomic<uint64_t>>(0);
   Gauge queue_pairs_live_ = std::make_shared<std::atomic<uint64_t>>(0);
+  // Logs the device's asynchronous events (a queue pair's fatal error, a CQ overrun, a port
+  // going down): the only report of errors that no work completion carries.
+  void watch_async_events();
+  std::atomic<bool> stopping_{false};
+  std::thread async_events_;
   std::vector<Address> addresses_;
   MrCache remote_cache_;
   MrCache local_cache_;

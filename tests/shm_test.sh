@@ -105,7 +105,10 @@ start_owner 1000
 dead=$owner_pid
 "$ex" fetch "$port" "$tmp/owner.out" >"$tmp/fetch.out" 2>&1 &
 fetch_pid=$!
-sleep 0.05
+# Kill once the fetcher is connected (and so fetching): not before, on a loaded machine.
+for _ in $(seq 300); do grep -q '^connected$' "$tmp/fetch.out" && break; sleep 0.02; done
+grep -q '^connected$' "$tmp/fetch.out" || fail "the fetcher did not connect"
+sleep 0.02
 kill -9 "$dead"
 owner_pid=
 set +e

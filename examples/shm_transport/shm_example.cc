@@ -88,6 +88,7 @@ int fetch(int argc, char** argv) {
   ferry::Context ctx({.name = "shm-fetcher"});
   auto peer = ctx.connect(std::string("127.0.0.1:") + argv[2]);
   if (!peer) return std::fprintf(stderr, "connect: %s\n", peer.error().message().c_str()), 2;
+  std::fprintf(stderr, "connected\n");  // tests wait for this before breaking things
   if (shm && late) {
     // Registered after connecting: the context picks it up and tells the peer.
     shm_example::register_shm_transport();
