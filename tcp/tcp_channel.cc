@@ -7,6 +7,7 @@
 #include <boost/asio/post.hpp>
 #include <boost/asio/write.hpp>
 #include <cerrno>
+#include <cstring>
 
 #include "net/errors.h"
 #include "net/log.h"
@@ -16,6 +17,8 @@ namespace asio = boost::asio;
 
 namespace {
 constexpr size_t kScratchBytes = 256 * 1024;
+// Bytes read at once while a chunk header is expected (small chunks arrive whole in one call).
+constexpr size_t kStageBytes = 16 * 1024;
 // Bytes one handler may receive before yielding the strand to other work of the peer.
 constexpr size_t kReadBudget = 16u << 20;
 }  // namespace
@@ -56,12 +59,12 @@ void TcpChannel::on_readable() {
   while (!closed_) {
     ssize_t n;
     if (read_state_ == ReadState::header) {
-      n = ::recv(fd, reinterpret_cast<char*>(&header_) + header_got_,
-                 sizeof(DataHeader) - header_got_, MSG_DONTWAIT);
+      // Whatever has arrived, up to kStageBytes, in one call: the header and, for a small
+      // chunk, its payload (and the chunks after it) too; consume_stage() copies them out.
+      if (stage_.empty()) stage_.resize(kStageBytes);
+      n = ::recv(fd, stage_.data(), stage_.size(), MSG_DONTWAIT);
       if (n > 0) {
-        header_got_ += static_cast<size_t>(n);
-        if (header_got_ == sizeof(DataHeader) && !on_header()) return;
-        continue;
+        if (!consume_stage(static_cast<size_t>(n))) return;
       }
     } else {
       std::byte* dst = payload_dst_;
@@ -75,24 +78,53 @@ void TcpChannel::on_readable() {
       if (n > 0) {
         payload_left_ -= static_cast<uint64_t>(n);
         if (payload_dst_) payload_dst_ += n;
-        if (payload_left_ == 0) {
-          read_state_ = ReadState::header;
-          header_got_ = 0;
-          if (header_.flags & kFlagEnd) finish_request();
-        }
-        if (static_cast<size_t>(n) >= budget) {
-          asio::post(strand_, [self = shared_from_this()] { self->on_readable(); });
-          return;
-        }
-        budget -= static_cast<size_t>(n);
-        continue;
+        if (payload_left_ == 0) end_payload();
       }
+    }
+    if (n > 0) {
+      if (static_cast<size_t>(n) >= budget) {
+        asio::post(strand_, [self = shared_from_this()] { self->on_readable(); });
+        return;
+      }
+      budget -= static_cast<size_t>(n);
+      continue;
     }
     if (n == 0) return fail(errc::peer_closed);
     if (errno == EINTR) continue;
     if (errno == EAGAIN || errno == EWOULDBLOCK) return arm_read();
     return fail(std::error_code(errno, std::system_category()));
   }
+}
+
+bool TcpChannel::consume_stage(size_t n) {
+  const std::byte* p = stage_.data();
+  const std::byte* end = p + n;
+  while (p < end && !closed_) {
+    const size_t avail = static_cast<size_t>(end - p);
+    if (read_state_ == ReadState::header) {
+      const size_t take = std::min(sizeof(DataHeader) - header_got_, avail);
+      std::memcpy(reinterpret_cast<std::byte*>(&header_) + header_got_, p, take);
+      header_got_ += take;
+      p += take;
+      if (header_got_ == sizeof(DataHeader) && !on_header()) return false;
+    } else {
+      const size_t take = static_cast<size_t>(std::min<uint64_t>(payload_left_, avail));
+      if (payload_dst_) {
+        std::memcpy(payload_dst_, p, take);
+        payload_dst_ += take;
+      }
+      payload_left_ -= take;
+      p += take;
+      if (payload_left_ == 0) end_payload();
+    }
+  }
+  return !closed_;
+}
+
+void TcpChannel::end_payload() {
+  read_state_ = ReadState::header;
+  header_got_ = 0;
+  if (header_.flags & kFlagEnd) finish_request();
 }
 
 bool TcpChannel::on_header() {

@@ -2,7 +2,10 @@
 //
 // Receiving: the socket is waited on for readability and read with non-blocking recv() inside
 // strand handlers, so bytes land in a target buffer only while its fetch is live; abort() on the
-// strand is therefore final: no read is in flight into a buffer once its request is gone.
+// strand is therefore final: no read is in flight into a buffer once its request is gone. While
+// a header is expected, one recv() takes up to 16 KiB into a staging buffer (a small chunk's
+// header and payload in one call); a large payload's remainder is received straight into its
+// target.
 // Sending: requests are served round-robin in chunks of `chunk_bytes`, each an async_write of
 // {header, payload} straight from the pinned object.
 #pragma once
@@ -48,8 +51,13 @@ class TcpChannel final : public TransportChannel, public std::enable_shared_from
 
   void arm_read();
   void on_readable();
+  // Parses the first `n` bytes of stage_: headers, and payload bytes copied to their target.
+  // Returns false when the channel failed.
+  bool consume_stage(size_t n);
   // Returns false when the channel failed.
   bool on_header();
+  // The current chunk's payload is complete: expect a header; finish the request at its end.
+  void end_payload();
   // The current chunk was the request's last: complete it (every byte must have arrived).
   void finish_request();
   void fail(std::error_code ec);
@@ -69,7 +77,8 @@ class TcpChannel final : public TransportChannel, public std::enable_shared_from
   size_t header_got_ = 0;
   std::byte* payload_dst_ = nullptr;  // null: discard (request aborted or unknown)
   uint64_t payload_left_ = 0;
-  std::vector<std::byte> scratch_;
+  std::vector<std::byte> scratch_;  // payload of dropped requests lands here
+  std::vector<std::byte> stage_;    // reads while a header is expected
 
   // send side
   std::deque<Send> sends_;
