@@ -75,8 +75,8 @@ int run_rank(int rank, int n, const fs::path& dir) {
   const size_t count = 100003;  // not a multiple of n
   std::vector<int64_t> data(count);
   for (size_t i = 0; i < count; ++i) data[i] = value(rank, i);
-  auto s = g.allreduce(std::as_writable_bytes(std::span(data)), ferry::DType::kInt64,
-                       ReduceOp::kSum);
+  auto s =
+      g.allreduce(std::as_writable_bytes(std::span(data)), ferry::DType::kInt64, ReduceOp::kSum);
   bool same = s.ok();
   for (size_t i = 0; same && i < count; ++i) {
     same = data[i] == static_cast<int64_t>(n * i) + n * (n - 1) / 2;
@@ -116,12 +116,12 @@ int main(int argc, char** argv) {
   const int n = argc > 1 ? std::atoi(argv[1]) : 4;
   if (n < 1 || n > 64) return 2;
   const fs::path dir = fs::temp_directory_path() / ("ferry-collective-" + std::to_string(getpid()));
-    fs::create_directories(dir);
+  fs::create_directories(dir);
   std::fflush(stdout);  // nothing buffered is duplicated into the children
   std::vector<pid_t> pids;
   for (int r = 0; r < n; ++r) {
     const pid_t pid = fork();
-        if (pid == 0) {
+    if (pid == 0) {
       const int rc = run_rank(r, n, dir);
       std::fflush(stdout);  // _exit does not flush stdio
       _exit(rc);

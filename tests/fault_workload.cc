@@ -280,9 +280,7 @@ void Workload::check_rdma_clean(Context& ctx, const std::string& who) {
 WorkloadReport Workload::run() {
   const auto t0 = Clock::now();
   const size_t shm_before = shm_entries();
-  ContextOptions server_options = client_options("soak-server");
-  if (std::getenv("FERRY_FAULT_NO_WINDOWS")) server_options.rdma_memory_windows = false;  // probes
-  server_ = std::make_unique<Server>(server_options);
+  server_ = std::make_unique<Server>(client_options("soak-server"));
   for (size_t i = 0; i < 24; ++i) {
     Object obj;
     obj.size = random_size(rng_, o_.max_size);
