@@ -166,6 +166,7 @@ void RdmaChannel::drain() {
   while (!closed_ && (n = ibv_poll_cq(cq_.get(), kPollBatch, wcs)) > 0) {
     for (int i = 0; i < n; ++i) {
       const ibv_wc& wc = wcs[i];
+      ++completions_;
       if (in_flight_) --in_flight_;
       if (wc.wr_id & kBindBit) {
         if (wc.status != IBV_WC_SUCCESS) {
@@ -221,8 +222,35 @@ void RdmaChannel::arm_safety_net() {
       asio::bind_executor(strand_, [self = shared_from_this()](boost::system::error_code ec) {
         self->safety_armed_ = false;
         if (ec || self->closed_) return;
+        const uint64_t before = self->completions_;
         self->drain();
-        if (self->in_flight_ > 0) self->arm_safety_net();
+        if (self->in_flight_ == 0) return;
+        // Work requests outstanding and not one completion in a whole tick: say what the queue
+        // pair looks like (a device that stopped completing is otherwise invisible), and past
+        // the stall timeout give up on it: in the error state it flushes and places no more
+        // data, so its fetches fail now instead of never (seen on rxe: READs through memory
+        // windows of one registration, many in flight, neither completing nor failing).
+        if (self->completions_ == before &&
+            ++self->idle_ticks_ * kSafetyNet >= self->options_.stall_timeout) {
+          FERRY_LOG_WARN(
+              "rdma: queue pair {}: no completion for {} s with {} work requests outstanding: "
+              "treating it as broken",
+              self->qp_->qp_num, self->idle_ticks_, self->in_flight_);
+          return self->fail(make_error_code(errc::peer_unresponsive));
+        }
+        if (self->completions_ == before && self->idle_ticks_ % 5 == 1) {
+          ibv_qp_attr a{};
+          ibv_qp_init_attr init{};
+          ibv_query_qp(self->qp_.get(), &a, IBV_QP_STATE, &init);
+          FERRY_LOG_WARN(
+              "rdma: queue pair {} (state {}): {} work requests outstanding, no completion for "
+              "{} s ({} fetches, {} leases, {} leases binding)",
+              self->qp_->qp_num, static_cast<int>(a.qp_state), self->in_flight_, self->idle_ticks_,
+              self->fetches_.size(), self->leases_.size(), self->binds_waiting_.size());
+        } else if (self->completions_ != before) {
+          self->idle_ticks_ = 0;
+        }
+        self->arm_safety_net();
       }));
 }
 

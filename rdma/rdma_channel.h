@@ -39,6 +39,9 @@ struct ChannelOptions {
   bool busy_poll = false;
   std::chrono::milliseconds lease_timeout{60000};
   std::shared_ptr<Hooks> hooks;
+  // Work requests outstanding and no completion at all for this long: the queue pair is broken
+  // (ContextOptions::peer_timeout).
+  std::chrono::milliseconds stall_timeout{10000};
 };
 
 class RdmaChannel final : public TransportChannel,
@@ -149,6 +152,8 @@ class RdmaChannel final : public TransportChannel,
   bool safety_armed_ = false;
 
   uint32_t in_flight_ = 0;
+  uint64_t completions_ = 0;    // polled so far
+  unsigned idle_ticks_ = 0;     // safety-net ticks in a row without a completion
   std::deque<uint64_t> ready_;  // fetches with READs to post, served round-robin
   std::unordered_map<uint64_t, Fetch> fetches_;
   std::unordered_map<uint64_t, Lease> leases_;

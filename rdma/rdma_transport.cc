@@ -23,7 +23,8 @@ void send(PeerLink& link, uint64_t request_id, const wire::Message& m) {
 
 RdmaTransport::RdmaTransport(const TransportEnv& env, std::vector<std::shared_ptr<Device>> devices)
     : devices_(std::move(devices)),
-      channel_options_{env.options.busy_poll, env.options.lease_timeout, std::make_shared<Hooks>()},
+      channel_options_{env.options.busy_poll, env.options.lease_timeout, std::make_shared<Hooks>(),
+                       env.options.peer_timeout},
       open_timeout_(env.options.handshake_timeout) {}
 
 TransportInfo RdmaTransport::local_info() const {
