@@ -51,13 +51,28 @@ struct Group::Op {
     pending.emplace_back(
         from, g.peers_[from].fetch(std::move(ref), {into}, {.timeout = left_until(deadline)}));
   }
-  // Waits for the fetch at `i` of `pending`.
+  // Waits for the fetch at `i` of `pending`, but fails at once when any other pending fetch
+  // has failed: a rank that gave up offers nothing more, and waiting on it in rank order would
+  // hide the failure behind the deadline.
   Status wait(size_t i) {
     auto& [from, req] = pending[i];
-    auto ec = req.wait(left_until(deadline) + milliseconds(1000));
-    if (ec == errc::timed_out && !req.done()) req.abort();
-    if (ec) return fail(from, ec, "fetch from rank " + std::to_string(from));
-    return {};
+    for (;;) {
+      auto ec = req.wait(milliseconds(5));
+      if (req.done()) {
+        if (ec) return fail(from, ec, "fetch from rank " + std::to_string(from));
+        return {};
+      }
+      for (auto& [q, other] : pending) {
+        if (!other.done()) continue;
+        if (auto oec = other.wait(milliseconds(0))) {
+          return fail(q, oec, "fetch from rank " + std::to_string(q));
+        }
+      }
+      if (Clock::now() > deadline + milliseconds(1000)) {
+        req.abort();
+        return fail(from, errc::timed_out, "fetch from rank " + std::to_string(from));
+      }
+    }
   }
   Status wait_all() {
     for (size_t i = 0; i < pending.size(); ++i) {

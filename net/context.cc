@@ -336,9 +336,10 @@ void Context::Impl::read_greeting(const std::shared_ptr<Greeting>& g) {
 
 // ---------------------------------------------------------------- Context
 
-bool ContextOptions::default_memory_windows() {
+std::optional<bool> ContextOptions::default_memory_windows() {
   const char* v = std::getenv("FERRY_RDMA_MEMORY_WINDOWS");
-  return !(v && std::string_view(v) == "0");
+  if (!v || !*v) return std::nullopt;
+  return std::string_view(v) != "0";
 }
 
 std::string ContextOptions::default_secret() {

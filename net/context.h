@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -54,12 +55,15 @@ struct ContextOptions {
   size_t tcp_chunk_bytes = 1u << 20;               // TCP data channel: bytes per chunk
   std::chrono::milliseconds lease_timeout{60000};  // one-sided grants: pin held at most this long
   bool busy_poll = false;  // RDMA: poll the completion queue instead of sleeping on its channel
-  // RDMA: per-peer grants. Owner memory is registered without remote access and each grant
+                           // RDMA: per-peer grants. Owner memory is registered without remote
+                           // access and each grant
   // binds a type-2 memory window to the fetcher's queue pair over exactly the granted range,
   // invalidated when the lease ends. Devices without windows fall back to region rkeys (a
   // warning says so); false forces that fallback (one bind fewer per grant, weaker isolation).
-  // Default: on, unless $FERRY_RDMA_MEMORY_WINDOWS is "0".
-  bool rdma_memory_windows = default_memory_windows();
+  // Unset (the default; $FERRY_RDMA_MEMORY_WINDOWS=1 or 0 sets it): on for RDMA NICs, off for
+  // soft-RoCE (rxe), whose windows stall READs under load and are not range-checked
+  // (docs/rdma.md); a log line says so.
+  std::optional<bool> rdma_memory_windows = default_memory_windows();
   // Shared secret for the metadata channel (default: $FERRY_SECRET). When set, both sides prove
   // knowledge of it (HMAC-SHA256 challenge-response; it is never sent) before anything else;
   // a peer without it, or with another, is refused with errc::auth_failed.
@@ -73,7 +77,7 @@ struct ContextOptions {
   // built-in "RDMA" and "TCP").
   static std::string default_transport();
   static std::string default_secret();
-  static bool default_memory_windows();
+  static std::optional<bool> default_memory_windows();
 };
 
 struct PutOptions {

@@ -69,7 +69,7 @@ const Address* Device::find(const std::string& ip) const {
   return nullptr;
 }
 
-std::vector<std::shared_ptr<Device>> Device::open_all(bool memory_windows) {
+std::vector<std::shared_ptr<Device>> Device::open_all(std::optional<bool> requested) {
   std::vector<std::shared_ptr<Device>> out;
   int n = 0;
   std::unique_ptr<ibv_device*, decltype(&ibv_free_device_list)> list(ibv_get_device_list(&n),
@@ -89,6 +89,16 @@ std::vector<std::shared_ptr<Device>> Device::open_all(bool memory_windows) {
     }
     ibv_device_attr attr{};
     if (ibv_query_device(ctx.get(), &attr) != 0) continue;
+    // Soft-RoCE (rxe: vendor id 0xffffff) stalls READs through memory windows under load and
+    // checks window accesses against the registration's range: off there unless asked for.
+    const bool soft = attr.vendor_id == 0xffffff || name.rfind("rxe", 0) == 0;
+    const bool memory_windows = requested.value_or(!soft);
+    if (!requested && soft) {
+      FERRY_LOG_INFO(
+          "rdma: {} is soft-RoCE: grants use region rkeys, not memory windows (set "
+          "ContextOptions::rdma_memory_windows or FERRY_RDMA_MEMORY_WINDOWS=1 to use them)",
+          name);
+    }
     const bool windows =
         memory_windows && (attr.device_cap_flags & IBV_DEVICE_MEM_WINDOW_TYPE_2B) != 0;
     if (memory_windows && !windows) {

@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -30,7 +31,8 @@ class Device {
   // are skipped (logged). With `memory_windows`, a device that supports type-2 memory windows
   // registers owner memory without remote access: peers can READ only through windows bound
   // to their own queue pair (per-peer grants); other devices fall back to region rkeys (logged).
-  static std::vector<std::shared_ptr<Device>> open_all(bool memory_windows);
+  // Unset `memory_windows`: on, except on soft-RoCE (rxe).
+  static std::vector<std::shared_ptr<Device>> open_all(std::optional<bool> memory_windows);
 
   const std::string& name() const { return name_; }
   ibv_context* context() const { return ctx_.get(); }
