@@ -5,6 +5,7 @@
 
 #include "collective/group.h"
 #include "collective/reduce.h"
+#include "collective/service.h"
 #include "net/context.h"
 #include "net/errors.h"
 #include "net/fetch.h"

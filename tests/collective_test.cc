@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "collective/group.h"
+#include "collective/service.h"
 #include "tests/test_util.h"
 
 namespace ferry::test {
@@ -334,6 +335,90 @@ TEST_P(Collective, BroadcastAllgatherReduceScatter) {
 
 INSTANTIATE_TEST_SUITE_P(Ranks, Collective, ::testing::Values(2, 3, 4, 8),
                          [](const auto& info) { return "N" + std::to_string(info.param); });
+
+// The declarative form (a driver, refs in the ranks' stores, results as refs) runs the same
+// engine: its results are byte-identical to the imperative calls on the same data.
+TEST(CollectiveDeclarative, ResultsAreIdenticalToTheImperativeCalls) {
+  FERRY_REQUIRE_TEST_HOST();
+  const int n = 3;
+  Ranks ranks(n);
+  const size_t count = 20011;  // odd, above the direct threshold as float32
+  std::vector<std::vector<std::byte>> input(n);
+  for (int r = 0; r < n; ++r) input[r] = rank_data(DType::kFloat32, r, count);
+  // Imperative, on copies.
+  std::vector<std::vector<std::byte>> reduced = input, gathered(n), scattered(n), bcast(n);
+  ranks.run([&](int r) {
+    ASSERT_TRUE(ranks.group(r).allreduce(reduced[r], DType::kFloat32, ReduceOp::kMax).ok());
+    gathered[r].resize(input[r].size() * n);
+    ASSERT_TRUE(ranks.group(r).allgather(input[r], gathered[r]).ok());
+    auto [first, last] = Group::chunk_range(count, r, n);
+    scattered[r].resize((last - first) * 4);
+    ASSERT_TRUE(ranks.group(r)
+                    .reduce_scatter(input[r], scattered[r], DType::kFloat32, ReduceOp::kSum)
+                    .ok());
+    bcast[r] = input[r];
+    ASSERT_TRUE(ranks.group(r).broadcast(bcast[r], 1).ok());
+  });
+  // Declarative: the inputs are objects in the ranks' stores; a driver submits.
+  Context driver_ctx(client_options("driver"));
+  auto port = driver_ctx.listen(test_host() + ":0");
+  ASSERT_TRUE(port.ok());
+  const std::string driver_address = test_host() + ":" + std::to_string(*port);
+  std::vector<ObjectRef> refs;
+  std::vector<std::string> addresses;
+  for (int r = 0; r < n; ++r) {
+    auto bytes = std::make_shared<std::vector<std::byte>>(input[r]);
+    auto ref = ranks.context(r).put({Tensor::bytes(*bytes)}, bytes);
+    ASSERT_TRUE(ref.ok());
+    refs.push_back(*ref);
+    addresses.push_back(ranks.context(r).address());
+  }
+  std::vector<std::unique_ptr<collective::Service>> services;
+  for (int r = 0; r < n; ++r) {
+    services.push_back(
+        std::make_unique<collective::Service>(ranks.context(r), ranks.group(r), driver_address));
+  }
+  auto driver = collective::Driver::create(driver_ctx, addresses);
+  ASSERT_TRUE(driver.ok());
+  auto d = std::move(*driver);
+  auto fetch_all = [&](const collective::Submitted& s) {
+    EXPECT_EQ(s.done.wait_for(std::chrono::seconds(120)), std::future_status::ready);
+    auto status = s.done.get();
+    EXPECT_TRUE(status.ok()) << status.message;
+    std::vector<std::vector<std::byte>> out(n);
+    for (int r = 0; r < n; ++r) {
+      auto peer = connect_or_fail(driver_ctx, addresses[r]);
+      auto req = peer.fetch(s.results[r]);
+      EXPECT_FALSE(req.wait(std::chrono::seconds(60)));
+      if (req.done() && !req.wait(std::chrono::milliseconds(0))) {
+        auto t = req.result().tensors.at(0);
+        out[r].assign(t.begin(), t.end());
+      }
+    }
+    return out;
+  };
+  auto ar = d->allreduce(refs, DType::kFloat32, ReduceOp::kMax);
+  auto ag = d->allgather(refs);
+  auto rs = d->reduce_scatter(refs, DType::kFloat32, ReduceOp::kSum);
+  auto bc = d->broadcast(refs, 1);
+  EXPECT_EQ(fetch_all(ar), reduced);
+  EXPECT_EQ(fetch_all(ag), gathered);
+  EXPECT_EQ(fetch_all(rs), scattered);
+  EXPECT_EQ(fetch_all(bc), bcast);
+  // The inputs are untouched; released results are gone from the ranks' stores.
+  for (int r = 0; r < n; ++r) {
+    auto req = connect_or_fail(driver_ctx, addresses[r]).fetch(refs[r]);
+    ASSERT_FALSE(req.wait(std::chrono::seconds(30)));
+    EXPECT_TRUE(same_bytes(req.result().tensors[0], input[r]));
+  }
+  const size_t before = ranks.context(0).refs().size();
+  d->release(ar);
+  for (int i = 0; i < 400 && ranks.context(0).refs().size() >= before; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_LT(ranks.context(0).refs().size(), before) << "the released result is still stored";
+  services.clear();
+}
 
 TEST(CollectiveLarge, AllreduceOf64MiBOnFourRanks) {
   FERRY_REQUIRE_TEST_HOST();

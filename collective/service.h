@@ -1,0 +1,90 @@
+// Declarative collectives: a driver runs collectives over objects already in the ranks' stores
+// and gets the results back as refs, without touching the tensor bytes itself.
+//
+// Every rank runs a Service over its joined Group; the driver (any process with a Context)
+// makes a Driver for the ranks' addresses and calls allreduce(refs, ...) and the like, where
+// refs[r] is an object in rank r's store. Each call is one command: the driver offers it as a
+// named object in its own store, every Service fetches it (waiting on the driver until it
+// exists), runs the same engine the imperative calls use (Group), puts its result in its own
+// store under a name, and offers a "done" marker the driver waits for. The results are named
+// refs (ObjectRef::named), fetchable by anyone; they stay in the ranks' stores until
+// Driver::release.
+//
+// Threading: a Service runs its commands on a thread of its own; a Driver is used by one thread
+// at a time. Commands run in submission order on every rank.
+#pragma once
+
+#include <atomic>
+#include <future>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "collective/group.h"
+
+namespace ferry::collective {
+
+class Service {
+ public:
+  // Serves the commands of the driver listening at `driver_address` for this rank of `group`
+  // (both outlive the Service). `name` tells several drivers of the same ranks apart.
+  Service(Context& ctx, Group& group, std::string driver_address, std::string name = "default");
+  // Stops after the command in progress, within about a second; results it holds are released.
+  ~Service();
+  Service(const Service&) = delete;
+  Service& operator=(const Service&) = delete;
+
+ private:
+  void run();
+  Context& ctx_;
+  Group& group_;
+  std::string driver_;
+  std::string name_;
+  std::atomic<bool> stop_{false};
+  std::map<uint64_t, ObjectRef> results_;  // by command, until released
+  std::thread thread_;
+};
+
+// A collective submitted by a Driver: the results as refs (results[r] in rank r's store), and
+// the outcome, ready once every rank has finished (or failed; the Status names the rank).
+struct Submitted {
+  uint64_t id = 0;
+  std::vector<ObjectRef> results;
+  std::shared_future<Status> done;
+};
+
+class Driver {
+ public:
+  // `ctx` must be listening (the Services fetch commands from it); rank_addresses[r] is rank
+  // r's listen address. Connects to every rank (bounded by `timeout`).
+  static Result<std::unique_ptr<Driver>> create(
+      Context& ctx, std::vector<std::string> ranks, std::string name = "default",
+      std::chrono::milliseconds timeout = std::chrono::seconds(60));
+  ~Driver();
+
+  // refs[r]: a one-tensor object in rank r's store, the same size (whole elements of dtype) on
+  // every rank. Results are new objects; the inputs are left as they are.
+  Submitted allreduce(const std::vector<ObjectRef>& refs, DType dtype, ReduceOp op);
+  Submitted broadcast(const std::vector<ObjectRef>& refs, int root);
+  Submitted allgather(const std::vector<ObjectRef>& refs);
+  Submitted reduce_scatter(const std::vector<ObjectRef>& refs, DType dtype, ReduceOp op);
+  // Drops the results of `s` from the ranks' stores (asynchronously, in command order).
+  void release(const Submitted& s);
+
+ private:
+  Driver(Context& ctx, std::vector<std::string> ranks, std::string name,
+         std::chrono::milliseconds timeout);
+  Submitted submit(int kind, const std::vector<ObjectRef>& refs, DType dtype, ReduceOp op, int root,
+                   std::vector<size_t> result_sizes);
+  Context& ctx_;
+  std::vector<std::string> ranks_;
+  std::string name_;
+  std::chrono::milliseconds timeout_;
+  std::vector<Peer> peers_;
+  uint64_t next_ = 0;
+  std::vector<ObjectRef> commands_;  // offered, released once every rank has fetched them
+};
+
+}  // namespace ferry::collective
