@@ -101,8 +101,11 @@ TEST_F(Loopback, CallbackStyleCompletesOnceAndNeverInline) {
   std::atomic<bool> initiating{true};
   bool inline_call = false;
   FetchResult got;
+  const auto caller = std::this_thread::get_id();
   peer.async_fetch(ref, [&](boost::system::error_code ec, FetchResult r) {
-    inline_call = initiating.load();
+    // Inline: on the initiating thread, before async_fetch returned. (Another thread may well
+    // finish the whole fetch before the initiator gets to clear the flag.)
+    inline_call = initiating.load() && std::this_thread::get_id() == caller;
     EXPECT_FALSE(ec) << ec.message();
     got = std::move(r);
     if (++calls == 1) done.set_value();
@@ -484,12 +487,12 @@ class RecordingRelay {
   ~RecordingRelay() {
     boost::system::error_code ec;
     ::shutdown(acceptor_.native_handle(), SHUT_RDWR);  // wakes the blocked accept (Linux)
+    threads_.front().join();  // the accept loop is over before the acceptor is closed
     acceptor_.close(ec);
     {
       std::lock_guard lock(mu_);
       for (auto& s : sockets_) s->shutdown(asio::ip::tcp::socket::shutdown_both, ec);
     }
-    threads_.front().join();
     std::lock_guard lock(mu_);  // no new threads now
     for (size_t i = 1; i < threads_.size(); ++i) threads_[i].join();
   }
