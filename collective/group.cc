@@ -13,6 +13,13 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 
+// Rank q's chunk (Group::chunk_range) of `count` elements of `esize` bytes.
+template <typename Byte>
+std::span<Byte> chunk_of(std::span<Byte> data, size_t count, size_t esize, int q, int n) {
+  auto [first, last] = Group::chunk_range(count, q, n);
+  return data.subspan(first * esize, (last - first) * esize);
+}
+
 milliseconds left_until(Clock::time_point deadline) {
   return std::max(milliseconds(0),
                   std::chrono::duration_cast<milliseconds>(deadline - Clock::now()));
@@ -77,6 +84,35 @@ struct Group::Op {
   Status wait_all() {
     for (size_t i = 0; i < pending.size(); ++i) {
       if (auto s = wait(i); !s) return s;
+    }
+    pending.clear();
+    return {};
+  }
+  // Fetches `tag` (mine.size() bytes) from every other rank and reduces the N parts into `out`
+  // in rank order (this rank's own part is `mine`), each as soon as it and all before it have
+  // arrived. `out` must not overlap `mine`.
+  Status gather_reduce(const std::string& tag, std::span<const std::byte> mine, DType dtype,
+                       ReduceOp op, std::span<std::byte> out) {
+    if (mine.empty()) return {};
+    const int n = g.size();
+    std::vector<std::vector<std::byte>> theirs(static_cast<size_t>(n));
+    for (int q = 0; q < n; ++q) {
+      if (q == g.rank_) continue;
+      theirs[q].resize(mine.size());
+      take(q, tag, theirs[q]);
+    }
+    size_t next = 0;  // into `pending`: the ranks in order, this one skipped
+    for (int q = 0; q < n; ++q) {
+      std::span<const std::byte> part = mine;
+      if (q != g.rank_) {
+        if (auto s = wait(next++); !s) return s;
+        part = theirs[q];
+      }
+      if (q == 0) {
+        std::memcpy(out.data(), part.data(), part.size());
+      } else if (auto ec = reduce_into(dtype, op, out, part)) {
+        return fail(-1, ec, "reduce");
+      }
     }
     pending.clear();
     return {};
@@ -229,83 +265,44 @@ Status Group::allreduce(std::span<std::byte> data, DType dtype, ReduceOp op) {
   const int n = size();
   if (n == 1) return {};
   if (data.size() < options_.direct_threshold) {
-    // Direct: offer a snapshot (this rank rewrites `data`), fetch every tensor, reduce in rank
-    // order as the prefix arrives.
+    // Direct: offer a snapshot (this rank rewrites `data`), fetch every tensor and reduce.
     std::vector<std::byte> mine(data.begin(), data.end());
     if (auto s = o.offer("in", mine); !s) return s;
-    std::vector<std::vector<std::byte>> theirs(n);
-    for (int q = 0; q < n; ++q) {
-      if (q == rank_) continue;
-      theirs[q].resize(data.size());
-      o.take(q, "in", theirs[q]);
-    }
-    std::vector<std::byte> acc;
-    size_t next = 0;  // index into o.pending (ranks in order, this one skipped)
-    for (int q = 0; q < n; ++q) {
-      std::span<const std::byte> part = mine;
-      if (q != rank_) {
-        if (auto s = o.wait(next++); !s) return s;
-        part = theirs[q];
-      }
-      if (q == 0) {
-        acc.assign(part.begin(), part.end());
-      } else if (auto ec = reduce_into(dtype, op, acc, part)) {
-        return o.fail(-1, ec, "reduce");
-      }
-    }
-    o.pending.clear();
-    std::memcpy(data.data(), acc.data(), acc.size());
+    if (auto s = o.gather_reduce("in", mine, dtype, op, data); !s) return s;
     return o.finish();
   }
-  // Reduce-scatter: every rank offers each chunk of its input, and reduces its own chunk.
+  // Reduce-scatter into a buffer of its own (this rank's chunk of `data` is still its input)...
   const size_t count = data.size() / esize;
-  auto bytes_of = [&](int q) {
-    auto [first, last] = chunk_range(count, q, n);
-    return data.subspan(first * esize, (last - first) * esize);
-  };
-  for (int q = 0; q < n; ++q) {
-    if (q != rank_ && !bytes_of(q).empty()) {
-      if (auto s = o.offer("rs" + std::to_string(q), bytes_of(q)); !s) return s;
-    }
-  }
-  auto mine = bytes_of(rank_);
-  std::vector<std::vector<std::byte>> theirs(n);
-  if (!mine.empty()) {
-    for (int q = 0; q < n; ++q) {
-      if (q == rank_) continue;
-      theirs[q].resize(mine.size());
-      // Rank q offered its chunk `rank_` under rs<rank_>.
-      o.take(q, "rs" + std::to_string(rank_), theirs[q]);
-    }
-  }
-  std::vector<std::byte> acc;
-  size_t next = 0;
-  for (int q = 0; q < n && !mine.empty(); ++q) {
-    std::span<const std::byte> part = mine;
-    if (q != rank_) {
-      if (auto s = o.wait(next++); !s) return s;
-      part = theirs[q];
-    }
-    if (q == 0) {
-      acc.assign(part.begin(), part.end());
-    } else if (auto ec = reduce_into(dtype, op, acc, part)) {
-      return o.fail(-1, ec, "reduce");
-    }
-  }
-  o.pending.clear();
-  theirs.clear();
-  // Before this rank rewrites its other chunks, every rank must have fetched them.
+  const auto mine = chunk_of(data, count, esize, rank_, n);
+  std::vector<std::byte> reduced(mine.size());
+  if (auto s = reduce_scatter_into(o, data, count, esize, dtype, op, reduced); !s) return s;
+  // ...and before this rank rewrites its chunks, every rank must have fetched them.
   if (auto s = o.barrier("rsdone"); !s) return s;
-  if (!mine.empty()) std::memcpy(mine.data(), acc.data(), acc.size());
+  std::memcpy(mine.data(), reduced.data(), reduced.size());
   // Allgather of the reduced chunks, straight into place.
   if (!mine.empty()) {
     if (auto s = o.offer("ag", mine); !s) return s;
   }
   for (int q = 0; q < n; ++q) {
-    if (q != rank_ && !bytes_of(q).empty()) o.take(q, "ag", bytes_of(q));
+    if (auto chunk = chunk_of(data, count, esize, q, n); q != rank_ && !chunk.empty()) {
+      o.take(q, "ag", chunk);
+    }
   }
   if (auto s = o.wait_all(); !s) return s;
   return o.finish();
+}
+
+Status Group::reduce_scatter_into(Op& o, std::span<const std::byte> in, size_t count, size_t esize,
+                                  DType dtype, ReduceOp op, std::span<std::byte> out) {
+  const int n = size();
+  // Rank q fetches chunk q of every other rank's input, offered as rs<q>.
+  for (int q = 0; q < n; ++q) {
+    if (auto chunk = chunk_of(in, count, esize, q, n); q != rank_ && !chunk.empty()) {
+      if (auto s = o.offer("rs" + std::to_string(q), chunk); !s) return s;
+    }
+  }
+  return o.gather_reduce("rs" + std::to_string(rank_), chunk_of(in, count, esize, rank_, n), dtype,
+                         op, out);
 }
 
 Status Group::broadcast(std::span<std::byte> data, int root) {
@@ -348,12 +345,7 @@ Status Group::reduce_scatter(std::span<const std::byte> in, std::span<std::byte>
   }
   const int n = size();
   const size_t count = in.size() / esize;
-  auto bytes_of = [&](int q) {
-    auto [first, last] = chunk_range(count, q, n);
-    return in.subspan(first * esize, (last - first) * esize);
-  };
-  auto mine = bytes_of(rank_);
-  if (out.size() != mine.size()) {
+  if (out.size() != chunk_of(in, count, esize, rank_, n).size()) {
     return {errc::invalid_argument, -1, "reduce_scatter: out must be this rank's chunk"};
   }
   Op o(*this, "reduce_scatter");
@@ -361,33 +353,7 @@ Status Group::reduce_scatter(std::span<const std::byte> in, std::span<std::byte>
     std::memcpy(out.data(), in.data(), in.size());
     return {};
   }
-  for (int q = 0; q < n; ++q) {
-    if (q != rank_ && !bytes_of(q).empty()) {
-      if (auto s = o.offer("rs" + std::to_string(q), bytes_of(q)); !s) return s;
-    }
-  }
-  std::vector<std::vector<std::byte>> theirs(n);
-  if (!mine.empty()) {
-    for (int q = 0; q < n; ++q) {
-      if (q == rank_) continue;
-      theirs[q].resize(mine.size());
-      o.take(q, "rs" + std::to_string(rank_), theirs[q]);
-    }
-  }
-  size_t next = 0;
-  for (int q = 0; q < n && !mine.empty(); ++q) {
-    std::span<const std::byte> part = mine;
-    if (q != rank_) {
-      if (auto s = o.wait(next++); !s) return s;
-      part = theirs[q];
-    }
-    if (q == 0) {
-      std::memcpy(out.data(), part.data(), part.size());
-    } else if (auto ec = reduce_into(dtype, op, out, part)) {
-      return o.fail(-1, ec, "reduce");
-    }
-  }
-  o.pending.clear();
+  if (auto s = reduce_scatter_into(o, in, count, esize, dtype, op, out); !s) return s;
   return o.finish();
 }
 

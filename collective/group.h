@@ -85,6 +85,9 @@ class Group {
   struct Op;
   Group(Context& ctx, std::vector<std::string> addresses, int rank, GroupOptions options);
   Status connect_all(std::chrono::steady_clock::time_point deadline);
+  // Offers every other rank its chunk of `in` and reduces this rank's chunk into `out`.
+  Status reduce_scatter_into(Op& o, std::span<const std::byte> in, size_t count, size_t esize,
+                             DType dtype, ReduceOp op, std::span<std::byte> out);
 
   Context& ctx_;
   std::vector<std::string> addresses_;

@@ -55,7 +55,6 @@ Service::~Service() {
 void Service::run() {
   Peer driver;
   uint64_t next = 1;
-  std::vector<std::shared_ptr<Done>> markers;  // alive while their objects are
   std::vector<ObjectRef> marker_refs;
   while (!stop_) {
     if (!driver.valid() || !driver.is_open()) {

@@ -224,21 +224,23 @@ void RdmaChannel::arm_safety_net() {
         if (ec || self->closed_) return;
         const uint64_t before = self->completions_;
         self->drain();
+        // Ticks in a row with work requests outstanding and not one completion.
+        self->idle_ticks_ =
+            self->in_flight_ == 0 || self->completions_ != before ? 0 : self->idle_ticks_ + 1;
         if (self->in_flight_ == 0) return;
-        // Work requests outstanding and not one completion in a whole tick: say what the queue
-        // pair looks like (a device that stopped completing is otherwise invisible), and past
-        // the stall timeout give up on it: in the error state it flushes and places no more
-        // data, so its fetches fail now instead of never (seen on rxe: READs through memory
-        // windows of one registration, many in flight, neither completing nor failing).
-        if (self->completions_ == before &&
-            ++self->idle_ticks_ * kSafetyNet >= self->options_.stall_timeout) {
+        // Past the stall timeout give up on the queue pair: in the error state it flushes and
+        // places no more data, so its fetches fail now instead of never (seen on rxe: READs
+        // through memory windows of one registration, many in flight, neither completing nor
+        // failing). Before that, say what it looks like every 5 s (a device that stopped
+        // completing is otherwise invisible).
+        if (self->idle_ticks_ * kSafetyNet >= self->options_.stall_timeout) {
           FERRY_LOG_WARN(
               "rdma: queue pair {}: no completion for {} s with {} work requests outstanding: "
               "treating it as broken",
               self->qp_->qp_num, self->idle_ticks_, self->in_flight_);
           return self->fail(make_error_code(errc::peer_unresponsive));
         }
-        if (self->completions_ == before && self->idle_ticks_ % 5 == 1) {
+        if (self->idle_ticks_ % 5 == 1) {
           ibv_qp_attr a{};
           ibv_qp_init_attr init{};
           ibv_query_qp(self->qp_.get(), &a, IBV_QP_STATE, &init);
@@ -247,8 +249,6 @@ void RdmaChannel::arm_safety_net() {
               "{} s ({} fetches, {} leases, {} leases binding)",
               self->qp_->qp_num, static_cast<int>(a.qp_state), self->in_flight_, self->idle_ticks_,
               self->fetches_.size(), self->leases_.size(), self->binds_waiting_.size());
-        } else if (self->completions_ != before) {
-          self->idle_ticks_ = 0;
         }
         self->arm_safety_net();
       }));
@@ -287,7 +287,7 @@ void RdmaChannel::on_grant(uint64_t request_id, const wire::Grant& grant) {
     const auto& seg = grant.segments(static_cast<int>(i));
     uint64_t addr = seg.addr();
     uint32_t rkey = seg.rkey();
-    if (options_.hooks) {
+    if (options_.hooks && options_.hooks->armed.load(std::memory_order_acquire)) {
       std::lock_guard lock(options_.hooks->mu);
       if (options_.hooks->tamper && !options_.hooks->tamper(addr, rkey, seg.length())) {
         f.reads.clear();

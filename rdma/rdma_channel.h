@@ -11,6 +11,7 @@
 // lease timeout or the channel's end.
 #pragma once
 
+#include <atomic>
 #include <boost/asio/posix/stream_descriptor.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <chrono>
@@ -31,6 +32,7 @@ inline constexpr const char* kTransportName = "RDMA";
 
 // Test hooks of one transport instance, shared with its channels.
 struct Hooks {
+  std::atomic<bool> armed{false};  // a tamper is set: the fetch path looks only at this
   std::mutex mu;
   GrantTamper tamper;  // see set_grant_tamper in rdma/rdma.h
 };

@@ -261,6 +261,7 @@ RegistrationCounters RdmaTransport::counters() const {
 
 void RdmaTransport::set_grant_tamper(GrantTamper tamper) {
   std::lock_guard lock(channel_options_.hooks->mu);
+  channel_options_.hooks->armed = static_cast<bool>(tamper);
   channel_options_.hooks->tamper = std::move(tamper);
 }
 
