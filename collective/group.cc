@@ -64,15 +64,16 @@ struct Group::Op {
   Status wait(size_t i) {
     auto& [from, req] = pending[i];
     for (;;) {
-      auto ec = req.wait(milliseconds(5));
-      if (req.done()) {
-        if (ec) return fail(from, ec, "fetch from rank " + std::to_string(from));
+      // The fetch's outcome, not wait()'s: a wait that runs out as the fetch completes returns
+      // timed_out for a fetch that succeeded.
+      req.wait(milliseconds(5));
+      if (auto outcome = req.outcome()) {
+        if (*outcome) return fail(from, *outcome, "fetch from rank " + std::to_string(from));
         return {};
       }
       for (auto& [q, other] : pending) {
-        if (!other.done()) continue;
-        if (auto oec = other.wait(milliseconds(0))) {
-          return fail(q, oec, "fetch from rank " + std::to_string(q));
+        if (auto oec = other.outcome(); oec && *oec) {
+          return fail(q, *oec, "fetch from rank " + std::to_string(q));
         }
       }
       if (Clock::now() > deadline + milliseconds(1000)) {
@@ -129,7 +130,8 @@ struct Group::Op {
     }
     if (!gone_is_done) return wait_all();
     for (auto& [from, req] : pending) {
-      auto ec = req.wait(left_until(deadline) + milliseconds(1000));
+      req.wait(left_until(deadline) + milliseconds(1000));
+      const auto ec = req.outcome().value_or(make_error_code(errc::timed_out));
       if (ec && !(scope_of(ec) == Scope::peer && !g.peers_[from].is_open())) {
         return fail(from, ec, "barrier with rank " + std::to_string(from));
       }

@@ -71,8 +71,9 @@ void Service::run() {
                                 {TensorMeta::bytes(sizeof(Command))});
     auto req = driver.fetch(ref, {std::as_writable_bytes(std::span(cmd.get(), 1))},
                             {.timeout = milliseconds(1000)});
-    if (auto ec = req.wait(milliseconds(5000))) {
-      if (!req.done()) req.abort();
+    req.wait(milliseconds(5000));
+    if (auto outcome = req.outcome(); !outcome || *outcome) {
+      if (!outcome) req.abort();
       continue;  // not submitted yet, or the driver is gone (reconnect above)
     }
     const uint64_t id = next++;

@@ -41,8 +41,9 @@ bool FetchState::done() const {
   return done_;
 }
 
-std::error_code FetchState::error() const {
+std::optional<std::error_code> FetchState::outcome() const {
   std::lock_guard lock(mu_);
+  if (!done_) return std::nullopt;
   return ec_;
 }
 
@@ -73,6 +74,11 @@ namespace ferry {
 std::error_code FetchRequest::wait(std::chrono::milliseconds timeout) const {
   if (!state_) return make_error_code(errc::invalid_argument);
   return state_->wait(timeout);
+}
+
+std::optional<std::error_code> FetchRequest::outcome() const {
+  if (!state_) return make_error_code(errc::invalid_argument);
+  return state_->outcome();
 }
 
 void FetchRequest::abort() const {

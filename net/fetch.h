@@ -62,7 +62,8 @@ class FetchState {
   // error, or errc::timed_out when the wait itself ran out (the fetch goes on).
   std::error_code wait(std::chrono::milliseconds timeout);
   bool done() const;
-  std::error_code error() const;
+  // std::nullopt while in flight; then the fetch's own result (empty on success).
+  std::optional<std::error_code> outcome() const;
 
   // The result is filled by the session before completion; read it only after done().
   FetchResult& result() { return result_; }
@@ -102,6 +103,10 @@ class FetchRequest {
   // success, or the error it completed with. Do not call from a ferry completion handler.
   std::error_code wait(std::chrono::milliseconds timeout) const;
   bool done() const { return state_ && state_->done(); }
+  // Non-blocking and unambiguous: std::nullopt while the fetch is in flight, then its own result
+  // (an empty error_code on success). Unlike wait(), a timeout here is always the fetch's own.
+  // An invalid (default-constructed) request reports errc::invalid_argument.
+  std::optional<std::error_code> outcome() const;
 
   // The result, valid once done() and successful.
   FetchResult& result() const { return state_->result(); }

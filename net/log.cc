@@ -1,5 +1,8 @@
 #include "net/log.h"
 
+#include <unistd.h>
+
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -23,6 +26,16 @@ void write(Level level, std::string_view message) {
   static std::mutex mu;
   static constexpr const char* kNames[] = {"error", "warn", "info", "debug"};
   std::lock_guard lock(mu);
+  if (level == Level::debug) {
+    // Debug lines carry the time (s since the first line) and the thread: they are read to
+    // follow one operation across threads and processes.
+    using Clock = std::chrono::steady_clock;
+    static const Clock::time_point start = Clock::now();
+    const double t = std::chrono::duration<double>(Clock::now() - start).count();
+    std::fprintf(stderr, "ferry[debug %.6f %ld]: %.*s\n", t, static_cast<long>(gettid()),
+                 static_cast<int>(message.size()), message.data());
+    return;
+  }
   std::fprintf(stderr, "ferry[%s]: %.*s\n", kNames[static_cast<int>(level)],
                static_cast<int>(message.size()), message.data());
 }

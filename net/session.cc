@@ -391,6 +391,7 @@ void Session::handle_fetch(uint64_t rid, const wire::Fetch& msg) {
                              "no object was put under that name in time", false);
           }));
       parked_[rid] = Parked{msg, std::move(timer)};
+      FERRY_LOG_DEBUG("peer '{}': request {} waits for the name '{}'", info_.name, rid, msg.name());
       return;
     }
   }
@@ -425,6 +426,8 @@ void Session::handle_fetch(uint64_t rid, const wire::Fetch& msg) {
     return;
   }
   serving_.emplace(rid, transport);
+  FERRY_LOG_DEBUG("peer '{}': request {} served: object {} '{}' over {}", info_.name, rid, id,
+                  msg.name(), transport->name());
   transport->send_multiple(*this, rid, std::move(pin),
                            [self = shared_from_this(), rid](std::error_code ec) {
                              self->serving_.erase(rid);
@@ -719,6 +722,8 @@ void Session::start_transfer(std::shared_ptr<detail::FetchState> state,
     // The owner waits for the name at most this long (and at most its lease timeout).
     f->set_wait_ms(timeout.count() > 0 ? static_cast<uint64_t>(timeout.count()) : ~uint64_t{0});
   }
+  FERRY_LOG_DEBUG("peer '{}': fetch {} of object {} '{}' requested over {}", info_.name, id,
+                  ref.object_id, ref.name, transport->name());
   send(env);
 }
 
@@ -742,6 +747,8 @@ void Session::complete_fetch(uint64_t request_id, std::error_code ec) {
       return;
     }
   }
+  FERRY_LOG_DEBUG("peer '{}': fetch {} completes: {}", info_.name, request_id,
+                  ec ? ec.message() : "ok");
   auto pending = std::move(it->second);
   fetches_.erase(it);
   if (pending.timer) pending.timer->cancel();

@@ -265,6 +265,8 @@ void RdmaChannel::add_fetch(const FetchOp& op, std::vector<std::shared_ptr<Regio
 
 void RdmaChannel::on_grant(uint64_t request_id, const wire::Grant& grant) {
   auto it = fetches_.find(request_id);
+  FERRY_LOG_DEBUG("rdma: queue pair {}: grant for request {}{}", qp_->qp_num, request_id,
+                  it == fetches_.end() ? " (no such fetch: released)" : "");
   if (it == fetches_.end() || it->second.aborted || it->second.granted) {
     send_release(request_id);  // aborted meanwhile: end the owner's lease at once
     return;
@@ -501,6 +503,7 @@ void RdmaChannel::on_bound(uint64_t request_id) {
 
 void RdmaChannel::send_grant(uint64_t request_id, const wire::Grant& grant) {
   auto link = link_.lock();
+  FERRY_LOG_DEBUG("rdma: queue pair {}: grant for request {} sent", qp_->qp_num, request_id);
   if (!link || !link->is_open()) return;
   wire::Message m;
   *m.mutable_grant() = grant;

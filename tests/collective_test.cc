@@ -340,12 +340,6 @@ INSTANTIATE_TEST_SUITE_P(Ranks, Collective, ::testing::Values(2, 3, 4, 8),
 // engine: its results are byte-identical to the imperative calls on the same data.
 TEST(CollectiveDeclarative, ResultsAreIdenticalToTheImperativeCalls) {
   FERRY_REQUIRE_TEST_HOST();
-  if (test_transport() == "RDMA" && !std::getenv("FERRY_COLLECTIVE_DECLARATIVE")) {
-    // Open bug (issue 7 notes): over rxe, a broadcast run by the services once timed out with
-    // rank 2's fetch from the root never served, while the root had moved on to its barrier.
-    GTEST_SKIP() << "SKIPPED: declarative collectives over rxe: open bug, a fetch from the root "
-                    "timed out once (FERRY_COLLECTIVE_DECLARATIVE=1 runs it)";
-  }
   const int n = 3;
   Ranks ranks(n);
   const size_t count = 20011;  // odd, above the direct threshold as float32

@@ -132,6 +132,24 @@ TEST(Registry, ContextRejectsUnknownTransportNames) {
   EXPECT_EQ((*ok)->transports(), std::vector<std::string>{"TCP"});
 }
 
+// wait() answers timed_out both for a wait that ran out and for a fetch that timed out;
+// outcome() tells them apart (the collectives once took a fetch that succeeded as it was
+// being waited on for one that timed out).
+TEST(FetchState, OutcomeSeparatesTheFetchsResultFromTheWaits) {
+  boost::asio::io_context io;
+  auto ok = std::make_shared<detail::FetchState>(1, io.get_executor());
+  FetchRequest req(ok);
+  EXPECT_EQ(req.wait(0ms), errc::timed_out);  // the wait ran out...
+  EXPECT_FALSE(req.outcome().has_value());    // ...the fetch is still in flight
+  ok->complete({});
+  ASSERT_TRUE(req.outcome().has_value());
+  EXPECT_FALSE(*req.outcome());  // success
+  auto late = std::make_shared<detail::FetchState>(3, io.get_executor());
+  late->complete(make_error_code(errc::timed_out));
+  EXPECT_EQ(FetchRequest(late).outcome(), std::error_code(errc::timed_out));  // its own deadline
+  EXPECT_EQ(FetchRequest().outcome(), std::error_code(errc::invalid_argument));
+}
+
 TEST(FetchState, CompletesExactlyOnceAndWaitsAreBounded) {
   boost::asio::io_context io;
   auto state = std::make_shared<detail::FetchState>(1, io.get_executor());
