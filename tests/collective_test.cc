@@ -260,16 +260,7 @@ void check_allreduce(Ranks& ranks, DType t, ReduceOp op, size_t count) {
 
 class Collective : public ::testing::TestWithParam<int> {
  protected:
-  void SetUp() override {
-    FERRY_REQUIRE_TEST_HOST();
-    if (GetParam() == 8 && test_transport() == "RDMA" && !std::getenv("FERRY_COLLECTIVE_N8")) {
-      // Open bug (issue 7 notes): with 8 ranks in one process on one rxe device, right after a
-      // previous 8-rank group was torn down, some READs complete with "Work Request Flushed"
-      // and no primary error or async event. FERRY_COLLECTIVE_N8=1 runs it anyway.
-      GTEST_SKIP() << "SKIPPED: 8 ranks over rxe in one process: open flushed-READ bug "
-                      "(FERRY_COLLECTIVE_N8=1 runs it)";
-    }
-  }
+  void SetUp() override { FERRY_REQUIRE_TEST_HOST(); }
 };
 
 TEST_P(Collective, AllreduceEveryOpAndDtypeAndSize) {
