@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "cli/collective.h"
 #include "cli/fetch.h"
 #include "cli/info.h"
 #include "cli/serve.h"
@@ -122,6 +123,38 @@ void add_fetch(CLI::App& app, FetchArgs& a) {
       kExitCodeHelp);
 }
 
+void add_collective(CLI::App& app, CollectiveArgs& a) {
+  auto* cmd = app.add_subcommand("collective", "Run every collective on N local processes");
+  cmd->add_option("-n,--ranks", a.ranks, "Processes (ranks) to start")
+      ->type_name("N")
+      ->check(CLI::Range(1, 64))
+      ->capture_default_str();
+  cmd->add_option("--sizes", a.sizes, "Tensor sizes (suffixes K, M, G)")
+      ->type_name("SIZE...")
+      ->check(check_size)
+      ->capture_default_str();
+  cmd->add_option("--iterations", a.iterations, "Timed allreduces per size")
+      ->type_name("N")
+      ->check(CLI::Range(0, 10000))
+      ->capture_default_str();
+  cmd->add_option("--host", a.host, "Address every rank listens on")->capture_default_str();
+  cmd->add_option("--transport", a.transport, "Transport the ranks use: auto, or a name")
+      ->type_name("NAME")
+      ->transform(CLI::IsMember(transport_choices(), CLI::ignore_case))
+      ->capture_default_str();
+  cmd->add_option("--timeout", a.timeout_s, "Bound on the whole run; ranks left are killed")
+      ->type_name("SECONDS")
+      ->check(CLI::Range(1, 86400))
+      ->capture_default_str();
+  cmd->footer(
+      std::string("Forks --ranks processes that form a group and run, at each size: allreduce\n"
+                  "(float32 and int64 sums, exact), broadcast from every root, allgather and\n"
+                  "reduce-scatter, each verified on every rank against a reference; then times\n"
+                  "--iterations allreduces (median, algorithm and bus bandwidth as NCCL's tests\n"
+                  "define them). Exits 0 only if every rank verified everything.\n\n") +
+      kExitCodeHelp);
+}
+
 int run(int argc, char** argv) {
   CLI::App app("ferry " + std::string(kVersion) +
                    ": asynchronous tensor and buffer transfers between processes",
@@ -134,6 +167,8 @@ int run(int argc, char** argv) {
   bool info_json = false;
   add_serve(app, serve_args);
   add_fetch(app, fetch_args);
+  CollectiveArgs collective_args;
+  add_collective(app, collective_args);
   auto* info = app.add_subcommand("info", "Show the version, transports and RDMA devices");
   info->add_flag("--json", info_json, "Print as JSON");
   info->footer(kExitCodeHelp);
@@ -144,6 +179,7 @@ int run(int argc, char** argv) {
   }
   if (app.got_subcommand("serve")) return run_serve(serve_args);
   if (app.got_subcommand("fetch")) return run_fetch(fetch_args);
+  if (app.got_subcommand("collective")) return run_collective(collective_args);
   return run_info(info_json);
 }
 

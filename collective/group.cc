@@ -1,7 +1,9 @@
 #include "collective/group.h"
 
 #include <algorithm>
+#include <condition_variable>
 #include <cstring>
+#include <mutex>
 #include <thread>
 
 #include "net/errors.h"
@@ -27,26 +29,58 @@ milliseconds left_until(Clock::time_point deadline) {
 
 }  // namespace
 
+// Objects offered by one call that the store has not collected yet. A peer's lease (and with it
+// the memory registration) can outlive the barrier that ends the call by a moment: the peer's
+// release travels on its own connection. Memory that an offer views must not be freed or reused
+// before collection, or a registration cache could hand the stale registration (old pages) to
+// the next object at the same address.
+struct Uncollected {
+  std::mutex mu;
+  std::condition_variable cv;
+  int live = 0;
+};
+
 // One collective call: what this rank offers (released when every rank is done) and what it
 // fetches, under one deadline.
 struct Group::Op {
   Op(Group& g, std::string what) : g(g), what(std::move(what)), seq(++g.seq_) {
     deadline = Clock::now() + g.options_.timeout;
   }
+  // Releases the offers and returns once the store has collected them (leases end by the
+  // context's lease_timeout at the latest), so the caller may reuse the memory.
   ~Op() {
+    end_watches();
     for (const auto& ref : offered) g.ctx_.release(ref);
+    const auto bound = g.ctx_.options().lease_timeout + milliseconds(1000);
+    std::unique_lock lock(uncollected->mu);
+    if (!uncollected->cv.wait_for(lock, bound, [&] { return uncollected->live == 0; })) {
+      FERRY_LOG_WARN("collective: {} #{}: {} offers still held by peers after {} ms", what, seq,
+                     uncollected->live, bound.count());
+    }
   }
 
   std::string name(const std::string& tag, int rank) const {
     return "ferry.collective/" + g.options_.name + "/" + std::to_string(seq) + "/" + tag + "/" +
            std::to_string(rank);
   }
-  // Offers `bytes` (a view: the caller keeps them unchanged until every rank is done) as `tag`.
+  // Offers `bytes` as `tag`: a view, unchanged until every rank is done; `memory` (optional)
+  // owns them and is freed when the store collects the offer. Offers kept in `keep` (markers,
+  // whose byte lives as long as the Group) outlive the call and are not waited for.
   Status offer(const std::string& tag, std::span<const std::byte> bytes,
-               std::vector<ObjectRef>* keep = nullptr) {
+               std::vector<ObjectRef>* keep = nullptr, std::shared_ptr<void> memory = {}) {
     PutOptions o;
     o.name = name(tag, g.rank_);
-    auto ref = g.ctx_.put({Tensor::bytes(bytes)}, nullptr, o);
+    std::shared_ptr<void> owner = std::move(memory);
+    if (!keep) {
+      std::lock_guard lock(uncollected->mu);
+      ++uncollected->live;
+      owner = std::shared_ptr<void>(nullptr, [u = uncollected, memory = std::move(owner)](void*) {
+        std::lock_guard lock(u->mu);
+        --u->live;
+        u->cv.notify_all();
+      });
+    }
+    auto ref = g.ctx_.put({Tensor::bytes(bytes)}, std::move(owner), o);
     if (!ref) return fail(-1, ref.error(), "cannot offer " + o.name);
     (keep ? *keep : offered).push_back(*ref);
     return {};
@@ -74,6 +108,12 @@ struct Group::Op {
       for (auto& [q, other] : pending) {
         if (auto oec = other.outcome(); oec && *oec) {
           return fail(q, *oec, "fetch from rank " + std::to_string(q));
+        }
+      }
+      for (auto& [q, w] : watches) {
+        if (auto oec = w.outcome(); oec && (!*oec || scope_of(*oec) == Scope::peer)) {
+          return fail(q, *oec ? *oec : make_error_code(errc::aborted),
+                      *oec ? "watching rank " + std::to_string(q) : "rank " + std::to_string(q));
         }
       }
       if (Clock::now() > deadline + milliseconds(1000)) {
@@ -150,6 +190,23 @@ struct Group::Op {
     g.previous_markers_ = std::move(marker);
     return {};
   }
+  // For algorithms where a rank fetches from only some others (the ring): a fetch of every other
+  // rank's "fail" marker, parked on that rank for the whole call. A rank that fails offers its
+  // marker, which completes these at once, so a failure travels the group in one hop instead
+  // of rank by rank at the deadline. wait() checks them.
+  void watch() {
+    for (int q = 0; q < g.size(); ++q) {
+      if (q == g.rank_) continue;
+      auto ref = ObjectRef::named(g.addresses_[q], name("fail", q), {TensorMeta::bytes(1)});
+      watches.emplace_back(q, g.peers_[q].fetch(std::move(ref), {{&watch_sink, 1}},
+                                                {.timeout = left_until(deadline)}));
+    }
+  }
+  void end_watches() {
+    for (auto& [q, w] : watches) w.abort();
+    for (auto& [q, w] : watches) w.wait(left_until(deadline) + milliseconds(1000));
+    watches.clear();
+  }
   Status fail(int rank, std::error_code ec, const std::string& doing) {
     Status s;
     s.ec = ec;
@@ -158,12 +215,23 @@ struct Group::Op {
                 doing + (rank >= 0 ? " (" + g.addresses_[rank] + ")" : "") +
                 " failed: " + ec.message();
     FERRY_LOG_WARN("collective: {}", s.message);
-    // Fail fast everywhere: closing our connections fails the other ranks' fetches from us now
-    // instead of at their deadline.
+    // Fail fast everywhere: the fail marker completes the others' watches, and closing our
+    // connections fails their fetches over them now instead of at their deadline. The marker
+    // stays offered while the (failed) group lives.
+    PutOptions marker;
+    marker.name = name("fail", g.rank_);
+    if (auto ref = g.ctx_.put({Tensor::bytes({&g.marker_, 1})}, nullptr, marker)) {
+      g.previous_markers_.push_back(*ref);
+    }
+    end_watches();
     for (auto& p : g.peers_) {
       if (p.valid()) p.close();
     }
+    // Aborted fetches may still have READs in flight into their targets: the caller frees
+    // those only once every fetch has completed (each is bounded by the call's deadline).
     for (auto& [from, req] : pending) req.abort();
+    for (auto& [from, req] : pending) req.wait(left_until(deadline) + milliseconds(1000));
+    pending.clear();
     g.failed_ = s;
     return s;
   }
@@ -174,6 +242,9 @@ struct Group::Op {
   Clock::time_point deadline;
   std::vector<ObjectRef> offered;
   std::vector<std::pair<int, FetchRequest>> pending;
+  std::shared_ptr<Uncollected> uncollected = std::make_shared<Uncollected>();
+  std::vector<std::pair<int, FetchRequest>> watches;
+  std::byte watch_sink{};
 };
 
 // ---------------------------------------------------------------- forming the group
@@ -268,34 +339,128 @@ Status Group::allreduce(std::span<std::byte> data, DType dtype, ReduceOp op) {
   if (n == 1) return {};
   if (data.size() < options_.direct_threshold) {
     // Direct: offer a snapshot (this rank rewrites `data`), fetch every tensor and reduce.
-    std::vector<std::byte> mine(data.begin(), data.end());
-    if (auto s = o.offer("in", mine); !s) return s;
-    if (auto s = o.gather_reduce("in", mine, dtype, op, data); !s) return s;
+    auto mine = std::make_shared<std::vector<std::byte>>(data.begin(), data.end());
+    if (auto s = o.offer("in", *mine, nullptr, mine); !s) return s;
+    if (auto s = o.gather_reduce("in", *mine, dtype, op, data); !s) return s;
     return o.finish();
   }
-  // Reduce-scatter into a buffer of its own (this rank's chunk of `data` is still its input)...
+  // Ring reduce-scatter into a buffer of its own (this rank's chunk of `data` is still input)...
   const size_t count = data.size() / esize;
   const auto mine = chunk_of(data, count, esize, rank_, n);
   std::vector<std::byte> reduced(mine.size());
-  if (auto s = reduce_scatter_into(o, data, count, esize, dtype, op, reduced); !s) return s;
+  o.watch();
+  if (auto s = ring_reduce_scatter(o, data, count, esize, dtype, op, reduced); !s) return s;
   // ...and before this rank rewrites its chunks, every rank must have fetched them.
   if (auto s = o.barrier("rsdone"); !s) return s;
   std::memcpy(mine.data(), reduced.data(), reduced.size());
-  // Allgather of the reduced chunks, straight into place.
-  if (!mine.empty()) {
-    if (auto s = o.offer("ag", mine); !s) return s;
-  }
-  for (int q = 0; q < n; ++q) {
-    if (auto chunk = chunk_of(data, count, esize, q, n); q != rank_ && !chunk.empty()) {
-      o.take(q, "ag", chunk);
-    }
-  }
-  if (auto s = o.wait_all(); !s) return s;
+  if (auto s = ring_allgather(o, data, count, esize); !s) return s;
   return o.finish();
 }
 
-Status Group::reduce_scatter_into(Op& o, std::span<const std::byte> in, size_t count, size_t esize,
+std::vector<std::pair<size_t, size_t>> Group::segments(size_t count, size_t esize, int q) const {
+  auto [first, last] = chunk_range(count, q, size());
+  const size_t step = std::max<size_t>(1, options_.segment_bytes / esize);
+  std::vector<std::pair<size_t, size_t>> out;
+  for (size_t e = first; e < last; e += step) {
+    out.emplace_back(e * esize, (std::min(last, e + step) - e) * esize);
+  }
+  return out;
+}
+
+namespace {
+std::string ring_tag(const char* phase, int step, size_t offset) {
+  return std::string(phase) + std::to_string(step) + "@" + std::to_string(offset);
+}
+}  // namespace
+
+// Ring reduce-scatter, pipelined by segment. At step s (0 .. N-2) this rank fetches its left
+// neighbour's partial sum of chunk (rank - s - 2) mod N (at step 0 the neighbour's input),
+// adds its own input, and offers the sum for its right neighbour's step s + 1; the last step's
+// sum is this rank's chunk, complete, written to `out`. Every fetch is posted at the start: a
+// segment not yet offered waits on the neighbour, and each is reduced and passed on as soon as
+// it lands, so segments of one step travel while others are being reduced.
+Status Group::ring_reduce_scatter(Op& o, std::span<const std::byte> in, size_t count, size_t esize,
                                   DType dtype, ReduceOp op, std::span<std::byte> out) {
+  const int n = size();
+  const auto mod = [n](int x) { return ((x % n) + n) % n; };
+  const int left = mod(rank_ - 1);
+  for (auto [off, len] : segments(count, esize, mod(rank_ - 1))) {
+    if (auto s = o.offer(ring_tag("rs", 0, off), in.subspan(off, len)); !s) return s;
+  }
+  struct Piece {
+    int step;
+    size_t off, len, base;  // bytes in the whole tensor; base: where the step's chunk starts
+  };
+  std::vector<Piece> pieces;
+  std::vector<std::vector<std::byte>> recv(static_cast<size_t>(n - 1));
+  std::vector<std::shared_ptr<std::vector<std::byte>>> sums(static_cast<size_t>(n - 1));
+  const size_t first_pending = o.pending.size();
+  for (int s = 0; s < n - 1; ++s) {
+    const auto [first, last] = chunk_range(count, mod(rank_ - s - 2), n);
+    recv[s].resize((last - first) * esize);
+    if (s < n - 2) sums[s] = std::make_shared<std::vector<std::byte>>(recv[s].size());
+    for (auto [off, len] : segments(count, esize, mod(rank_ - s - 2))) {
+      o.take(left, ring_tag("rs", s, off), std::span(recv[s]).subspan(off - first * esize, len));
+      pieces.push_back({s, off, len, first * esize});
+    }
+  }
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    const Piece& p = pieces[i];
+    if (auto s = o.wait(first_pending + i); !s) return s;
+    auto sum = p.step == n - 2 ? out.subspan(p.off - p.base, p.len)
+                               : std::span(*sums[p.step]).subspan(p.off - p.base, p.len);
+    std::memcpy(sum.data(), recv[p.step].data() + (p.off - p.base), p.len);
+    if (auto ec = reduce_into(dtype, op, sum, in.subspan(p.off, p.len))) {
+      return o.fail(-1, ec, "reduce");
+    }
+    if (p.step < n - 2) {
+      if (auto s = o.offer(ring_tag("rs", p.step + 1, p.off), sum, nullptr, sums[p.step]); !s) {
+        return s;
+      }
+    }
+  }
+  o.pending.resize(first_pending);
+  return {};
+}
+
+// Ring allgather, pipelined by segment: this rank's chunk of `data` is in place; at step s it
+// fetches chunk (rank - s - 1) mod N from its left neighbour straight into place and offers it
+// on for the right neighbour's step s + 1.
+Status Group::ring_allgather(Op& o, std::span<std::byte> data, size_t count, size_t esize) {
+  const int n = size();
+  const auto mod = [n](int x) { return ((x % n) + n) % n; };
+  const int left = mod(rank_ - 1);
+  for (auto [off, len] : segments(count, esize, rank_)) {
+    if (auto s = o.offer(ring_tag("ag", 0, off), data.subspan(off, len)); !s) return s;
+  }
+  struct Piece {
+    int step;
+    size_t off, len;
+  };
+  std::vector<Piece> pieces;
+  const size_t first_pending = o.pending.size();
+  for (int s = 0; s < n - 1; ++s) {
+    for (auto [off, len] : segments(count, esize, mod(rank_ - s - 1))) {
+      o.take(left, ring_tag("ag", s, off), data.subspan(off, len));
+      pieces.push_back({s, off, len});
+    }
+  }
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    const Piece& p = pieces[i];
+    if (auto s = o.wait(first_pending + i); !s) return s;
+    if (p.step < n - 2) {
+      if (auto s = o.offer(ring_tag("ag", p.step + 1, p.off), data.subspan(p.off, p.len)); !s) {
+        return s;
+      }
+    }
+  }
+  o.pending.resize(first_pending);
+  return {};
+}
+
+Status Group::direct_reduce_scatter(Op& o, std::span<const std::byte> in, size_t count,
+                                    size_t esize, DType dtype, ReduceOp op,
+                                    std::span<std::byte> out) {
   const int n = size();
   // Rank q fetches chunk q of every other rank's input, offered as rs<q>.
   for (int q = 0; q < n; ++q) {
@@ -355,7 +520,11 @@ Status Group::reduce_scatter(std::span<const std::byte> in, std::span<std::byte>
     std::memcpy(out.data(), in.data(), in.size());
     return {};
   }
-  if (auto s = reduce_scatter_into(o, in, count, esize, dtype, op, out); !s) return s;
+  const bool ring = in.size() >= options_.direct_threshold;
+  if (ring) o.watch();
+  const auto s = ring ? ring_reduce_scatter(o, in, count, esize, dtype, op, out)
+                      : direct_reduce_scatter(o, in, count, esize, dtype, op, out);
+  if (!s) return s;
   return o.finish();
 }
 

@@ -8,10 +8,11 @@
 // yet offered waits on the owner (a rendezvous), so no extra round trip announces readiness.
 //
 // Algorithms (docs/collectives.md): below `direct_threshold` bytes, a direct exchange (one
-// round: every rank fetches every other rank's tensor and reduces locally); above it,
-// reduce-scatter then allgather (each rank reduces one balanced chunk, then fetches every other
-// reduced chunk), which moves 2(N-1)/N of the tensor per rank, like a ring. Reductions run in
-// rank order, so every rank gets bit-identical results, and overlap the fetches of later ranks.
+// round: every rank fetches every other rank's tensor and reduces locally, in rank order);
+// above it, a ring (reduce-scatter then allgather, 2(N-1)/N of the tensor per rank), pipelined
+// in segments of `segment_bytes` that are reduced and passed on as each lands. Every rank gets
+// bit-identical results. A call returns once its offers are collected: the caller may reuse
+// its buffers at once.
 //
 // Threading: a Group is used by one thread at a time; every rank calls the same collectives in
 // the same order (like MPI). Calls block until done, never longer than `timeout`.
@@ -38,7 +39,8 @@ struct GroupOptions {
   std::string name = "group";  // tells groups of the same processes apart
   std::chrono::milliseconds join_timeout{30000};
   std::chrono::milliseconds timeout{60000};  // each collective call
-  size_t direct_threshold = 64u << 10;       // bytes: direct exchange below, RS + AG from here
+  size_t direct_threshold = 64u << 10;       // bytes: direct exchange below, ring from here
+  size_t segment_bytes = 512u << 10;         // ring pipeline unit (each a fetch of its own)
 };
 
 // The outcome of a collective: ok, or the error, the rank it came from (-1: local) and a
@@ -85,9 +87,17 @@ class Group {
   struct Op;
   Group(Context& ctx, std::vector<std::string> addresses, int rank, GroupOptions options);
   Status connect_all(std::chrono::steady_clock::time_point deadline);
-  // Offers every other rank its chunk of `in` and reduces this rank's chunk into `out`.
-  Status reduce_scatter_into(Op& o, std::span<const std::byte> in, size_t count, size_t esize,
+  // Reduce-scatter of `in` (`count` elements of `esize` bytes): this rank's chunk, reduced over
+  // every rank, into `out`. Direct: every rank fetches its chunk from every other (small
+  // tensors); ring: N-1 steps around the ring, pipelined by segment (large ones).
+  Status direct_reduce_scatter(Op& o, std::span<const std::byte> in, size_t count, size_t esize,
+                               DType dtype, ReduceOp op, std::span<std::byte> out);
+  Status ring_reduce_scatter(Op& o, std::span<const std::byte> in, size_t count, size_t esize,
                              DType dtype, ReduceOp op, std::span<std::byte> out);
+  // With this rank's chunk of `data` in place, fetches every other chunk around the ring.
+  Status ring_allgather(Op& o, std::span<std::byte> data, size_t count, size_t esize);
+  // Chunk q's segments as (byte offset in the tensor, bytes), at most segment_bytes each.
+  std::vector<std::pair<size_t, size_t>> segments(size_t count, size_t esize, int q) const;
 
   Context& ctx_;
   std::vector<std::string> addresses_;

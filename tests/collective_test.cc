@@ -324,6 +324,60 @@ TEST_P(Collective, BroadcastAllgatherReduceScatter) {
   }
 }
 
+// The ring pipelined in many small segments (4 KiB, odd sizes that split unevenly), so segments
+// of one step are in flight while others are reduced and passed on: allreduce and
+// reduce-scatter still match the reference, on every rank.
+TEST_P(Collective, RingInManySegmentsMatchesTheReference) {
+  collective::GroupOptions o;
+  o.direct_threshold = 1024;
+  o.segment_bytes = 4096;
+  Ranks ranks(GetParam(), o);
+  const int n = ranks.size();
+  for (size_t count : {size_t{300}, size_t{40009}}) {
+    check_allreduce(ranks, DType::kInt64, ReduceOp::kSum, count);
+    check_allreduce(ranks, DType::kFloat32, ReduceOp::kMax, count);
+    std::vector<std::vector<std::byte>> in(n), chunk(n);
+    for (int r = 0; r < n; ++r) {
+      in[r] = rank_data(DType::kInt32, r, count);
+      auto [first, last] = Group::chunk_range(count, r, n);
+      chunk[r].resize((last - first) * 4);
+    }
+    ranks.run([&](int r) {
+      auto s = ranks.group(r).reduce_scatter(in[r], chunk[r], DType::kInt32, ReduceOp::kProd);
+      ASSERT_TRUE(s.ok()) << s.message;
+    });
+    for (int r = 0; r < n; ++r) {
+      auto [first, last] = Group::chunk_range(count, r, n);
+      for (size_t i = first; i < last; ++i) {
+        ASSERT_EQ(load(DType::kInt32, chunk[r].data() + (i - first) * 4),
+                  reference(DType::kInt32, ReduceOp::kProd, n, i))
+            << "rank " << r << " element " << i;
+      }
+    }
+  }
+}
+
+// A call returns only once the store has collected everything it offered: the caller may free
+// or reuse the memory at once. (A peer's lease can outlive the closing barrier by a moment;
+// memory freed then and reallocated at the same address could be served through the old,
+// stale registration.)
+TEST_P(Collective, OffersAreCollectedWhenACallReturns) {
+  collective::GroupOptions o;
+  o.direct_threshold = 1024;
+  Ranks ranks(GetParam(), o);
+  const int n = ranks.size();
+  for (size_t count : {size_t{100}, size_t{50000}}) {  // direct, then ring
+    std::vector<std::vector<std::byte>> data(n);
+    for (int r = 0; r < n; ++r) data[r] = rank_data(DType::kFloat64, r, count);
+    ranks.run([&](int r) {
+      auto s = ranks.group(r).allreduce(data[r], DType::kFloat64, ReduceOp::kSum);
+      ASSERT_TRUE(s.ok()) << s.message;
+      // What is left in this rank's store: the barrier marker only.
+      EXPECT_LE(ranks.context(r).refs().size(), 1u) << "rank " << r;
+    });
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Ranks, Collective, ::testing::Values(2, 3, 4, 8),
                          [](const auto& info) { return "N" + std::to_string(info.param); });
 
