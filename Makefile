@@ -77,14 +77,18 @@ soak-rdma: build
 
 # ferry beside the tools users trust, in one run: iperf3, ucx_perftest, qperf, sockperf and a raw
 # socket ping-pong over loopback TCP; ib_read_bw / ib_read_lat beside ferry's RDMA READ inside the
-# soft-RoCE guest; registration and scale benchmarks. Installs the peer tools (Debian packages).
+# soft-RoCE guest; registration and scale benchmarks; allreduce on 4 local ranks beside Gloo and
+# Open MPI. Installs the peer tools (Debian packages) first, then configures again so that the
+# build finds Gloo and Open MPI (their peer programs are built only where they are installed).
 # Table on stdout; samples.json, report.txt and PNG plots in $(BUILD)/bench/results.
 # BENCH_QUICK=1: fewer sizes, two short repetitions. BENCH_ARGS: more bench/run.py options.
 .PHONY: bench
 BENCH_QUICK ?=
 BENCH_ARGS ?=
-bench: build
+bench: deps
 	@scripts/install-deps.sh softroce bench
+	cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Release $(CMAKE_FLAGS)
+	cmake --build $(BUILD) -j $(JOBS)
 	python3 bench/run.py --ferry-bench $(BUILD)/bench/ferry-bench $(if $(BENCH_QUICK),--quick) $(BENCH_ARGS)
 
 # The demo over RDMA: serve on rxe1, fetch on rxe0, inside the soft-RoCE guest.

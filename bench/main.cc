@@ -1,11 +1,13 @@
 // ferry-bench: ferry's side of the benchmark that bench/run.py runs beside iperf3, ucx_perftest,
-// qperf, sockperf and perftest. This file only wires the subcommands to their runners.
+// qperf, sockperf, perftest, Gloo and Open MPI. This file only wires the subcommands to their
+// runners.
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
 #include <exception>
 #include <string>
 
+#include "bench/allreduce_bench.h"
 #include "bench/fetch_bench.h"
 #include "bench/measure.h"
 #include "bench/memcpy_bench.h"
@@ -95,6 +97,25 @@ int main(int argc, char** argv) {
   sc->add_option("--seconds", scale.seconds, "Measured seconds")->capture_default_str();
   sc->add_option("--server-pid", scale.server_pid, "Server process, for CPU and memory");
 
+  AllreduceArgs ar;
+  std::string ar_sizes = "4K,16K,64K,256K,1M,4M,16M,64M";
+  auto* a = app.add_subcommand("allreduce", "One rank of a Group allreduce sweep (JSON lines)");
+  a->add_option("--rank", ar.rank, "This process's rank")->required();
+  a->add_option("--ranks", ar.ranks, "Number of ranks")->capture_default_str();
+  a->add_option("--rendezvous", ar.rendezvous, "Directory where ranks publish their addresses")
+      ->required();
+  a->add_option("--host", ar.host, "Address to listen on (any port)")->capture_default_str();
+  a->add_option("--sizes", ar_sizes, "Bytes per allreduce (float32)")->capture_default_str();
+  a->add_option("--reps", ar.reps, "Timed calls per size")->capture_default_str();
+  a->add_option("--warmup", ar.warmup, "Untimed calls per size first")->capture_default_str();
+  a->add_option("--threads", ar.threads, "io_context threads")->capture_default_str();
+  a->add_option("--join-timeout", ar.join_timeout_s, "Seconds for rendezvous + join")
+      ->capture_default_str();
+  a->add_option("--timeout", ar.call_timeout_s, "Seconds per collective call")
+      ->capture_default_str();
+  std::string ar_direct = "0";
+  a->add_option("--direct-threshold", ar_direct, "GroupOptions::direct_threshold (0: default)");
+
   try {
     app.parse(argc, argv);
     if (*s) {
@@ -121,6 +142,12 @@ int main(int argc, char** argv) {
     if (*sc) {
       scale.size = one_size(scale_size);
       return run_scale(scale);
+    }
+    if (*a) {
+      ar.sizes = parse_size_list(ar_sizes);
+      if (ar.sizes.empty()) throw CLI::ValidationError("--sizes", "expected e.g. 4K,1M,64M");
+      if (ar_direct != "0") ar.direct_threshold = one_size(ar_direct);
+      return run_allreduce(ar);
     }
   } catch (const CLI::ParseError& e) {
     return app.exit(e);

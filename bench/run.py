@@ -11,9 +11,15 @@ Suites
                 over RDMA; and on the host over TCP for comparison)
   scale         1, 16, 256, 1,024 peers on one server; 1 and 4,096 fetches in flight (TCP)
   misc          single-core memcpy (the loopback bound), idle CPU with a peer connected
+  allreduce     4 local ranks over loopback TCP: ferry's Group::allreduce (ferry-bench allreduce)
+                vs Gloo's ring allreduce (gloo-allreduce) and Open MPI's MPI_Allreduce over its
+                TCP BTL (mpi-allreduce under mpirun); float32 sum; algbw and busbw as NCCL's
+                tests define them (busbw = algbw * 2(n-1)/n)
 
 Output (in --out): samples.json (every sample), report.txt (the table printed on stdout),
 *.png (gnuplot), and rdma-samples.json from the guest. Only the standard library is used.
+`--suites allreduce` runs that suite alone (on the host; the guest is started only for rdma,
+registration and misc).
 """
 
 import argparse
@@ -36,6 +42,11 @@ FULL_TCP_SIZES = [8, 64, 512, 4 * KIB, 64 * KIB, 1 * MIB, 8 * MIB, 64 * MIB]
 QUICK_TCP_SIZES = [8, 4 * KIB, 64 * KIB, 1 * MIB, 64 * MIB]
 FULL_RDMA_SIZES = [8, 512, 4 * KIB, 64 * KIB, 1 * MIB, 8 * MIB, 64 * MIB]
 QUICK_RDMA_SIZES = [8, 4 * KIB, 64 * KIB, 1 * MIB]
+FULL_ALLREDUCE_SIZES = [4 * KIB, 16 * KIB, 64 * KIB, 256 * KIB, 1 * MIB, 4 * MIB, 16 * MIB,
+                        64 * MIB]
+QUICK_ALLREDUCE_SIZES = [4 * KIB, 64 * KIB, 1 * MIB, 16 * MIB, 64 * MIB]
+ALLREDUCE_RANKS = 4
+ALLREDUCE_PEERS = ["gloo", "mpi"]
 
 
 def log(*a):
@@ -432,6 +443,129 @@ def suite_misc(b, host="127.0.0.1", env=None, suite="tcp"):
           cpu_idle_pct=100 * (r["cpu_client_s"] + r["cpu_server_s"]) / r["seconds"], raw=r)
 
 
+def run_ranks(argvs, timeout, env=None):
+    """Starts one process per argv (each in a session of its own), waits for all of them with one
+    deadline, and kills (SIGTERM, then SIGKILL to the whole process group) whatever is left at
+    the deadline or once one has failed. Returns [(rc, stdout, stderr)] in argv order."""
+    e = dict(os.environ)
+    e.update(env or {})
+    procs = [subprocess.Popen(a, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              stdin=subprocess.DEVNULL, env=e, text=True, start_new_session=True)
+             for a in argvs]
+    deadline = time.time() + timeout
+    results = [None] * len(procs)
+    failed = False
+    try:
+        while any(r is None for r in results):
+            for i, p in enumerate(procs):
+                if results[i] is not None:
+                    continue
+                try:  # communicate() drains both pipes, so a chatty child cannot block
+                    out, err = p.communicate(timeout=0.05)
+                except subprocess.TimeoutExpired:
+                    continue
+                results[i] = (p.returncode, out, err)
+                failed |= p.returncode != 0
+            if failed or time.time() > deadline:
+                break
+    finally:
+        for i, p in enumerate(procs):
+            if results[i] is not None:
+                continue
+            for sig, wait in ((signal.SIGTERM, 5), (signal.SIGKILL, 10)):
+                try:
+                    os.killpg(p.pid, sig)
+                except ProcessLookupError:
+                    pass
+                try:
+                    out, err = p.communicate(timeout=wait)
+                    break
+                except subprocess.TimeoutExpired:
+                    out, err = "", ""
+            results[i] = (124 if not failed else (p.returncode or 143), out or "", err or "")
+    return results
+
+
+def allreduce_tool(b, tool, sizes, calls, warmup):
+    """One run of `tool` over every size: ALLREDUCE_RANKS local ranks; returns rank 0's JSON
+    lines. Raises SkipTool when the tool is not built / not installed."""
+    n = ALLREDUCE_RANKS
+    size_arg = ",".join(map(str, sizes))
+    common = ["--sizes", size_arg, "--reps", str(calls), "--warmup", str(warmup)]
+    # Bound: 60 s to start and join, and ~2 s per size per call at most (far above the slowest
+    # tool's 64 MiB allreduce on the 2-core VM, ~0.3 s).
+    timeout = 60 + len(sizes) * (calls + warmup) * 2
+    here = os.path.dirname(b.fb)
+    if tool == "mpi":
+        exe = os.path.join(here, "mpi-allreduce")
+        if not os.access(exe, os.X_OK):
+            raise SkipTool("mpi-allreduce not built (libopenmpi-dev was not installed when the "
+                           "build was configured; make bench installs it and reconfigures)")
+        mpirun = shutil.which("mpirun")
+        if not mpirun:
+            raise SkipTool("mpirun not found (openmpi-bin)")
+        # TCP like the others: the shared-memory BTL (vader) and UCX are excluded on purpose.
+        argvs = [[mpirun, "--allow-run-as-root", "--oversubscribe", "--bind-to", "none",
+                  "-np", str(n), "--timeout", str(timeout), "--mca", "pml", "ob1",
+                  "--mca", "btl", "tcp,self", "--mca", "btl_tcp_if_include", "lo",
+                  exe] + common]
+    else:
+        exe = b.fb if tool == "ferry" else os.path.join(here, "gloo-allreduce")
+        if not os.access(exe, os.X_OK):
+            raise SkipTool("gloo-allreduce not built (libgloo-dev was not installed when the "
+                           "build was configured; make bench installs it and reconfigures)")
+        import tempfile
+        rdv = tempfile.mkdtemp(prefix=f"ferry-bench-{tool}-")
+        sub = ["allreduce"] if tool == "ferry" else []
+        argvs = [[exe] + sub + ["--rank", str(r), "--ranks", str(n), "--rendezvous", rdv,
+                                "--host", "127.0.0.1"] + common for r in range(n)]
+    try:
+        results = run_ranks(argvs, timeout + 30)
+    finally:
+        if tool != "mpi":
+            shutil.rmtree(rdv, ignore_errors=True)
+    bad = [(i, rc, err) for i, (rc, _, err) in enumerate(results) if rc != 0]
+    if bad:
+        i, rc, err = bad[0]
+        what = "timed out" if rc == 124 else f"exited {rc}"
+        raise RuntimeError(f"{tool} allreduce: process {i} of {len(results)} {what}: "
+                           f"{err.strip()[-600:]}")
+    lines = [json.loads(l) for l in results[0][1].splitlines() if l.startswith("{")]
+    if len(lines) != len(sizes):
+        raise RuntimeError(f"{tool} allreduce: {len(lines)} result lines for {len(sizes)} sizes")
+    return lines
+
+
+class SkipTool(Exception):
+    pass
+
+
+def suite_allreduce(b, sizes, reps, calls, warmup):
+    """ferry, Gloo and Open MPI, alternating (the order rotates by repetition); each run is
+    ALLREDUCE_RANKS fresh processes that sweep every size."""
+    skipped = {}
+    for rep in range(reps):
+        for tool in rotate(["ferry"] + ALLREDUCE_PEERS, rep):
+            if tool in skipped:
+                continue
+            log(f"allreduce {tool} rep {rep + 1}/{reps}")
+
+            def one(tool=tool, rep=rep):
+                try:
+                    lines = allreduce_tool(b, tool, sizes, calls, warmup)
+                except SkipTool as e:
+                    skipped[tool] = str(e)
+                    log(f"SKIPPED: allreduce {tool}: {e}")
+                    b.samples.append({"suite": "allreduce", "tool": tool, "skipped": str(e)})
+                    return
+                for r in lines:
+                    b.add(suite="allreduce", metric="bw", tool=tool, size=r["size"], rep=rep,
+                          ranks=r["ranks"], gbps=r["busbw_gbps"], busbw_gbps=r["busbw_gbps"],
+                          algbw_gbps=r["algbw_gbps"], median_s=r["median_s"],
+                          samples_s=r["samples_s"], raw=r)
+            b.guarded(f"allreduce {tool}", one)
+
+
 # ---------------------------------------------------------------- report
 
 def stat(values):
@@ -583,11 +717,54 @@ def targets(samples):
             out.append(f"  {r['count']} x {human(r['bytes'])} views ({r['transport']}"
                        f"{', windows' if r.get('memory_windows') and r['transport'] == 'RDMA' else ''}) "
                        f"registered in {ms:.1f} ms (target < 100 ms): {verdict(ms < 100)}")
+    for size in sorted(medians(samples, "allreduce", "bw", "ferry", "busbw_gbps")):
+        if size < MIB:
+            continue
+        # The better peer of this size: the higher median busbw of Gloo and Open MPI.
+        peers = [((medians(samples, "allreduce", "bw", t, "busbw_gbps").get(size) or
+                   {}).get("median", 0), t) for t in ALLREDUCE_PEERS]
+        best_bw, best = max(peers)
+        r = paired_ratios(samples, "allreduce", "bw", best, "busbw_gbps", size)
+        if best_bw and r:
+            out.append(f"  allreduce {human(size)}, {ALLREDUCE_RANKS} ranks: ferry / better peer "
+                       f"({best}) = {r['median']:.2f} (target >= 1.0): "
+                       f"{verdict(r['median'] >= 1.0)}")
+        else:
+            out.append(f"  allreduce {human(size)}: not evaluated (no peer measured: SKIPPED or "
+                       "failed, see above)")
     for s in samples:
         if s.get("metric") == "idle":
             out.append(f"  idle CPU with a peer connected ({s['transport']}): "
                        f"{s['cpu_idle_pct']:.2f} % of a core (both processes)")
     return out
+
+
+def allreduce_table(samples):
+    ferry = medians(samples, "allreduce", "bw", "ferry", "busbw_gbps")
+    lines = []
+    for s in samples:
+        if s.get("suite") == "allreduce" and s.get("skipped"):
+            lines.append(f"\nSKIPPED: allreduce {s['tool']}: {s['skipped']}")
+    if not ferry:
+        return lines
+    peers = [p for p in ALLREDUCE_PEERS if medians(samples, "allreduce", "bw", p, "busbw_gbps")]
+    lines.append(f"\nAllreduce, {ALLREDUCE_RANKS} local ranks over loopback TCP, float32 sum "
+                 "(busbw GB/s = size / time * 2(n-1)/n, NCCL tests' definition; median [min-max] "
+                 "of the runs' medians; ratio = ferry / peer within each run, median [min-max])")
+    head = f"{'size':>6} {'ferry ms':>10} {'ferry busbw':>22}"
+    for p in peers:
+        head += f" | {p + ' busbw':>22} {'ferry/' + p:>16}"
+    lines.append(head)
+    for size in sorted(ferry):
+        ms = stat([s["median_s"] * 1e3 for s in samples if s.get("suite") == "allreduce" and
+                   s.get("tool") == "ferry" and s.get("size") == size and "median_s" in s])
+        row = f"{human(size):>6} {ms['median'] if ms else 0:10.3g} {fmt(ferry[size]):>22}"
+        for p in peers:
+            ps = medians(samples, "allreduce", "bw", p, "busbw_gbps").get(size)
+            ratio = paired_ratios(samples, "allreduce", "bw", p, "busbw_gbps", size)
+            row += f" | {fmt(ps):>22} {fmt(ratio, 2):>16}"
+        lines.append(row)
+    return lines
 
 
 def other_tables(samples):
@@ -664,6 +841,33 @@ def plots(samples, out_dir):
             subprocess.run(["gnuplot"], input=script, text=True, check=False, timeout=60)
             if os.path.exists(png):
                 made.append(png)
+    series = []
+    for t in ["ferry"] + ALLREDUCE_PEERS:
+        m = medians(samples, "allreduce", "bw", t, "busbw_gbps")
+        pts = [(size, st["median"]) for size, st in sorted(m.items()) if st]
+        if pts:
+            series.append((t, pts))
+    if series:
+        png = os.path.join(out_dir, "allreduce-busbw.png")
+        dat = os.path.join(out_dir, "allreduce-busbw.dat")
+        with open(dat, "w") as f:
+            for t, pts in series:
+                f.write(f"# {t}\n")
+                for x, y in pts:
+                    f.write(f"{x} {y}\n")
+                f.write("\n\n")
+        plot = ", ".join(f"'{dat}' index {i} with linespoints lw 2 title '{t}'"
+                         for i, (t, _) in enumerate(series))
+        script = (f"set terminal pngcairo noenhanced size 900,560 font ',11'\nset output '{png}'\n"
+                  f"set title 'Allreduce, {ALLREDUCE_RANKS} local ranks over loopback TCP, "
+                  "float32 sum: bus bandwidth vs size'\nset logscale x 2\nset logscale y 10\n"
+                  "set format x '%.0b%B'\nset format y '%g'\n"
+                  "set xlabel 'allreduce size (bytes)'\n"
+                  "set ylabel 'busbw GB/s (algbw * 2(n-1)/n)'\nset grid\nset key left top\n"
+                  f"plot {plot}\n")
+        subprocess.run(["gnuplot"], input=script, text=True, check=False, timeout=60)
+        if os.path.exists(png):
+            made.append(png)
     return made
 
 
@@ -681,12 +885,46 @@ def machine():
             f"load average at start {os.getloadavg()[0]:.2f}")
 
 
+def cpu_busy():
+    """(busy CPU seconds of the whole machine so far, CPU seconds of this process and its reaped
+    children): their deltas over a run tell how much other work ran beside it."""
+    try:
+        with open("/proc/stat") as f:
+            fields = [int(x) for x in f.readline().split()[1:]]
+        busy = (sum(fields[:8]) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        busy = None
+    t = os.times()
+    return busy, t.user + t.system + t.children_user + t.children_system
+
+
+def commit():
+    """The source measured: the commit, "+ changes" when the work tree differs from it."""
+    try:
+        head = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"],
+                              capture_output=True, text=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "-C", ROOT, "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    return head + (" + uncommitted changes" if head and dirty else "")
+
+
 def report(samples, out_dir, meta):
     lines = [f"ferry bench: {meta['machine']}", f"command: {meta['command']}"]
+    if meta.get("commit"):
+        lines.append(f"source: {meta['commit']}")
+    if "load_at_end" in meta:
+        lines.append(f"load average at end {meta['load_at_end']:.2f}; took {meta.get('seconds')} s")
+    if "other_cpu_s" in meta and meta.get("seconds"):
+        share = meta["other_cpu_s"] / (meta["seconds"] * (os.cpu_count() or 1))
+        lines.append(f"CPU used by other processes during the run: {meta['other_cpu_s']} s "
+                     f"({100 * share:.0f} % of the machine)")
     for suite, metric in (("tcp", "bw"), ("tcp", "lat"), ("rdma", "bw"), ("rdma", "lat")):
         lines += table(samples, suite, metric)
     lines += rate_table(samples)
     lines += other_tables(samples)
+    lines += allreduce_table(samples)
     lines += targets(samples)
     errors = [s["error"] for s in samples if "error" in s]
     if errors:
@@ -724,8 +962,13 @@ def main():
     ap.add_argument("--reps", type=int, default=None)
     ap.add_argument("--seconds", type=float, default=None, help="per sample")
     ap.add_argument("--lat-iters", type=int, default=None, help="ib_read_lat iterations")
-    ap.add_argument("--suites", default="tcp,rdma,registration,scale,misc")
-    ap.add_argument("--sizes", default=None, help="comma-separated sizes in bytes (both suites)")
+    ap.add_argument("--suites", default="tcp,rdma,registration,scale,misc,allreduce")
+    ap.add_argument("--sizes", default=None,
+                    help="comma-separated sizes in bytes (tcp and rdma suites)")
+    ap.add_argument("--allreduce-sizes", default=None,
+                    help="comma-separated bytes per allreduce (multiples of 4)")
+    ap.add_argument("--allreduce-calls", type=int, default=None,
+                    help="timed allreduce calls per size in each run (default 20, quick 10)")
     ap.add_argument("--guest-mem", type=int, default=6144, help="MiB for the soft-RoCE guest")
     ap.add_argument("--registration-windows", action="store_true",
                     help="RDMA registration benchmark with memory windows (hangs on rxe today)")
@@ -735,6 +978,10 @@ def main():
     args = ap.parse_args()
     args.suites = set(args.suites.split(","))
     args.sizes = [int(x) for x in args.sizes.split(",")] if args.sizes else None
+    args.allreduce_sizes = ([int(x) for x in args.allreduce_sizes.split(",")]
+                            if args.allreduce_sizes else None)
+    if args.allreduce_calls is None:
+        args.allreduce_calls = 10 if args.quick else 20
     if args.reps is None:
         args.reps = 2 if args.quick else 3
     if args.seconds is None:
@@ -760,8 +1007,9 @@ def main():
         return
 
     started = time.time()
+    busy0 = cpu_busy()
     meta = {"machine": machine(), "command": " ".join(sys.argv),
-            "started": time.strftime("%Y-%m-%d %H:%M:%S")}
+            "started": time.strftime("%Y-%m-%d %H:%M:%S"), "commit": commit()}
     log(f"ferry bench on {meta['machine']}")
     if "misc" in args.suites:
         b.guarded("misc", lambda: suite_misc(b))
@@ -771,6 +1019,10 @@ def main():
         b.guarded("registration (TCP)", lambda: suite_registration(b, "127.0.0.1", {}, True))
     if "scale" in args.suites:
         b.guarded("scale", lambda: suite_scale(b, args.quick))
+    if "allreduce" in args.suites:
+        suite_allreduce(b, args.allreduce_sizes or (QUICK_ALLREDUCE_SIZES if args.quick else
+                                                    FULL_ALLREDUCE_SIZES),
+                        args.reps, args.allreduce_calls, 2 if args.quick else 3)
     if args.suites & {"rdma", "registration", "misc"}:
         vm = os.path.join(ROOT, "tests", "softroce", "ferry-vm")
         argv = [vm, "--cwd", ROOT, "--rw", out_dir, "--mem", str(args.guest_mem),
@@ -798,6 +1050,10 @@ def main():
             b.samples.append({"error": f"the soft-RoCE guest exited {rc}"})
     meta["seconds"] = round(time.time() - started, 1)
     meta["load_at_end"] = os.getloadavg()[0]
+    busy1 = cpu_busy()
+    if busy0[0] is not None and busy1[0] is not None:
+        # Kernel time spent for our processes (softirqs of their traffic) may count as "other".
+        meta["other_cpu_s"] = round(max(0.0, (busy1[0] - busy0[0]) - (busy1[1] - busy0[1])), 1)
     with open(os.path.join(out_dir, "samples.json"), "w") as f:
         json.dump({"meta": meta, "samples": b.samples}, f, indent=1)
     report(b.samples, out_dir, meta)

@@ -64,6 +64,20 @@ line=$("$fb" pingpong --to "$ppaddr" --size 4K --seconds 0.3 --warmup 0.1)
 echo "$line"
 positive "$line" gbps p50_us
 
+# Four ranks of the allreduce suite's ferry side (both algorithms: direct at 4 KiB, ring at 1 MiB);
+# every result is checked by the ranks themselves.
+mkdir "$work/rdv"
+for r in 1 2 3; do
+  timeout 60 "$fb" allreduce --rank "$r" --ranks 4 --rendezvous "$work/rdv" --sizes 4K,1M \
+    --reps 3 --warmup 1 >/dev/null 2>"$work/rank$r.err" &
+  pids+=("$!")
+done
+out=$(timeout 60 "$fb" allreduce --rank 0 --ranks 4 --rendezvous "$work/rdv" --sizes 4K,1M \
+  --reps 3 --warmup 1) || fail "allreduce rank 0 failed: $(cat "$work"/rank*.err)"
+echo "$out"
+[[ $(grep -c '"bench": "allreduce"' <<<"$out") == 2 ]] || fail "expected 2 allreduce lines: $out"
+while read -r line; do positive "$line" median_s algbw_gbps busbw_gbps; done <<<"$out"
+
 line=$("$fb" memcpy --size 1M --seconds 0.1)
 echo "$line"
 positive "$line" gbps

@@ -10,12 +10,15 @@ packages=(
         clang-format clang openssl iproute2
 )
 # Extra groups: `install-deps.sh softroce` adds what the soft-RoCE test tier needs; `bench` the
-# peer tools `make bench` runs beside ferry, python3 for its driver and gnuplot for its plots.
+# peer tools `make bench` runs beside ferry (and builds against: Gloo, Open MPI), python3 for its
+# driver and gnuplot for its plots.
 for extra in "$@"; do
   case "$extra" in
     # busybox-static is left out: it conflicts with Debian's busybox; ferry-vm unpacks its .deb.
     softroce) packages+=(qemu-system-x86 iproute2 kmod ibverbs-providers rdma-core xz-utils) ;;
-    bench) packages+=(python3 iperf3 perftest ucx-utils qperf sockperf gnuplot-nox) ;;
+    # libgloo-dev, openmpi-bin and libopenmpi-dev: the allreduce suite's peers (Gloo, Open MPI).
+    bench) packages+=(python3 iperf3 perftest ucx-utils qperf sockperf gnuplot-nox
+                      libgloo-dev openmpi-bin libopenmpi-dev) ;;
     *) echo "install-deps: unknown group '$extra'" >&2; exit 2 ;;
   esac
 done

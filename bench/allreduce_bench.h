@@ -1,0 +1,35 @@
+// `ferry-bench allreduce`: one rank of a ferry::collective::Group over TCP on one machine,
+// timing Group::allreduce (float32 sum, in place) for each size with the loop the peer programs
+// share (bench/allreduce_loop.h), beside Gloo's ring allreduce and Open MPI's MPI_Allreduce.
+//
+// run.py starts `ranks` of these processes. Each listens on `host`:0 (any port), publishes its
+// address as the file `rendezvous`/ferry-RANK (written whole, then renamed into place), waits
+// for every other rank's file (bounded by join_timeout_s), joins the group and runs the sweep.
+// Rank 0 prints one JSON line per size. The barrier before each timed call is a one-byte
+// broadcast from rank 0 (which, like every ferry collective, ends with a barrier of markers).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace ferry::bench {
+
+struct AllreduceArgs {
+  int rank = 0;
+  int ranks = 4;
+  std::string rendezvous;  // a directory every rank can write
+  std::string host = "127.0.0.1";
+  std::vector<uint64_t> sizes;
+  int reps = 20;
+  int warmup = 3;
+  int threads = 1;                // io_context threads of the rank's Context
+  double join_timeout_s = 30;     // rendezvous + Group::join
+  double call_timeout_s = 60;     // GroupOptions::timeout: each collective call
+  uint64_t direct_threshold = 0;  // 0: GroupOptions' default
+};
+
+// Returns an exit code; rank 0's result lines go to stdout.
+int run_allreduce(const AllreduceArgs& args);
+
+}  // namespace ferry::bench
