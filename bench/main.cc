@@ -115,6 +115,8 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   std::string ar_direct = "0";
   a->add_option("--direct-threshold", ar_direct, "GroupOptions::direct_threshold (0: default)");
+  std::string ar_segment = "0";
+  a->add_option("--segment", ar_segment, "GroupOptions::segment_bytes (0: default)");
 
   try {
     app.parse(argc, argv);
@@ -147,6 +149,7 @@ int main(int argc, char** argv) {
       ar.sizes = parse_size_list(ar_sizes);
       if (ar.sizes.empty()) throw CLI::ValidationError("--sizes", "expected e.g. 4K,1M,64M");
       if (ar_direct != "0") ar.direct_threshold = one_size(ar_direct);
+      if (ar_segment != "0") ar.segment_bytes = one_size(ar_segment);
       return run_allreduce(ar);
     }
   } catch (const CLI::ParseError& e) {

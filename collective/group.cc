@@ -344,16 +344,12 @@ Status Group::allreduce(std::span<std::byte> data, DType dtype, ReduceOp op) {
     if (auto s = o.gather_reduce("in", *mine, dtype, op, data); !s) return s;
     return o.finish();
   }
-  // Ring reduce-scatter into a buffer of its own (this rank's chunk of `data` is still input)...
+  // The ring: reduce-scatter, this rank's chunk summed in place, then allgather into place.
   const size_t count = data.size() / esize;
-  const auto mine = chunk_of(data, count, esize, rank_, n);
-  std::vector<std::byte> reduced(mine.size());
-  o.watch();
-  if (auto s = ring_reduce_scatter(o, data, count, esize, dtype, op, reduced); !s) return s;
-  // ...and before this rank rewrites its chunks, every rank must have fetched them.
-  if (auto s = o.barrier("rsdone"); !s) return s;
-  std::memcpy(mine.data(), reduced.data(), reduced.size());
-  if (auto s = ring_allgather(o, data, count, esize); !s) return s;
+  if (auto s = ring(o, data, count, esize, dtype, op, chunk_of(data, count, esize, rank_, n), data);
+      !s) {
+    return s;
+  }
   return o.finish();
 }
 
@@ -373,85 +369,88 @@ std::string ring_tag(const char* phase, int step, size_t offset) {
 }
 }  // namespace
 
-// Ring reduce-scatter, pipelined by segment. At step s (0 .. N-2) this rank fetches its left
-// neighbour's partial sum of chunk (rank - s - 2) mod N (at step 0 the neighbour's input),
-// adds its own input, and offers the sum for its right neighbour's step s + 1; the last step's
-// sum is this rank's chunk, complete, written to `out`. Every fetch is posted at the start: a
-// segment not yet offered waits on the neighbour, and each is reduced and passed on as soon as
-// it lands, so segments of one step travel while others are being reduced.
-Status Group::ring_reduce_scatter(Op& o, std::span<const std::byte> in, size_t count, size_t esize,
-                                  DType dtype, ReduceOp op, std::span<std::byte> out) {
+// The ring, pipelined by segment. Reduce-scatter in N-1 steps: at step s this rank fetches its
+// left neighbour's partial sum of chunk (rank - s - 2) mod N (at step 0 the neighbour's input),
+// adds its own input in place and offers the sum for its right neighbour's step s + 1; the last
+// step's sum is this rank's chunk, complete, in `out`. With `gather` (allreduce: the tensor,
+// where `out` is this rank's chunk of it), the allgather follows: at step s this rank fetches
+// chunk (rank - s - 1) mod N from its left neighbour into place and offers it on.
+//
+// Every fetch of the call is posted at its start: a segment not yet offered waits on the
+// neighbour, and each is reduced and passed on as soon as it lands, so segments travel while
+// others are reduced, and the allgather of early segments overlaps the reduce-scatter of later
+// ones. No barrier is needed between the phases: chunk c's final sum exists only after every
+// rank has added its own part of c (and rank c+1 has read rank c's input chunk c at step 0),
+// so an allgather segment lands only where this rank has finished with the memory.
+Status Group::ring(Op& o, std::span<const std::byte> in, size_t count, size_t esize, DType dtype,
+                   ReduceOp op, std::span<std::byte> out, std::span<std::byte> gather) {
   const int n = size();
   const auto mod = [n](int x) { return ((x % n) + n) % n; };
   const int left = mod(rank_ - 1);
+  // Receive space, one chunk per reduce-scatter step, kept by the Group across calls.
+  std::vector<size_t> step_at(static_cast<size_t>(n - 1));
+  size_t need = 0;
+  for (int s = 0; s < n - 1; ++s) {
+    const auto [first, last] = chunk_range(count, mod(rank_ - s - 2), n);
+    step_at[s] = need;
+    need += (last - first) * esize;
+  }
+  if (scratch_.size() < need) scratch_.resize(need);
+  o.watch();
   for (auto [off, len] : segments(count, esize, mod(rank_ - 1))) {
     if (auto s = o.offer(ring_tag("rs", 0, off), in.subspan(off, len)); !s) return s;
   }
   struct Piece {
+    bool gathering;
     int step;
-    size_t off, len, base;  // bytes in the whole tensor; base: where the step's chunk starts
+    size_t off, len;  // bytes in the tensor
+    std::span<std::byte> into;
   };
   std::vector<Piece> pieces;
-  std::vector<std::vector<std::byte>> recv(static_cast<size_t>(n - 1));
-  std::vector<std::shared_ptr<std::vector<std::byte>>> sums(static_cast<size_t>(n - 1));
   const size_t first_pending = o.pending.size();
   for (int s = 0; s < n - 1; ++s) {
-    const auto [first, last] = chunk_range(count, mod(rank_ - s - 2), n);
-    recv[s].resize((last - first) * esize);
-    if (s < n - 2) sums[s] = std::make_shared<std::vector<std::byte>>(recv[s].size());
+    const size_t base = chunk_range(count, mod(rank_ - s - 2), n).first * esize;
     for (auto [off, len] : segments(count, esize, mod(rank_ - s - 2))) {
-      o.take(left, ring_tag("rs", s, off), std::span(recv[s]).subspan(off - first * esize, len));
-      pieces.push_back({s, off, len, first * esize});
+      auto into = std::span(scratch_).subspan(step_at[s] + off - base, len);
+      o.take(left, ring_tag("rs", s, off), into);
+      pieces.push_back({false, s, off, len, into});
     }
   }
-  for (size_t i = 0; i < pieces.size(); ++i) {
-    const Piece& p = pieces[i];
-    if (auto s = o.wait(first_pending + i); !s) return s;
-    auto sum = p.step == n - 2 ? out.subspan(p.off - p.base, p.len)
-                               : std::span(*sums[p.step]).subspan(p.off - p.base, p.len);
-    std::memcpy(sum.data(), recv[p.step].data() + (p.off - p.base), p.len);
-    if (auto ec = reduce_into(dtype, op, sum, in.subspan(p.off, p.len))) {
-      return o.fail(-1, ec, "reduce");
-    }
-    if (p.step < n - 2) {
-      if (auto s = o.offer(ring_tag("rs", p.step + 1, p.off), sum, nullptr, sums[p.step]); !s) {
-        return s;
-      }
-    }
-  }
-  o.pending.resize(first_pending);
-  return {};
-}
-
-// Ring allgather, pipelined by segment: this rank's chunk of `data` is in place; at step s it
-// fetches chunk (rank - s - 1) mod N from its left neighbour straight into place and offers it
-// on for the right neighbour's step s + 1.
-Status Group::ring_allgather(Op& o, std::span<std::byte> data, size_t count, size_t esize) {
-  const int n = size();
-  const auto mod = [n](int x) { return ((x % n) + n) % n; };
-  const int left = mod(rank_ - 1);
-  for (auto [off, len] : segments(count, esize, rank_)) {
-    if (auto s = o.offer(ring_tag("ag", 0, off), data.subspan(off, len)); !s) return s;
-  }
-  struct Piece {
-    int step;
-    size_t off, len;
-  };
-  std::vector<Piece> pieces;
-  const size_t first_pending = o.pending.size();
-  for (int s = 0; s < n - 1; ++s) {
+  for (int s = 0; !gather.empty() && s < n - 1; ++s) {
     for (auto [off, len] : segments(count, esize, mod(rank_ - s - 1))) {
-      o.take(left, ring_tag("ag", s, off), data.subspan(off, len));
-      pieces.push_back({s, off, len});
+      o.take(left, ring_tag("ag", s, off), gather.subspan(off, len));
+      pieces.push_back({true, s, off, len, gather.subspan(off, len)});
     }
   }
+  const size_t out_base = chunk_range(count, rank_, n).first * esize;
   for (size_t i = 0; i < pieces.size(); ++i) {
     const Piece& p = pieces[i];
     if (auto s = o.wait(first_pending + i); !s) return s;
-    if (p.step < n - 2) {
-      if (auto s = o.offer(ring_tag("ag", p.step + 1, p.off), data.subspan(p.off, p.len)); !s) {
-        return s;
+    if (p.gathering) {
+      if (p.step < n - 2) {
+        if (auto s = o.offer(ring_tag("ag", p.step + 1, p.off), p.into); !s) return s;
       }
+      continue;
+    }
+    const auto own = in.subspan(p.off, p.len);
+    std::error_code ec;
+    std::span<std::byte> sum = p.into;
+    if (p.step < n - 2) {
+      ec = reduce_into(dtype, op, sum, own);
+    } else {
+      sum = out.subspan(p.off - out_base, p.len);
+      if (sum.data() == own.data()) {
+        ec = reduce_into(dtype, op, sum, p.into);  // in place: this chunk is read by no one else
+      } else {
+        std::memcpy(sum.data(), p.into.data(), p.len);
+        ec = reduce_into(dtype, op, sum, own);
+      }
+    }
+    if (ec) return o.fail(-1, ec, "reduce");
+    const bool last = p.step == n - 2;
+    if (!last || !gather.empty()) {
+      auto tag = last ? ring_tag("ag", 0, p.off) : ring_tag("rs", p.step + 1, p.off);
+      if (auto s = o.offer(tag, sum); !s) return s;
     }
   }
   o.pending.resize(first_pending);
@@ -520,10 +519,9 @@ Status Group::reduce_scatter(std::span<const std::byte> in, std::span<std::byte>
     std::memcpy(out.data(), in.data(), in.size());
     return {};
   }
-  const bool ring = in.size() >= options_.direct_threshold;
-  if (ring) o.watch();
-  const auto s = ring ? ring_reduce_scatter(o, in, count, esize, dtype, op, out)
-                      : direct_reduce_scatter(o, in, count, esize, dtype, op, out);
+  const auto s = in.size() >= options_.direct_threshold
+                     ? ring(o, in, count, esize, dtype, op, out, {})
+                     : direct_reduce_scatter(o, in, count, esize, dtype, op, out);
   if (!s) return s;
   return o.finish();
 }

@@ -92,10 +92,11 @@ class Group {
   // tensors); ring: N-1 steps around the ring, pipelined by segment (large ones).
   Status direct_reduce_scatter(Op& o, std::span<const std::byte> in, size_t count, size_t esize,
                                DType dtype, ReduceOp op, std::span<std::byte> out);
-  Status ring_reduce_scatter(Op& o, std::span<const std::byte> in, size_t count, size_t esize,
-                             DType dtype, ReduceOp op, std::span<std::byte> out);
-  // With this rank's chunk of `data` in place, fetches every other chunk around the ring.
-  Status ring_allgather(Op& o, std::span<std::byte> data, size_t count, size_t esize);
+  // The ring reduce-scatter into `out` (this rank's chunk; may be `in`'s own chunk, summed in
+  // place) and, when `gather` is not empty (allreduce: the tensor `out` is a chunk of), the ring
+  // allgather into it.
+  Status ring(Op& o, std::span<const std::byte> in, size_t count, size_t esize, DType dtype,
+              ReduceOp op, std::span<std::byte> out, std::span<std::byte> gather);
   // Chunk q's segments as (byte offset in the tensor, bytes), at most segment_bytes each.
   std::vector<std::pair<size_t, size_t>> segments(size_t count, size_t esize, int q) const;
 
@@ -106,6 +107,9 @@ class Group {
   std::vector<Peer> peers_;                  // by rank; invalid for this rank
   uint64_t seq_ = 0;                         // collectives started
   std::vector<ObjectRef> previous_markers_;  // released once every rank is past their op
+  // The ring's receive space, kept across calls (page faults and zeroing of a fresh buffer per
+  // call cost about a third of a large allreduce): (N-1)/N of the largest tensor reduced.
+  std::vector<std::byte> scratch_;
   Status failed_;
   // The byte every marker offers: writable memory (RDMA cannot register read-only pages).
   std::byte marker_{1};
