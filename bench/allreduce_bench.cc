@@ -82,6 +82,7 @@ int run_allreduce(const AllreduceArgs& args) {
       std::chrono::milliseconds(static_cast<int64_t>(args.call_timeout_s * 1e3));
   if (args.direct_threshold) group_options.direct_threshold = args.direct_threshold;
   if (args.segment_bytes) group_options.segment_bytes = args.segment_bytes;
+  if (args.ring_threshold) group_options.ring_threshold = args.ring_threshold;
   collective::Status why;
   auto group = collective::Group::join(**ctx, addresses, args.rank, group_options, &why);
   if (!group) {

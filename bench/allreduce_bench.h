@@ -28,6 +28,7 @@ struct AllreduceArgs {
   double call_timeout_s = 60;     // GroupOptions::timeout: each collective call
   uint64_t direct_threshold = 0;  // 0: GroupOptions' default
   uint64_t segment_bytes = 0;     // 0: GroupOptions' default
+  uint64_t ring_threshold = 0;    // 0: GroupOptions' default
 };
 
 // Returns an exit code; rank 0's result lines go to stdout.

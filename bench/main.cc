@@ -115,6 +115,8 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   std::string ar_direct = "0";
   a->add_option("--direct-threshold", ar_direct, "GroupOptions::direct_threshold (0: default)");
+  std::string ar_ring = "0";
+  a->add_option("--ring-threshold", ar_ring, "GroupOptions::ring_threshold (0: default)");
   std::string ar_segment = "0";
   a->add_option("--segment", ar_segment, "GroupOptions::segment_bytes (0: default)");
 
@@ -150,6 +152,7 @@ int main(int argc, char** argv) {
       if (ar.sizes.empty()) throw CLI::ValidationError("--sizes", "expected e.g. 4K,1M,64M");
       if (ar_direct != "0") ar.direct_threshold = one_size(ar_direct);
       if (ar_segment != "0") ar.segment_bytes = one_size(ar_segment);
+      if (ar_ring != "0") ar.ring_threshold = one_size(ar_ring);
       return run_allreduce(ar);
     }
   } catch (const CLI::ParseError& e) {

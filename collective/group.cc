@@ -136,10 +136,14 @@ struct Group::Op {
                        ReduceOp op, std::span<std::byte> out) {
     if (mine.empty()) return {};
     const int n = g.size();
-    std::vector<std::vector<std::byte>> theirs(static_cast<size_t>(n));
+    // Rank q's part lands in slot q of the Group's scratch (this rank's slot stays free: see
+    // Group::allreduce).
+    const size_t size = mine.size();
+    if (g.scratch_.size() < static_cast<size_t>(n) * size) g.scratch_.resize(n * size);
+    std::vector<std::span<std::byte>> theirs(static_cast<size_t>(n));
     for (int q = 0; q < n; ++q) {
       if (q == g.rank_) continue;
-      theirs[q].resize(mine.size());
+      theirs[q] = std::span(g.scratch_).subspan(q * size, size);
       take(q, tag, theirs[q]);
     }
     size_t next = 0;  // into `pending`: the ranks in order, this one skipped
@@ -344,8 +348,27 @@ Status Group::allreduce(std::span<std::byte> data, DType dtype, ReduceOp op) {
     if (auto s = o.gather_reduce("in", *mine, dtype, op, data); !s) return s;
     return o.finish();
   }
-  // The ring: reduce-scatter, this rank's chunk summed in place, then allgather into place.
   const size_t count = data.size() / esize;
+  if (data.size() < options_.ring_threshold) {
+    // Exchange: reduce-scatter and allgather, each one round of direct fetches: two hops, the
+    // ring's bytes. This rank's chunk is reduced (in rank order) into its free scratch slot,
+    // then copied into place. An allgather fetch lands in chunk q only after rank q has read
+    // this rank's chunk q, since q's reduced chunk needs it.
+    const auto mine = chunk_of(data, count, esize, rank_, n);
+    if (auto s = direct_reduce_scatter(o, data, count, esize, dtype, op, {}); !s) return s;
+    if (!mine.empty()) {
+      std::memcpy(mine.data(), scratch_.data() + rank_ * mine.size(), mine.size());
+      if (auto s = o.offer("ag", mine); !s) return s;
+    }
+    for (int q = 0; q < n; ++q) {
+      if (auto chunk = chunk_of(data, count, esize, q, n); q != rank_ && !chunk.empty()) {
+        o.take(q, "ag", chunk);
+      }
+    }
+    if (auto s = o.wait_all(); !s) return s;
+    return o.finish();
+  }
+  // The ring: reduce-scatter, this rank's chunk summed in place, then allgather into place.
   if (auto s = ring(o, data, count, esize, dtype, op, chunk_of(data, count, esize, rank_, n), data);
       !s) {
     return s;
@@ -461,14 +484,18 @@ Status Group::direct_reduce_scatter(Op& o, std::span<const std::byte> in, size_t
                                     size_t esize, DType dtype, ReduceOp op,
                                     std::span<std::byte> out) {
   const int n = size();
+  const auto mine = chunk_of(in, count, esize, rank_, n);
+  if (out.empty() && !mine.empty()) {  // into this rank's free scratch slot (see gather_reduce)
+    if (scratch_.size() < n * mine.size()) scratch_.resize(n * mine.size());
+    out = std::span(scratch_).subspan(rank_ * mine.size(), mine.size());
+  }
   // Rank q fetches chunk q of every other rank's input, offered as rs<q>.
   for (int q = 0; q < n; ++q) {
     if (auto chunk = chunk_of(in, count, esize, q, n); q != rank_ && !chunk.empty()) {
       if (auto s = o.offer("rs" + std::to_string(q), chunk); !s) return s;
     }
   }
-  return o.gather_reduce("rs" + std::to_string(rank_), chunk_of(in, count, esize, rank_, n), dtype,
-                         op, out);
+  return o.gather_reduce("rs" + std::to_string(rank_), mine, dtype, op, out);
 }
 
 Status Group::broadcast(std::span<std::byte> data, int root) {
@@ -519,7 +546,7 @@ Status Group::reduce_scatter(std::span<const std::byte> in, std::span<std::byte>
     std::memcpy(out.data(), in.data(), in.size());
     return {};
   }
-  const auto s = in.size() >= options_.direct_threshold
+  const auto s = in.size() >= options_.ring_threshold
                      ? ring(o, in, count, esize, dtype, op, out, {})
                      : direct_reduce_scatter(o, in, count, esize, dtype, op, out);
   if (!s) return s;

@@ -7,12 +7,13 @@
 // destination buffers, over RDMA (one-sided READs) or the TCP fallback. A fetch of a name not
 // yet offered waits on the owner (a rendezvous), so no extra round trip announces readiness.
 //
-// Algorithms (docs/collectives.md): below `direct_threshold` bytes, a direct exchange (one
-// round: every rank fetches every other rank's tensor and reduces locally, in rank order);
-// above it, a ring (reduce-scatter then allgather, 2(N-1)/N of the tensor per rank), pipelined
-// in segments of `segment_bytes` that are reduced and passed on as each lands. Every rank gets
-// bit-identical results. A call returns once its offers are collected: the caller may reuse
-// its buffers at once.
+// Algorithms (docs/collectives.md): below `direct_threshold` bytes, direct (one round: every
+// rank fetches every other rank's tensor and reduces locally, in rank order); up to
+// `ring_threshold`, an exchange (reduce-scatter then allgather, each one round of direct
+// fetches); above it, a ring (the same two phases around the ring, 2(N-1)/N of the tensor per
+// rank either way), pipelined in segments of `segment_bytes` reduced and passed on as they land.
+// Every rank gets bit-identical results. A call returns once its offers are collected: the caller
+// may reuse its buffers at once.
 //
 // Threading: a Group is used by one thread at a time; every rank calls the same collectives in
 // the same order (like MPI). Calls block until done, never longer than `timeout`.
@@ -39,7 +40,8 @@ struct GroupOptions {
   std::string name = "group";  // tells groups of the same processes apart
   std::chrono::milliseconds join_timeout{30000};
   std::chrono::milliseconds timeout{60000};  // each collective call
-  size_t direct_threshold = 64u << 10;       // bytes: direct exchange below, ring from here
+  size_t direct_threshold = 64u << 10;       // bytes: direct allreduce below
+  size_t ring_threshold = 8u << 20;          // bytes: exchange (RS + AG) below, ring from here
   size_t segment_bytes = 512u << 10;         // ring pipeline unit (each a fetch of its own)
 };
 
@@ -88,8 +90,9 @@ class Group {
   Group(Context& ctx, std::vector<std::string> addresses, int rank, GroupOptions options);
   Status connect_all(std::chrono::steady_clock::time_point deadline);
   // Reduce-scatter of `in` (`count` elements of `esize` bytes): this rank's chunk, reduced over
-  // every rank, into `out`. Direct: every rank fetches its chunk from every other (small
-  // tensors); ring: N-1 steps around the ring, pipelined by segment (large ones).
+  // every rank, into `out` (direct: empty `out` = this rank's slot of scratch_). Direct: every rank
+  // fetches its chunk from every other (small tensors); ring: N-1 steps around the ring, pipelined
+  // by segment (large ones).
   Status direct_reduce_scatter(Op& o, std::span<const std::byte> in, size_t count, size_t esize,
                                DType dtype, ReduceOp op, std::span<std::byte> out);
   // The ring reduce-scatter into `out` (this rank's chunk; may be `in`'s own chunk, summed in

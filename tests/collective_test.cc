@@ -330,6 +330,7 @@ TEST_P(Collective, BroadcastAllgatherReduceScatter) {
 TEST_P(Collective, RingInManySegmentsMatchesTheReference) {
   collective::GroupOptions o;
   o.direct_threshold = 1024;
+  o.ring_threshold = 2048;
   o.segment_bytes = 4096;
   Ranks ranks(GetParam(), o);
   const int n = ranks.size();
@@ -364,9 +365,10 @@ TEST_P(Collective, RingInManySegmentsMatchesTheReference) {
 TEST_P(Collective, OffersAreCollectedWhenACallReturns) {
   collective::GroupOptions o;
   o.direct_threshold = 1024;
+  o.ring_threshold = 100000;
   Ranks ranks(GetParam(), o);
   const int n = ranks.size();
-  for (size_t count : {size_t{100}, size_t{50000}}) {  // direct, then ring
+  for (size_t count : {size_t{100}, size_t{5000}, size_t{50000}}) {  // direct, exchange, ring
     std::vector<std::vector<std::byte>> data(n);
     for (int r = 0; r < n; ++r) data[r] = rank_data(DType::kFloat64, r, count);
     ranks.run([&](int r) {
@@ -493,9 +495,9 @@ TEST(CollectiveJoin, AMissingRankIsNamedWithinTheDeadline) {
   EXPECT_NE(why.message.find(dead_address), std::string::npos) << why.message;
 }
 
-TEST(CollectiveFailure, ARankThatDiesFailsEveryOtherRankInBoundedTime) {
-  FERRY_REQUIRE_TEST_HOST();
-  collective::GroupOptions o;
+// Rank 3 never joins an allreduce of 4 MiB and dies; every other rank must fail well before the
+// call's 60 s timeout, and one must name rank 3.
+void check_a_dead_rank_fails_every_other(collective::GroupOptions o) {
   o.timeout = std::chrono::seconds(60);  // the failure must come long before this
   Ranks ranks(4, o);
   std::vector<std::vector<std::byte>> data(4);
@@ -521,6 +523,21 @@ TEST(CollectiveFailure, ARankThatDiesFailsEveryOtherRankInBoundedTime) {
     std::printf("rank %d: %s\n", r, result[r].message.c_str());
   }
   EXPECT_TRUE(named) << "no rank named the dead rank 3";
+}
+
+// The exchange (every rank fetches from every other, rank 3 included).
+TEST(CollectiveFailure, ARankThatDiesFailsEveryOtherRankInBoundedTime) {
+  FERRY_REQUIRE_TEST_HOST();
+  check_a_dead_rank_fails_every_other({});
+}
+
+// The ring, where ranks 1 and 2 fetch only from their left neighbours: the failure reaches them
+// through the fail markers (rank 0 sees rank 3 die and offers its marker).
+TEST(CollectiveFailure, InTheRingTheFailureCrossesTheGroupInOneHop) {
+  FERRY_REQUIRE_TEST_HOST();
+  collective::GroupOptions o;
+  o.ring_threshold = 1u << 20;
+  check_a_dead_rank_fails_every_other(o);
 }
 
 }  // namespace
