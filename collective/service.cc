@@ -165,10 +165,28 @@ void Service::run() {
 
 Driver::Driver(Context& ctx, std::vector<std::string> ranks, std::string name,
                std::chrono::milliseconds timeout)
-    : ctx_(ctx), ranks_(std::move(ranks)), name_(std::move(name)), timeout_(timeout) {}
+    : ctx_(ctx),
+      ranks_(std::move(ranks)),
+      name_(std::move(name)),
+      timeout_(timeout),
+      commands_(std::make_shared<Commands>()) {
+  commands_->ctx = &ctx_;
+}
 
 Driver::~Driver() {
-  for (const auto& ref : commands_) ctx_.release(ref);
+  std::lock_guard lock(commands_->mu);
+  for (const auto& [id, ref] : commands_->offered) ctx_.release(ref);
+  commands_->offered.clear();
+  commands_->ctx = nullptr;
+}
+
+void Driver::Commands::release_through(uint64_t id) {
+  std::lock_guard lock(mu);
+  if (!ctx) return;
+  for (auto it = offered.begin(); it != offered.end() && it->first <= id;) {
+    ctx->release(it->second);
+    it = offered.erase(it);
+  }
 }
 
 Result<std::unique_ptr<Driver>> Driver::create(Context& ctx, std::vector<std::string> ranks,
@@ -215,7 +233,10 @@ Submitted Driver::submit(int kind, const std::vector<ObjectRef>& refs, DType dty
     s.done = failed.get_future().share();
     return s;
   }
-  commands_.push_back(*put);
+  {
+    std::lock_guard lock(commands_->mu);
+    commands_->offered.emplace(id, *put);
+  }
   for (size_t r = 0; r < ranks_.size(); ++r) {
     s.results.push_back(ObjectRef::named(ranks_[r], name_of("result", name_, id),
                                          {TensorMeta::bytes(result_sizes[r])}));
@@ -224,8 +245,8 @@ Submitted Driver::submit(int kind, const std::vector<ObjectRef>& refs, DType dty
   s.done =
       std::async(
           std::launch::async,
-          [peers = peers_, ranks = ranks_, name = name_, id,
-           timeout = timeout_]() mutable -> Status {
+          [peers = peers_, ranks = ranks_, name = name_, id, timeout = timeout_,
+           commands = commands_]() mutable -> Status {
             std::vector<Done> done(peers.size());
             std::vector<FetchRequest> reqs;
             for (size_t r = 0; r < peers.size(); ++r) {
@@ -248,6 +269,7 @@ Submitted Driver::submit(int kind, const std::vector<ObjectRef>& refs, DType dty
                             std::to_string(done[r].failed_rank)};
               }
             }
+            commands->release_through(id);  // every rank has fetched every command up to it
             return {};
           })
           .share();
@@ -293,7 +315,8 @@ void Driver::release(const Submitted& s) {
   PutOptions o;
   o.name = name_of("cmd", name_, id);
   if (auto put = ctx_.put({Tensor::bytes(std::as_bytes(std::span(cmd.get(), 1)))}, cmd, o)) {
-    commands_.push_back(*put);
+    std::lock_guard lock(commands_->mu);
+    commands_->offered.emplace(id, *put);
   }
 }
 

@@ -18,6 +18,7 @@
 #include <future>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -84,7 +85,16 @@ class Driver {
   std::chrono::milliseconds timeout_;
   std::vector<Peer> peers_;
   uint64_t next_ = 0;
-  std::vector<ObjectRef> commands_;  // offered, released once every rank has fetched them
+  // Commands offered and not yet known to be fetched by every rank. The Services fetch commands
+  // in order, so once every rank has reported command `id` done, every command up to `id` can
+  // go (done from the thread that waits for the reports; `ctx` is null once the Driver is gone).
+  struct Commands {
+    std::mutex mu;
+    Context* ctx;
+    std::map<uint64_t, ObjectRef> offered;
+    void release_through(uint64_t id);
+  };
+  std::shared_ptr<Commands> commands_;
 };
 
 }  // namespace ferry::collective
