@@ -239,8 +239,9 @@ void RdmaChannel::arm_safety_net() {
         // Past the stall timeout give up on the queue pair: in the error state it flushes and
         // places no more data, so its fetches fail now instead of never (seen on rxe: READs
         // through memory windows of one registration, many in flight, neither completing nor
-        // failing). Before that, say what it looks like every 5 s (a device that stopped
-        // completing is otherwise invisible).
+        // failing). Before that, say what it looks like every 5 s from 2 s on (a device that
+        // stopped completing is otherwise invisible; a gap of a second is a retransmission, which
+        // takes 0.5 s a try with our timeout and is common on rxe).
         if (self->idle_ticks_ * kSafetyNet >= self->options_.stall_timeout) {
           FERRY_LOG_WARN(
               "rdma: queue pair {}: no completion for {} s with {} work requests outstanding: "
@@ -248,7 +249,7 @@ void RdmaChannel::arm_safety_net() {
               self->qp_->qp_num, self->idle_ticks_, self->in_flight_);
           return self->fail(make_error_code(errc::peer_unresponsive));
         }
-        if (self->idle_ticks_ % 5 == 1) {
+        if (self->idle_ticks_ % 5 == 2) {
           ibv_qp_attr a{};
           ibv_qp_init_attr init{};
           ibv_query_qp(self->qp_.get(), &a, IBV_QP_STATE, &init);
