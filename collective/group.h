@@ -111,7 +111,7 @@ class Group {
   uint64_t seq_ = 0;                         // collectives started
   std::vector<ObjectRef> previous_markers_;  // released once every rank is past their op
   // The ring's receive space, kept across calls (page faults and zeroing of a fresh buffer per
-  // call cost about a third of a large allreduce): (N-1)/N of the largest tensor reduced.
+  // call cost about a third of a large allreduce): up to the size of the largest tensor reduced.
   std::vector<std::byte> scratch_;
   Status failed_;
   // The byte every marker offers: writable memory (RDMA cannot register read-only pages).
