@@ -85,35 +85,66 @@ struct Group::Op {
     (keep ? *keep : offered).push_back(*ref);
     return {};
   }
-  // Starts fetching rank `from`'s `tag` into `into` (exactly its size).
-  void take(int from, const std::string& tag, std::span<std::byte> into) {
+  // One fetch of the call, with what it takes to start it again.
+  struct Pending {
+    int from;
+    FetchRequest req;
+    std::string tag;
+    std::span<std::byte> into;
+    int retries = 0;
+  };
+  FetchRequest start(int from, const std::string& tag, std::span<std::byte> into) {
     auto ref =
         ObjectRef::named(g.addresses_[from], name(tag, from), {TensorMeta::bytes(into.size())});
-    pending.emplace_back(
-        from, g.peers_[from].fetch(std::move(ref), {into}, {.timeout = left_until(deadline)}));
+    return g.peers_[from].fetch(std::move(ref), {into}, {.timeout = left_until(deadline)});
+  }
+  // Starts fetching rank `from`'s `tag` into `into` (exactly its size).
+  void take(int from, const std::string& tag, std::span<std::byte> into) {
+    pending.push_back({from, start(from, tag, into), tag, into});
+  }
+  // A fetch that failed with its peer's connection still open (the data channel broke: a queue
+  // pair flushed or stalled, a data socket reset) is fetched again, at most 3 times, within the
+  // deadline: the owner still offers it (offers last until the call's closing barrier), a new
+  // channel is set up for the new fetch, and reading it again is harmless. True if restarted.
+  bool restarted(Pending& p, std::error_code ec, int max_retries = 3) {
+    if (p.retries >= max_retries || scope_of(ec) != Scope::peer || !g.peers_[p.from].is_open() ||
+        Clock::now() >= deadline) {
+      return false;
+    }
+    ++p.retries;
+    ++g.refetches_;
+    FERRY_LOG_WARN(
+        "collective: {} #{} on rank {}: fetch from rank {} failed ({}) while its "
+        "connection lives: fetching it again",
+        what, seq, g.rank_, p.from, ec.message());
+    p.req = start(p.from, p.tag, p.into);
+    return true;
   }
   // Waits for the fetch at `i` of `pending`, but fails at once when any other pending fetch
-  // has failed: a rank that gave up offers nothing more, and waiting on it in rank order would
-  // hide the failure behind the deadline.
+  // has failed for good: a rank that gave up offers nothing more, and waiting on it in rank
+  // order would hide the failure behind the deadline.
   Status wait(size_t i) {
-    auto& [from, req] = pending[i];
     for (;;) {
+      auto& [from, req, tag, into, retries] = pending[i];
       // The fetch's outcome, not wait()'s: a wait that runs out as the fetch completes returns
       // timed_out for a fetch that succeeded.
       req.wait(milliseconds(5));
       if (auto outcome = req.outcome()) {
-        if (*outcome) return fail(from, *outcome, "fetch from rank " + std::to_string(from));
-        return {};
+        if (!*outcome) return {};
+        if (restarted(pending[i], *outcome)) continue;
+        return fail(from, *outcome, "fetch from rank " + std::to_string(from));
       }
-      for (auto& [q, other] : pending) {
-        if (auto oec = other.outcome(); oec && *oec) {
-          return fail(q, *oec, "fetch from rank " + std::to_string(q));
+      for (auto& other : pending) {
+        if (auto oec = other.req.outcome(); oec && *oec && !restarted(other, *oec)) {
+          return fail(other.from, *oec, "fetch from rank " + std::to_string(other.from));
         }
       }
-      for (auto& [q, w] : watches) {
-        if (auto oec = w.outcome(); oec && (!*oec || scope_of(*oec) == Scope::peer)) {
-          return fail(q, *oec ? *oec : make_error_code(errc::aborted),
-                      *oec ? "watching rank " + std::to_string(q) : "rank " + std::to_string(q));
+      for (auto& w : watches) {
+        auto oec = w.req.outcome();
+        if (!oec || (*oec && scope_of(*oec) != Scope::peer)) continue;  // its own deadline
+        if (!*oec) return fail(w.from, errc::aborted, "rank " + std::to_string(w.from));
+        if (!restarted(w, *oec, 8)) {
+          return fail(w.from, *oec, "watching rank " + std::to_string(w.from));
         }
       }
       if (Clock::now() > deadline + milliseconds(1000)) {
@@ -173,11 +204,14 @@ struct Group::Op {
       if (q != g.rank_) take(q, tag, {&sink[q], 1});
     }
     if (!gone_is_done) return wait_all();
-    for (auto& [from, req] : pending) {
-      req.wait(left_until(deadline) + milliseconds(1000));
-      const auto ec = req.outcome().value_or(make_error_code(errc::timed_out));
-      if (ec && !(scope_of(ec) == Scope::peer && !g.peers_[from].is_open())) {
-        return fail(from, ec, "barrier with rank " + std::to_string(from));
+    for (auto& p : pending) {
+      std::error_code ec;
+      do {
+        p.req.wait(left_until(deadline) + milliseconds(1000));
+        ec = p.req.outcome().value_or(make_error_code(errc::timed_out));
+      } while (ec && restarted(p, ec));
+      if (ec && !(scope_of(ec) == Scope::peer && !g.peers_[p.from].is_open())) {
+        return fail(p.from, ec, "barrier with rank " + std::to_string(p.from));
       }
     }
     pending.clear();
@@ -201,14 +235,12 @@ struct Group::Op {
   void watch() {
     for (int q = 0; q < g.size(); ++q) {
       if (q == g.rank_) continue;
-      auto ref = ObjectRef::named(g.addresses_[q], name("fail", q), {TensorMeta::bytes(1)});
-      watches.emplace_back(q, g.peers_[q].fetch(std::move(ref), {{&watch_sink, 1}},
-                                                {.timeout = left_until(deadline)}));
+      watches.push_back({q, start(q, "fail", {&watch_sink, 1}), "fail", {&watch_sink, 1}});
     }
   }
   void end_watches() {
-    for (auto& [q, w] : watches) w.abort();
-    for (auto& [q, w] : watches) w.wait(left_until(deadline) + milliseconds(1000));
+    for (auto& w : watches) w.req.abort();
+    for (auto& w : watches) w.req.wait(left_until(deadline) + milliseconds(1000));
     watches.clear();
   }
   Status fail(int rank, std::error_code ec, const std::string& doing) {
@@ -233,8 +265,8 @@ struct Group::Op {
     }
     // Aborted fetches may still have READs in flight into their targets: the caller frees
     // those only once every fetch has completed (each is bounded by the call's deadline).
-    for (auto& [from, req] : pending) req.abort();
-    for (auto& [from, req] : pending) req.wait(left_until(deadline) + milliseconds(1000));
+    for (auto& p : pending) p.req.abort();
+    for (auto& p : pending) p.req.wait(left_until(deadline) + milliseconds(1000));
     pending.clear();
     g.failed_ = s;
     return s;
@@ -245,9 +277,9 @@ struct Group::Op {
   uint64_t seq;
   Clock::time_point deadline;
   std::vector<ObjectRef> offered;
-  std::vector<std::pair<int, FetchRequest>> pending;
+  std::vector<Pending> pending;
   std::shared_ptr<Uncollected> uncollected = std::make_shared<Uncollected>();
-  std::vector<std::pair<int, FetchRequest>> watches;
+  std::vector<Pending> watches;
   std::byte watch_sink{};
 };
 
@@ -311,8 +343,8 @@ Result<std::unique_ptr<Group>> Group::join(Context& ctx, std::vector<std::string
   for (int q = 0; q < g->size(); ++q) {
     if (q != rank) op.take(q, "join", {&sink[q], 1});
   }
-  for (auto& [q, req] : op.pending) {
-    if (req.wait(left_until(deadline) + milliseconds(1000))) missing.push_back(q);
+  for (auto& p : op.pending) {
+    if (p.req.wait(left_until(deadline) + milliseconds(1000))) missing.push_back(p.from);
   }
   op.pending.clear();
   if (!missing.empty()) {

@@ -23,6 +23,7 @@
 // once too instead of waiting for their deadline. A failed Group stays failed.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <memory>
 #include <span>
@@ -68,6 +69,10 @@ class Group {
   Group& operator=(const Group&) = delete;
 
   int rank() const { return rank_; }
+  // Fetches started again because their data channel broke while the peer's connection lived
+  // (a queue pair flushed or stalled, a data socket reset): each at most 3 times per call, within
+  // its deadline. Any thread.
+  uint64_t refetches() const { return refetches_.load(std::memory_order_relaxed); }
   int size() const { return static_cast<int>(addresses_.size()); }
 
   // In place: every rank's `data` becomes op over all ranks' `data` (same size and dtype on
@@ -113,6 +118,7 @@ class Group {
   // The ring's receive space, kept across calls (page faults and zeroing of a fresh buffer per
   // call cost about a third of a large allreduce): up to the size of the largest tensor reduced.
   std::vector<std::byte> scratch_;
+  std::atomic<uint64_t> refetches_{0};
   Status failed_;
   // The byte every marker offers: writable memory (RDMA cannot register read-only pages).
   std::byte marker_{1};

@@ -558,6 +558,14 @@ void RdmaChannel::fail(std::error_code ec) {
     if (f.granted) send_release(id);
     if (link) link->complete_fetch(id, f.aborted ? std::error_code() : (f.error ? f.error : ec));
   }
+  if (link && !link->info().initiator && link->is_open()) {
+    // The fetcher's queue pair still looks fine from its side, but talks to this dead one: tell
+    // it to fail its own, so that its next fetch sets up a new pair instead of asking an owner
+    // that has no channel (found by breaking queue pairs during collectives).
+    wire::Message m;
+    m.set_reset(true);
+    link->send_transport_message(kTransportName, 0, m.SerializeAsString());
+  }
   if (link) {
     link->drop_channel(kTransportName, ec);  // calls close()
   } else {

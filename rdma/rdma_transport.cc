@@ -155,6 +155,11 @@ void RdmaTransport::on_transport_message(PeerLink& link, uint64_t request_id,
     case wire::Message::kRelease:
       if (auto ch = channel_of(link)) ch->end_lease(request_id, {});
       return;
+    case wire::Message::kReset:
+      if (link.info().initiator) {
+        if (auto ch = channel_of(link)) ch->post_inject_error();
+      }
+      return;
     case wire::Message::BODY_NOT_SET:
       break;
   }
