@@ -806,68 +806,62 @@ def other_tables(samples):
     return lines
 
 
+def chart(out_dir, name, series, title, xlabel, ylabel):
+    """One gnuplot PNG (log-log, one line per tool) of `series` [(tool, [(size, y)])]; its path,
+    or None if gnuplot made nothing."""
+    png = os.path.join(out_dir, f"{name}.png")
+    dat = os.path.join(out_dir, f"{name}.dat")
+    with open(dat, "w") as f:
+        for t, pts in series:
+            f.write(f"# {t}\n")
+            for x, y in pts:
+                f.write(f"{x} {y}\n")
+            f.write("\n\n")
+    plot = ", ".join(f"'{dat}' index {i} with linespoints lw 2 title '{t}'"
+                     for i, (t, _) in enumerate(series))
+    script = (f"set terminal pngcairo noenhanced size 900,560 font ',11'\nset output '{png}'\n"
+              f"set title '{title}'\nset logscale x 2\nset logscale y 10\n"
+              "set format x '%.0b%B'\nset format y '%g'\n"
+              f"set xlabel '{xlabel}'\n"
+              f"set ylabel '{ylabel}'\nset grid\nset key left top\nplot {plot}\n")
+    subprocess.run(["gnuplot"], input=script, text=True, check=False, timeout=60)
+    return png if os.path.exists(png) else None
+
+
+def median_series(samples, suite, metric, tools, key):
+    """[(tool, [(size, median)])] for the tools that have samples."""
+    series = []
+    for t in tools:
+        m = medians(samples, suite, metric, t, key)
+        pts = [(size, st["median"]) for size, st in sorted(m.items()) if st]
+        if pts:
+            series.append((t, pts))
+    return series
+
+
 def plots(samples, out_dir):
     if not shutil.which("gnuplot"):
         log("gnuplot not found: no plots")
         return []
-    made = []
+    charts = []
     for suite in ("tcp", "rdma"):
         for metric, key, ylabel in (("bw", "gbps", "GB/s"), ("lat", "p50_us", "p50 latency (us)")):
-            tools = ["ferry"] + PEERS[(suite, metric)]
-            series = []
-            for t in tools:
-                m = medians(samples, suite, metric, t, key)
-                pts = [(size, s["median"]) for size, s in sorted(m.items()) if s]
-                if pts:
-                    series.append((t, pts))
-            if not series:
-                continue
-            png = os.path.join(out_dir, f"{suite}-{metric}.png")
-            dat = os.path.join(out_dir, f"{suite}-{metric}.dat")
-            with open(dat, "w") as f:
-                for t, pts in series:
-                    f.write(f"# {t}\n")
-                    for x, y in pts:
-                        f.write(f"{x} {y}\n")
-                    f.write("\n\n")
+            series = median_series(samples, suite, metric, ["ferry"] + PEERS[(suite, metric)], key)
             title = f"{suite.upper()} {'bandwidth' if metric == 'bw' else 'latency'} vs size"
-            plot = ", ".join(f"'{dat}' index {i} with linespoints lw 2 title '{t}'"
-                             for i, (t, _) in enumerate(series))
-            script = (f"set terminal pngcairo noenhanced size 900,560 font ',11'\nset output '{png}'\n"
-                      f"set title '{title}'\nset logscale x 2\nset logscale y 10\n"
-                      "set format x '%.0b%B'\nset format y '%g'\n"
-                      "set xlabel 'object / message size (bytes)'\n"
-                      f"set ylabel '{ylabel}'\nset grid\nset key left top\nplot {plot}\n")
-            subprocess.run(["gnuplot"], input=script, text=True, check=False, timeout=60)
-            if os.path.exists(png):
+            charts.append((f"{suite}-{metric}", series, title, "object / message size (bytes)",
+                           ylabel))
+    charts.append(("allreduce-busbw",
+                   median_series(samples, "allreduce", "bw", ["ferry"] + ALLREDUCE_PEERS,
+                                 "busbw_gbps"),
+                   f"Allreduce, {ALLREDUCE_RANKS} local ranks over loopback TCP, float32 sum: "
+                   "bus bandwidth vs size", "allreduce size (bytes)",
+                   "busbw GB/s (algbw * 2(n-1)/n)"))
+    made = []
+    for name, series, title, xlabel, ylabel in charts:
+        if series:
+            png = chart(out_dir, name, series, title, xlabel, ylabel)
+            if png:
                 made.append(png)
-    series = []
-    for t in ["ferry"] + ALLREDUCE_PEERS:
-        m = medians(samples, "allreduce", "bw", t, "busbw_gbps")
-        pts = [(size, st["median"]) for size, st in sorted(m.items()) if st]
-        if pts:
-            series.append((t, pts))
-    if series:
-        png = os.path.join(out_dir, "allreduce-busbw.png")
-        dat = os.path.join(out_dir, "allreduce-busbw.dat")
-        with open(dat, "w") as f:
-            for t, pts in series:
-                f.write(f"# {t}\n")
-                for x, y in pts:
-                    f.write(f"{x} {y}\n")
-                f.write("\n\n")
-        plot = ", ".join(f"'{dat}' index {i} with linespoints lw 2 title '{t}'"
-                         for i, (t, _) in enumerate(series))
-        script = (f"set terminal pngcairo noenhanced size 900,560 font ',11'\nset output '{png}'\n"
-                  f"set title 'Allreduce, {ALLREDUCE_RANKS} local ranks over loopback TCP, "
-                  "float32 sum: bus bandwidth vs size'\nset logscale x 2\nset logscale y 10\n"
-                  "set format x '%.0b%B'\nset format y '%g'\n"
-                  "set xlabel 'allreduce size (bytes)'\n"
-                  "set ylabel 'busbw GB/s (algbw * 2(n-1)/n)'\nset grid\nset key left top\n"
-                  f"plot {plot}\n")
-        subprocess.run(["gnuplot"], input=script, text=True, check=False, timeout=60)
-        if os.path.exists(png):
-            made.append(png)
     return made
 
 

@@ -193,17 +193,18 @@ struct Group::Op {
     pending.clear();
     return {};
   }
-  // Every rank offers a one-byte marker and fetches everyone else's: when it returns, every
-  // rank has finished everything before it.
-  // `gone_is_done`: a rank whose connection has closed counts as arrived (see finish).
-  Status barrier(const std::string& tag, std::vector<ObjectRef>* keep = nullptr,
-                 bool gone_is_done = false) {
-    if (auto s = offer(tag, {&g.marker_, 1}, keep); !s) return s;
+  // Ends the call with a barrier: every rank offers a one-byte marker once it has everything it
+  // fetched, and fetches everyone else's; then this call's offers go (~Op). The marker lives
+  // until the next call's barrier. This rank's results are complete before it: a rank that has
+  // already left (its connection closed after its own barrier, e.g. at exit) no longer needs
+  // anything from this one, so it counts as arrived.
+  Status finish() {
+    std::vector<ObjectRef> marker;
+    if (auto s = offer("done", {&g.marker_, 1}, &marker); !s) return s;
     std::vector<std::byte> sink(static_cast<size_t>(g.size()));
     for (int q = 0; q < g.size(); ++q) {
-      if (q != g.rank_) take(q, tag, {&sink[q], 1});
+      if (q != g.rank_) take(q, "done", {&sink[q], 1});
     }
-    if (!gone_is_done) return wait_all();
     for (auto& p : pending) {
       std::error_code ec;
       do {
@@ -215,15 +216,6 @@ struct Group::Op {
       }
     }
     pending.clear();
-    return {};
-  }
-  // Ends the call: a barrier (every rank has fetched what this one offered), then the offers go.
-  // The barrier's own marker lives until the next call's barrier. This rank's results are
-  // complete before it: a rank that has already left (its connection closed after its own
-  // barrier, e.g. at exit) no longer needs anything from this one, so it counts as arrived.
-  Status finish() {
-    std::vector<ObjectRef> marker;
-    if (auto s = barrier("done", &marker, /*gone_is_done=*/true); !s) return s;
     for (const auto& ref : g.previous_markers_) g.ctx_.release(ref);
     g.previous_markers_ = std::move(marker);
     return {};

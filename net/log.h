@@ -19,7 +19,15 @@ void at(Level level, fmt::format_string<Args...> f, Args&&... args) {
 
 }  // namespace ferry::log
 
-#define FERRY_LOG_ERROR(...) ::ferry::log::at(::ferry::log::Level::error, __VA_ARGS__)
-#define FERRY_LOG_WARN(...) ::ferry::log::at(::ferry::log::Level::warn, __VA_ARGS__)
-#define FERRY_LOG_INFO(...) ::ferry::log::at(::ferry::log::Level::info, __VA_ARGS__)
-#define FERRY_LOG_DEBUG(...) ::ferry::log::at(::ferry::log::Level::debug, __VA_ARGS__)
+// The arguments are evaluated only when the level is on: debug lines on the fetch path cost a
+// level check, not their formatting (an error_code's message() is a string per call).
+#define FERRY_LOG_AT(level, ...)                    \
+  do {                                              \
+    if ((level) <= ::ferry::log::current_level()) { \
+      ::ferry::log::at(level, __VA_ARGS__);         \
+    }                                               \
+  } while (0)
+#define FERRY_LOG_ERROR(...) FERRY_LOG_AT(::ferry::log::Level::error, __VA_ARGS__)
+#define FERRY_LOG_WARN(...) FERRY_LOG_AT(::ferry::log::Level::warn, __VA_ARGS__)
+#define FERRY_LOG_INFO(...) FERRY_LOG_AT(::ferry::log::Level::info, __VA_ARGS__)
+#define FERRY_LOG_DEBUG(...) FERRY_LOG_AT(::ferry::log::Level::debug, __VA_ARGS__)

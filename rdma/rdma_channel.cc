@@ -186,14 +186,6 @@ void RdmaChannel::drain() {
         if (wc.status != IBV_WC_WR_FLUSH_ERR) {
           FERRY_LOG_WARN("rdma: READ for request {} failed: {}", wc.wr_id,
                          ibv_wc_status_str(wc.status));
-        } else {
-          ibv_qp_attr a{};
-          ibv_qp_init_attr init{};
-          ibv_query_qp(qp_.get(), &a, IBV_QP_STATE, &init);
-          FERRY_LOG_DEBUG(
-              "rdma: queue pair {} (state {}): READ for request {} flushed, {} in flight, {} "
-              "completions so far",
-              qp_->qp_num, (int)a.qp_state, wc.wr_id, in_flight_, completions_);
         }
         fail(make_wc_error(wc.status));
         return;

@@ -260,6 +260,30 @@ void check_allreduce(Ranks& ranks, DType t, ReduceOp op, size_t count) {
   }
 }
 
+// Int32 reduce-scatter of rank_data over every rank of `ranks`: each rank's chunk must equal
+// the reference, element by element.
+void check_reduce_scatter(Ranks& ranks, ReduceOp op, size_t count) {
+  const int n = ranks.size();
+  std::vector<std::vector<std::byte>> in(n), chunk(n);
+  for (int r = 0; r < n; ++r) {
+    in[r] = rank_data(DType::kInt32, r, count);
+    auto [first, last] = Group::chunk_range(count, r, n);
+    chunk[r].resize((last - first) * 4);
+  }
+  ranks.run([&](int r) {
+    auto s = ranks.group(r).reduce_scatter(in[r], chunk[r], DType::kInt32, op);
+    ASSERT_TRUE(s.ok()) << s.message;
+  });
+  for (int r = 0; r < n; ++r) {
+    auto [first, last] = Group::chunk_range(count, r, n);
+    for (size_t i = first; i < last; ++i) {
+      ASSERT_EQ(load(DType::kInt32, chunk[r].data() + (i - first) * 4),
+                reference(DType::kInt32, op, n, i))
+          << "rank " << r << " element " << i;
+    }
+  }
+}
+
 class Collective : public ::testing::TestWithParam<int> {
  protected:
   void SetUp() override { FERRY_REQUIRE_TEST_HOST(); }
@@ -306,23 +330,7 @@ TEST_P(Collective, BroadcastAllgatherReduceScatter) {
       }
     }
     // Reduce-scatter (int32 sum: exact): rank r gets its chunk of the allreduce.
-    for (int r = 0; r < n; ++r) in[r] = rank_data(DType::kInt32, r, count);
-    std::vector<std::vector<std::byte>> chunk(n);
-    for (int r = 0; r < n; ++r) {
-      auto [first, last] = Group::chunk_range(count, r, n);
-      chunk[r].resize((last - first) * 4);
-    }
-    ranks.run([&](int r) {
-      auto s = ranks.group(r).reduce_scatter(in[r], chunk[r], DType::kInt32, ReduceOp::kSum);
-      ASSERT_TRUE(s.ok()) << s.message;
-    });
-    for (int r = 0; r < n; ++r) {
-      auto [first, last] = Group::chunk_range(count, r, n);
-      for (size_t i = first; i < last; ++i) {
-        ASSERT_EQ(load(DType::kInt32, chunk[r].data() + (i - first) * 4),
-                  reference(DType::kInt32, ReduceOp::kSum, n, i));
-      }
-    }
+    check_reduce_scatter(ranks, ReduceOp::kSum, count);
   }
 }
 
@@ -335,28 +343,10 @@ TEST_P(Collective, RingInManySegmentsMatchesTheReference) {
   o.ring_threshold = 2048;
   o.segment_bytes = 4096;
   Ranks ranks(GetParam(), o);
-  const int n = ranks.size();
   for (size_t count : {size_t{300}, size_t{40009}}) {
     check_allreduce(ranks, DType::kInt64, ReduceOp::kSum, count);
     check_allreduce(ranks, DType::kFloat32, ReduceOp::kMax, count);
-    std::vector<std::vector<std::byte>> in(n), chunk(n);
-    for (int r = 0; r < n; ++r) {
-      in[r] = rank_data(DType::kInt32, r, count);
-      auto [first, last] = Group::chunk_range(count, r, n);
-      chunk[r].resize((last - first) * 4);
-    }
-    ranks.run([&](int r) {
-      auto s = ranks.group(r).reduce_scatter(in[r], chunk[r], DType::kInt32, ReduceOp::kProd);
-      ASSERT_TRUE(s.ok()) << s.message;
-    });
-    for (int r = 0; r < n; ++r) {
-      auto [first, last] = Group::chunk_range(count, r, n);
-      for (size_t i = first; i < last; ++i) {
-        ASSERT_EQ(load(DType::kInt32, chunk[r].data() + (i - first) * 4),
-                  reference(DType::kInt32, ReduceOp::kProd, n, i))
-            << "rank " << r << " element " << i;
-      }
-    }
+    check_reduce_scatter(ranks, ReduceOp::kProd, count);
   }
 }
 

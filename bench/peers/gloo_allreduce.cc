@@ -26,6 +26,19 @@
 #include "bench/allreduce_loop.h"
 #include "bench/measure.h"
 
+namespace {
+// Runs `call`; "" or what a Gloo exception said (the loop reports it and stops).
+template <typename F>
+std::string error_of(F&& call) {
+  try {
+    call();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return {};
+}
+}  // namespace
+
 int main(int argc, char** argv) {
   using namespace ferry::bench;
   CLI::App app{"gloo-allreduce: Gloo's ring allreduce beside `ferry-bench allreduce`"};
@@ -63,22 +76,12 @@ int main(int argc, char** argv) {
       opts.setReduceFunction(
           static_cast<void (*)(void*, const void*, const void*, size_t)>(&gloo::sum<float>));
       opts.setTimeout(timeout);
-      try {
-        gloo::allreduce(opts);
-      } catch (const std::exception& e) {
-        return e.what();
-      }
-      return {};
+      return error_of([&] { gloo::allreduce(opts); });
     };
     ops.barrier = [&]() -> std::string {
       gloo::BarrierOptions opts(context);
       opts.setTimeout(timeout);
-      try {
-        gloo::barrier(opts);
-      } catch (const std::exception& e) {
-        return e.what();
-      }
-      return {};
+      return error_of([&] { gloo::barrier(opts); });
     };
     return run_allreduce_loop(loop, ops);
   } catch (const std::exception& e) {
