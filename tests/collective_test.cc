@@ -260,26 +260,77 @@ void check_allreduce(Ranks& ranks, DType t, ReduceOp op, size_t count) {
   }
 }
 
-// Int32 reduce-scatter of rank_data over every rank of `ranks`: each rank's chunk must equal
-// the reference, element by element.
-void check_reduce_scatter(Ranks& ranks, ReduceOp op, size_t count) {
+// Reduce-scatter of rank_data over every rank of `ranks`: each rank's chunk must equal the
+// reference, element by element (exact for integers, within tolerance() for floats).
+void check_reduce_scatter(Ranks& ranks, DType t, ReduceOp op, size_t count) {
   const int n = ranks.size();
+  const size_t es = dtype_size(t);
   std::vector<std::vector<std::byte>> in(n), chunk(n);
   for (int r = 0; r < n; ++r) {
-    in[r] = rank_data(DType::kInt32, r, count);
+    in[r] = rank_data(t, r, count);
     auto [first, last] = Group::chunk_range(count, r, n);
-    chunk[r].resize((last - first) * 4);
+    chunk[r].resize((last - first) * es);
   }
   ranks.run([&](int r) {
-    auto s = ranks.group(r).reduce_scatter(in[r], chunk[r], DType::kInt32, op);
+    auto s = ranks.group(r).reduce_scatter(in[r], chunk[r], t, op);
     ASSERT_TRUE(s.ok()) << s.message;
   });
+  const double tol = tolerance(t, n);
   for (int r = 0; r < n; ++r) {
     auto [first, last] = Group::chunk_range(count, r, n);
     for (size_t i = first; i < last; ++i) {
-      ASSERT_EQ(load(DType::kInt32, chunk[r].data() + (i - first) * 4),
-                reference(DType::kInt32, op, n, i))
-          << "rank " << r << " element " << i;
+      const double want = reference(t, op, n, i);
+      const double got = load(t, chunk[r].data() + (i - first) * es);
+      if (tol == 0) {
+        ASSERT_EQ(got, want) << dtype_name(t) << " " << reduce_op_name(op) << " n=" << n
+                             << " count=" << count << " rank " << r << " element " << i;
+      } else {
+        ASSERT_NEAR(got, want, tol * std::max(1.0, std::abs(want)))
+            << dtype_name(t) << " " << reduce_op_name(op) << " n=" << n << " count=" << count
+            << " rank " << r << " element " << i;
+      }
+    }
+  }
+}
+
+// Broadcast of `count` elements of `t` from every root in turn (or from `only_root`): every rank
+// ends with the root's bytes.
+void check_broadcast(Ranks& ranks, DType t, size_t count, int only_root = -1) {
+  const int n = ranks.size();
+  for (int root = 0; root < n; ++root) {
+    if (only_root >= 0 && root != only_root) continue;
+    std::vector<std::vector<std::byte>> data(n);
+    for (int r = 0; r < n; ++r) data[r] = rank_data(t, r, count);
+    const auto want = rank_data(t, root, count);
+    ranks.run([&](int r) {
+      auto s = ranks.group(r).broadcast(data[r], root);
+      ASSERT_TRUE(s.ok()) << s.message;
+    });
+    for (int r = 0; r < n; ++r) {
+      ASSERT_EQ(data[r], want) << dtype_name(t) << " n=" << n << " count=" << count << " root "
+                               << root << ": rank " << r << " differs";
+    }
+  }
+}
+
+// Allgather of `count` elements of `t` per rank: every rank ends with all ranks' inputs, in rank
+// order.
+void check_allgather(Ranks& ranks, DType t, size_t count) {
+  const int n = ranks.size();
+  std::vector<std::vector<std::byte>> in(n), out(n);
+  for (int r = 0; r < n; ++r) {
+    in[r] = rank_data(t, r, count);
+    out[r].resize(in[r].size() * n);
+  }
+  ranks.run([&](int r) {
+    auto s = ranks.group(r).allgather(in[r], out[r]);
+    ASSERT_TRUE(s.ok()) << s.message;
+  });
+  for (int r = 0; r < n; ++r) {
+    for (int q = 0; q < n; ++q) {
+      ASSERT_EQ(0, std::memcmp(out[r].data() + q * in[q].size(), in[q].data(), in[q].size()))
+          << dtype_name(t) << " n=" << n << " count=" << count << ": rank " << r
+          << " holds a wrong block from rank " << q;
     }
   }
 }
@@ -300,37 +351,26 @@ TEST_P(Collective, AllreduceEveryOpAndDtypeAndSize) {
   }
 }
 
-TEST_P(Collective, BroadcastAllgatherReduceScatter) {
+// Rank r gets its chunk of the allreduce: every op and dtype, on both sides of the direct
+// threshold (and the ring, below).
+TEST_P(Collective, ReduceScatterEveryOpAndDtypeAndSize) {
   Ranks ranks(GetParam());
-  const int n = ranks.size();
-  for (size_t count : {size_t{1}, size_t{5}, size_t{100003}}) {
-    // Broadcast from every root.
-    for (int root = 0; root < n; ++root) {
-      std::vector<std::vector<std::byte>> data(n);
-      for (int r = 0; r < n; ++r) data[r] = rank_data(DType::kInt32, r, count);
-      ranks.run([&](int r) {
-        auto s = ranks.group(r).broadcast(data[r], root);
-        ASSERT_TRUE(s.ok()) << s.message;
-      });
-      for (int r = 0; r < n; ++r) ASSERT_EQ(data[r], rank_data(DType::kInt32, root, count));
+  for (size_t count : {size_t{1}, size_t{3}, size_t{1001}, size_t{40009}}) {
+    for (DType t : kDtypes) {
+      for (ReduceOp op : kOps) check_reduce_scatter(ranks, t, op, count);
     }
-    // Allgather.
-    std::vector<std::vector<std::byte>> in(n), out(n);
-    for (int r = 0; r < n; ++r) {
-      in[r] = rank_data(DType::kInt64, r, count);
-      out[r].resize(in[r].size() * n);
+  }
+}
+
+// Broadcast (from every root) and allgather move bytes, not values; every dtype still, for
+// element sizes of 2, 4 and 8 bytes at counts that do not divide by N.
+TEST_P(Collective, BroadcastAndAllgatherEveryDtypeAndSize) {
+  Ranks ranks(GetParam());
+  for (size_t count : {size_t{1}, size_t{5}, size_t{1001}, size_t{100003}}) {
+    for (DType t : kDtypes) {
+      check_broadcast(ranks, t, count);
+      check_allgather(ranks, t, count);
     }
-    ranks.run([&](int r) {
-      auto s = ranks.group(r).allgather(in[r], out[r]);
-      ASSERT_TRUE(s.ok()) << s.message;
-    });
-    for (int r = 0; r < n; ++r) {
-      for (int q = 0; q < n; ++q) {
-        ASSERT_EQ(0, std::memcmp(out[r].data() + q * in[q].size(), in[q].data(), in[q].size()));
-      }
-    }
-    // Reduce-scatter (int32 sum: exact): rank r gets its chunk of the allreduce.
-    check_reduce_scatter(ranks, ReduceOp::kSum, count);
   }
 }
 
@@ -344,9 +384,12 @@ TEST_P(Collective, RingInManySegmentsMatchesTheReference) {
   o.segment_bytes = 4096;
   Ranks ranks(GetParam(), o);
   for (size_t count : {size_t{300}, size_t{40009}}) {
-    check_allreduce(ranks, DType::kInt64, ReduceOp::kSum, count);
-    check_allreduce(ranks, DType::kFloat32, ReduceOp::kMax, count);
-    check_reduce_scatter(ranks, ReduceOp::kProd, count);
+    for (DType t : kDtypes) {
+      for (ReduceOp op : kOps) {
+        check_allreduce(ranks, t, op, count);
+        check_reduce_scatter(ranks, t, op, count);
+      }
+    }
   }
 }
 
@@ -490,10 +533,15 @@ TEST(CollectiveDeclarative, ResultsAreIdenticalToTheImperativeCalls) {
   services.clear();
 }
 
-TEST(CollectiveLarge, AllreduceOf64MiBOnFourRanks) {
+// 64 MiB tensors (the ring in its default 512 KiB segments; the count does not divide by 4).
+TEST(CollectiveLarge, EveryCollectiveOf64MiBOnFourRanks) {
   FERRY_REQUIRE_TEST_HOST();
   Ranks ranks(4);
-  check_allreduce(ranks, DType::kFloat32, ReduceOp::kSum, (64u << 20) / 4);
+  const size_t count = (64u << 20) / 4 - 3;
+  check_allreduce(ranks, DType::kFloat32, ReduceOp::kSum, count);
+  check_reduce_scatter(ranks, DType::kInt32, ReduceOp::kMax, count);
+  check_broadcast(ranks, DType::kInt64, (64u << 20) / 8 - 1, /*only_root=*/2);
+  check_allgather(ranks, DType::kFloat32, count / 4);  // 64 MiB gathered on every rank
 }
 
 TEST(CollectiveJoin, AMissingRankIsNamedWithinTheDeadline) {
