@@ -90,36 +90,47 @@ void Window::on_done(int slot, Clock::time_point started, boost::system::error_c
 
 Result<double> fetch_each(Peer& peer, const std::vector<ObjectRef>& refs,
                           const std::vector<MutableBuffer>& targets, int inflight,
-                          std::chrono::seconds limit) {
+                          std::chrono::seconds limit, uint64_t* reissued) {
   struct State {
     std::mutex mu;
     std::condition_variable cv;
     size_t next = 0;
     size_t done = 0;
     size_t outstanding = 0;
+    uint64_t reissued = 0;
     std::error_code error;
   };
   auto st = std::make_shared<State>();
   const size_t n = refs.size();
-  // Issues the next fetch; mu held.
-  std::function<void()> launch;
-  launch = [&, st] {
-    const size_t i = st->next++;
+  // Issues fetch i (the next one if i is n), its `tries`-th issue; mu held.
+  std::function<void(size_t, int)> launch;
+  launch = [&, st](size_t i, int tries) {
+    if (i == n) i = st->next++;
     ++st->outstanding;
-    peer.async_fetch(refs[i], {targets[i]}, [&, st](boost::system::error_code ec, FetchResult) {
-      std::lock_guard lock(st->mu);
-      --st->outstanding;
-      ++st->done;
-      if (ec && !st->error) st->error = std::error_code(ec);
-      if (!st->error && st->next < n) launch();
-      if (st->outstanding == 0) st->cv.notify_all();
-    });
+    peer.async_fetch(
+        refs[i], {targets[i]}, [&, st, i, tries](boost::system::error_code ec, FetchResult) {
+          std::lock_guard lock(st->mu);
+          --st->outstanding;
+          const std::error_code e(ec);
+          if (e && !st->error && tries < 3 && scope_of(e) == Scope::peer && peer.is_open()) {
+            ++st->reissued;
+            launch(i, tries + 1);
+            return;
+          }
+          ++st->done;
+          if (e && !st->error) st->error = e;
+          if (!st->error && st->next < n) launch(n, 0);
+          if (st->outstanding == 0) st->cv.notify_all();
+        });
   };
   const auto t0 = Clock::now();
   std::unique_lock lock(st->mu);
-  while (st->next < n && st->outstanding < static_cast<size_t>(std::max(1, inflight))) launch();
+  while (st->next < n && st->outstanding < static_cast<size_t>(std::max(1, inflight))) {
+    launch(n, 0);
+  }
   const bool ok = st->cv.wait_for(lock, limit, [&] { return st->outstanding == 0; });
   const double secs = seconds_between(t0, Clock::now());
+  if (reissued) *reissued += st->reissued;
   if (!ok) {
     std::fprintf(stderr, "ferry-bench: %zu fetches still in flight after %lld s\n", st->outstanding,
                  static_cast<long long>(limit.count()));

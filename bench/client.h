@@ -70,10 +70,13 @@ class Window {
   std::string transport_;
 };
 
-// Fetches refs[i] into targets[i] for every i, `inflight` at a time, from `peer`. Returns the
-// wall time in seconds, or the first error (errc::timed_out after `limit`).
+// Fetches refs[i] into targets[i] for every i, `inflight` at a time, from `peer`. A fetch that
+// fails while the peer's connection lives (its data channel broke: a queue pair that rxe left
+// without completions for the stall timeout, say) is issued again, at most 3 times; `reissued`
+// (optional) counts them. Returns the wall time in seconds, or the first error that stays
+// (errc::timed_out after `limit`).
 Result<double> fetch_each(Peer& peer, const std::vector<ObjectRef>& refs,
                           const std::vector<MutableBuffer>& targets, int inflight,
-                          std::chrono::seconds limit);
+                          std::chrono::seconds limit, uint64_t* reissued = nullptr);
 
 }  // namespace ferry::bench

@@ -88,8 +88,9 @@ int run_case(const RegistrationArgs& args, const char* name, uint64_t count, uin
   // Single fetches of the first few objects, cold (their owner memory not yet registered) and
   // again warm after two full passes: the difference is what registering costs at first grant.
   const size_t sampled = static_cast<size_t>(std::min<uint64_t>(count, 10));
+  uint64_t reissued = 0;  // fetches issued again after their data channel broke
   auto single = [&](size_t i) -> Result<double> {
-    return fetch_each(*peer, {refs[i]}, {targets[i]}, 1, 600s);
+    return fetch_each(*peer, {refs[i]}, {targets[i]}, 1, 600s, &reissued);
   };
   std::vector<double> cold;
   for (size_t i = 0; i < sampled; ++i) {
@@ -98,10 +99,10 @@ int run_case(const RegistrationArgs& args, const char* name, uint64_t count, uin
       return std::fprintf(stderr, "registration: fetch: %s\n", t.error().message().c_str()), 1;
     cold.push_back(*t);
   }
-  auto pass1 = fetch_each(*peer, refs, targets, args.inflight, 1800s);
+  auto pass1 = fetch_each(*peer, refs, targets, args.inflight, 1800s, &reissued);
   if (!pass1)
     return std::fprintf(stderr, "registration: fetch: %s\n", pass1.error().message().c_str()), 1;
-  auto pass2 = fetch_each(*peer, refs, targets, args.inflight, 1800s);
+  auto pass2 = fetch_each(*peer, refs, targets, args.inflight, 1800s, &reissued);
   if (!pass2)
     return std::fprintf(stderr, "registration: fetch: %s\n", pass2.error().message().c_str()), 1;
   std::vector<double> warm;
@@ -146,6 +147,7 @@ int run_case(const RegistrationArgs& args, const char* name, uint64_t count, uin
       // Registration is lazy: the owner registers at the first grant of an object's memory.
       .add("registration_s", registration_s)
       .add("verified_ends", same ? 1 : 0)
+      .add("reissued", reissued)
       .add_raw("owner_counters", counters_json(**owner))
       .add_raw("fetcher_counters", counters_json(**fetcher));
   std::printf("%s\n", out.str().c_str());

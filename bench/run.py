@@ -773,10 +773,12 @@ def other_tables(samples):
     if reg:
         lines.append("\nRegistration (reg ms = put + what first fetches cost over later ones: "
                      "the owner registers lazily, at an object's first grant; pass 1 and 2 fetch "
-                     "every object, 16 in flight)")
+                     "every object, 16 in flight; reissued = fetches issued again after their "
+                     "data channel broke, e.g. an rxe queue pair left without completions for "
+                     "the 10 s stall timeout)")
         lines.append(f"{'case':>26} {'transport':>9} {'put ms':>8} {'reg ms':>8} "
                      f"{'pass1 s':>8} {'pass2 s':>8} {'GB/s':>6} {'owner regs':>10} "
-                     f"{'fetcher regs':>12}")
+                     f"{'fetcher regs':>12} {'reissued':>8}")
         for s in reg:
             r = s["raw"]
             oc = (r.get("owner_counters") or {}).get("registrations", "-")
@@ -786,7 +788,8 @@ def other_tables(samples):
                 name += " (windows)" if r.get("memory_windows") else " (rkeys)"
             lines.append(f"{name:>26} {r['transport']:>9} {r['put_s'] * 1e3:8.1f} "
                          f"{r['registration_s'] * 1e3:8.1f} {r['pass1_s']:8.2f} "
-                         f"{r['pass2_s']:8.2f} {r['pass2_gbps']:6.2f} {oc:>10} {fc:>12}")
+                         f"{r['pass2_s']:8.2f} {r['pass2_gbps']:6.2f} {oc:>10} {fc:>12} "
+                         f"{r.get('reissued', '-'):>8}")
     sc = [s for s in samples if s.get("suite") == "scale"]
     if sc:
         lines.append("\nScale (TCP, 64 KiB objects, one server; RSS in MiB)")
