@@ -764,14 +764,9 @@ void Session::ensure_channel(const std::shared_ptr<TransportManager>& transport,
     return;
   }
   slot.waiters.push_back(std::move(done));
-  if (slot.opening || slot.reopen_timer) return;
+  if (slot.opening) return;
   if (!info_.initiator) {
-    // Channels are opened by the side that connected; it did so for the negotiated transport,
-    // and opens it again at once when it drops (drop_channel): wait for that, bounded.
-    if (auto due = reopen_due_.find(transport->name());
-        due != reopen_due_.end() && Clock::now() < due->second) {
-      return await_reopen(transport->name());
-    }
+    // Channels are opened by the side that connected; it did so for the negotiated transport.
     auto waiters = std::move(slot.waiters);
     channels_.erase(transport->name());
     for (auto& w : waiters) w(errc::transport_unavailable);
@@ -799,66 +794,22 @@ void Session::ensure_channel(const std::shared_ptr<TransportManager>& transport,
 
 bool Session::install_channel(std::string_view transport,
                               std::shared_ptr<TransportChannel> channel) {
-  return fill_slot(std::string(transport), std::move(channel));
-}
-
-bool Session::fill_slot(const std::string& transport, std::shared_ptr<TransportChannel> channel) {
-  auto& slot = channels_[transport];
+  auto& slot = channels_[std::string(transport)];
   if (slot.channel || state_ == State::closed) return false;
   slot.channel = std::move(channel);
   auto waiters = std::move(slot.waiters);
   slot.opening = false;
-  if (slot.reopen_timer) slot.reopen_timer->cancel();
-  slot.reopen_timer.reset();
-  reopen_due_.erase(transport);
   for (auto& w : waiters) w({});
   return true;
 }
 
-void Session::await_reopen(const std::string& transport) {
-  auto& slot = channels_[transport];
-  slot.reopen_timer = std::make_unique<asio::steady_timer>(ctx_->io, reopen_due_[transport]);
-  slot.reopen_timer->async_wait(asio::bind_executor(
-      strand_, [self = shared_from_this(), transport](boost::system::error_code ec) {
-        auto it = self->channels_.find(transport);
-        if (ec || it == self->channels_.end() || it->second.channel) return;
-        FERRY_LOG_WARN("peer '{}': its {} channel, dropped, was not opened again in time",
-                       self->info_.name, transport);
-        auto waiters = std::move(it->second.waiters);
-        self->channels_.erase(it);
-        self->reopen_due_.erase(transport);
-        for (auto& w : waiters) w(errc::transport_unavailable);
-      }));
-}
-
 void Session::drop_channel(std::string_view transport, std::error_code ec) {
-  const std::string name(transport);
-  auto it = channels_.find(name);
+  auto it = channels_.find(std::string(transport));
   if (it == channels_.end() || !it->second.channel) return;
   auto channel = std::move(it->second.channel);
   channels_.erase(it);
   FERRY_LOG_WARN("peer '{}': {} channel dropped: {}", info_.name, transport, ec.message());
   channel->close(ec);
-  if (state_ != State::open) return;
-  // The session lives, so its peer may fetch again at any moment: only the initiator can open
-  // a channel, so it does so now (not at its own next fetch, which may never come), at most
-  // once a second (a channel that keeps failing is then opened by the next fetch only). The
-  // other side waits for it.
-  const auto now = Clock::now();
-  if (!info_.initiator) {
-    reopen_due_[name] = now + ctx_->options.handshake_timeout;
-    return;
-  }
-  auto t = ctx_->find_transport(name);
-  auto& last = reopened_at_[name];
-  if (!t || now - last < std::chrono::seconds(1)) return;
-  last = now;
-  ensure_channel(t, [self = shared_from_this(), name](std::error_code ec) {
-    if (ec) {
-      FERRY_LOG_WARN("peer '{}': opening its {} channel again failed: {}", self->info_.name, name,
-                     ec.message());
-    }
-  });
 }
 
 std::shared_ptr<TransportChannel> Session::channel(std::string_view transport) const {
@@ -879,7 +830,7 @@ void Session::attach_side_connection(const std::string& transport_name, tcp::soc
                    ec.message());
     return;
   }
-  fill_slot(transport_name, std::move(ch));
+  channels_[transport_name].channel = std::move(ch);
 }
 
 void Session::async_open_side_connection(std::string_view transport_name,

@@ -91,9 +91,6 @@ class Session final : public PeerLink, public std::enable_shared_from_this<Sessi
     std::shared_ptr<TransportChannel> channel;
     bool opening = false;
     std::vector<std::function<void(std::error_code)>> waiters;
-    // Accepting side: the channel dropped while the session lived and the initiator opens a new
-    // one at once (drop_channel); fetches wait for it until this timer fires.
-    std::unique_ptr<boost::asio::steady_timer> reopen_timer;
   };
   // A fetch by name that arrived before the name was put (ObjectRef::named).
   struct Parked {
@@ -130,12 +127,6 @@ class Session final : public PeerLink, public std::enable_shared_from_this<Sessi
                       std::vector<MutableBuffer> targets, std::chrono::milliseconds timeout);
   void ensure_channel(const std::shared_ptr<TransportManager>& transport,
                       std::function<void(std::error_code)> done);
-  // Accepting side: waits (bounded by handshake_timeout from the drop) for the initiator to
-  // open `transport`'s channel again; fails the slot's waiters if it does not.
-  void await_reopen(const std::string& transport);
-  // Hands a new channel to the slot and completes its waiters. False if one is there already or
-  // the session is closed.
-  bool fill_slot(const std::string& transport, std::shared_ptr<TransportChannel> channel);
   std::shared_ptr<TransportManager> pick_transport(const std::string& requested,
                                                    const std::string& ref_transport,
                                                    std::error_code& ec) const;
@@ -183,9 +174,6 @@ class Session final : public PeerLink, public std::enable_shared_from_this<Sessi
   std::unordered_map<uint64_t, Parked> parked_;
   std::unordered_map<uint64_t, PendingRpc> rpcs_;
   std::unordered_map<std::string, ChannelSlot> channels_;
-  // Per transport: when a dropped channel was last opened again at once (initiator) or when
-  // the initiator's new channel is due by (acceptor).
-  std::unordered_map<std::string, Clock::time_point> reopened_at_, reopen_due_;
 };
 
 }  // namespace ferry

@@ -96,9 +96,8 @@ class PeerLink {
   virtual bool install_channel(std::string_view transport,
                                std::shared_ptr<TransportChannel> channel) = 0;
   // The transport's channel broke but the peer is fine: the session forgets it (closing it with
-  // `ec`) and the initiator side opens a new one at once (async_open_channel; at most once a
-  // second, else at its next fetch over that transport); the acceptor side's fetches wait for
-  // it, up to handshake_timeout. The transport fails that channel's own pending fetches first.
+  // `ec`); the next fetch over that transport opens a new one (initiator side). The transport
+  // fails that channel's own pending fetches first.
   virtual void drop_channel(std::string_view transport, std::error_code ec) = 0;
 
   // Sends a transport-private control message on the metadata channel.
