@@ -102,10 +102,9 @@ Result<double> fetch_each(Peer& peer, const std::vector<ObjectRef>& refs,
   };
   auto st = std::make_shared<State>();
   const size_t n = refs.size();
-  // Issues fetch i (the next one if i is n), its `tries`-th issue; mu held.
+  // Issues fetch i for the `tries`-th time (0: the first); mu held.
   std::function<void(size_t, int)> launch;
   launch = [&, st](size_t i, int tries) {
-    if (i == n) i = st->next++;
     ++st->outstanding;
     peer.async_fetch(
         refs[i], {targets[i]}, [&, st, i, tries](boost::system::error_code ec, FetchResult) {
@@ -119,14 +118,14 @@ Result<double> fetch_each(Peer& peer, const std::vector<ObjectRef>& refs,
           }
           ++st->done;
           if (e && !st->error) st->error = e;
-          if (!st->error && st->next < n) launch(n, 0);
+          if (!st->error && st->next < n) launch(st->next++, 0);
           if (st->outstanding == 0) st->cv.notify_all();
         });
   };
   const auto t0 = Clock::now();
   std::unique_lock lock(st->mu);
   while (st->next < n && st->outstanding < static_cast<size_t>(std::max(1, inflight))) {
-    launch(n, 0);
+    launch(st->next++, 0);
   }
   const bool ok = st->cv.wait_for(lock, limit, [&] { return st->outstanding == 0; });
   const double secs = seconds_between(t0, Clock::now());

@@ -232,32 +232,41 @@ class Ranks {
   std::vector<std::unique_ptr<Group>> groups_;
 };
 
+// Elements [first, last) of op over the ranks' rank_data, stored from `data` on: exact for
+// integers, within tolerance() for floats. False (with the failure reported) at the first that
+// is not.
+bool matches_reference(DType t, ReduceOp op, int n, const std::byte* data, size_t first,
+                       size_t last, const std::string& where) {
+  const size_t es = dtype_size(t);
+  const double tol = tolerance(t, n);
+  for (size_t i = first; i < last; ++i) {
+    const double want = reference(t, op, n, i);
+    const double got = load(t, data + (i - first) * es);
+    // (Written so that a NaN fails, as ASSERT_NEAR would.)
+    if (tol == 0 ? got != want : !(std::abs(got - want) <= tol * std::max(1.0, std::abs(want)))) {
+      ADD_FAILURE() << dtype_name(t) << " " << reduce_op_name(op) << " n=" << n << where
+                    << " element " << i << ": " << got << ", want " << want
+                    << (tol == 0 ? "" : " within " + std::to_string(tol) + " relative");
+      return false;
+    }
+  }
+  return true;
+}
+
 void check_allreduce(Ranks& ranks, DType t, ReduceOp op, size_t count) {
   const int n = ranks.size();
-  const size_t es = dtype_size(t);
   std::vector<std::vector<std::byte>> data(n);
   for (int r = 0; r < n; ++r) data[r] = rank_data(t, r, count);
   ranks.run([&](int r) {
     auto s = ranks.group(r).allreduce(data[r], t, op);
     ASSERT_TRUE(s.ok()) << s.message;
   });
-  const double tol = tolerance(t, n);
   for (int r = 0; r < n; ++r) {
     // Every rank holds bit-identical results (reductions in rank order).
     ASSERT_EQ(data[r], data[0]) << dtype_name(t) << " " << reduce_op_name(op) << " n=" << n
                                 << " count=" << count << ": rank " << r << " differs from rank 0";
   }
-  for (size_t i = 0; i < count; ++i) {
-    const double want = reference(t, op, n, i);
-    const double got = load(t, data[0].data() + i * es);
-    if (tol == 0) {
-      ASSERT_EQ(got, want) << dtype_name(t) << " " << reduce_op_name(op) << " n=" << n
-                           << " element " << i;
-    } else {
-      ASSERT_NEAR(got, want, tol * std::max(1.0, std::abs(want)))
-          << dtype_name(t) << " " << reduce_op_name(op) << " n=" << n << " element " << i;
-    }
-  }
+  matches_reference(t, op, n, data[0].data(), 0, count, "");
 }
 
 // Reduce-scatter of rank_data over every rank of `ranks`: each rank's chunk must equal the
@@ -275,21 +284,10 @@ void check_reduce_scatter(Ranks& ranks, DType t, ReduceOp op, size_t count) {
     auto s = ranks.group(r).reduce_scatter(in[r], chunk[r], t, op);
     ASSERT_TRUE(s.ok()) << s.message;
   });
-  const double tol = tolerance(t, n);
   for (int r = 0; r < n; ++r) {
     auto [first, last] = Group::chunk_range(count, r, n);
-    for (size_t i = first; i < last; ++i) {
-      const double want = reference(t, op, n, i);
-      const double got = load(t, chunk[r].data() + (i - first) * es);
-      if (tol == 0) {
-        ASSERT_EQ(got, want) << dtype_name(t) << " " << reduce_op_name(op) << " n=" << n
-                             << " count=" << count << " rank " << r << " element " << i;
-      } else {
-        ASSERT_NEAR(got, want, tol * std::max(1.0, std::abs(want)))
-            << dtype_name(t) << " " << reduce_op_name(op) << " n=" << n << " count=" << count
-            << " rank " << r << " element " << i;
-      }
-    }
+    const std::string where = " count=" + std::to_string(count) + " rank " + std::to_string(r);
+    if (!matches_reference(t, op, n, chunk[r].data(), first, last, where)) return;
   }
 }
 
