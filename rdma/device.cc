@@ -2,6 +2,10 @@
 
 #include <fcntl.h>
 #include <poll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+#include <cerrno>
+#include <cstring>
 
 #include "net/log.h"
 
@@ -20,17 +24,35 @@ Device::Device(std::string name, ContextHandle ctx, PdHandle pd, const ibv_devic
       local_cache_(pd_.get(), IBV_ACCESS_LOCAL_WRITE) {}
 
 Device::~Device() {
-  stopping_ = true;
-  if (async_events_.joinable()) async_events_.join();
+  if (async_events_.joinable()) {
+    const uint64_t one = 1;
+    if (::write(stop_fd_, &one, sizeof one) != sizeof one) {
+      FERRY_LOG_WARN("rdma: {}: cannot stop the async-event thread", name_);
+    }
+    async_events_.join();
+  }
+  if (stop_fd_ >= 0) ::close(stop_fd_);
 }
 
 void Device::watch_async_events() {
   const int fd = ctx_->async_fd;
   ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
+  stop_fd_ = ::eventfd(0, EFD_CLOEXEC);
+  if (stop_fd_ < 0) {
+    FERRY_LOG_WARN("rdma: {}: no eventfd: async events (QP errors) are not logged", name_);
+    return;
+  }
   async_events_ = std::thread([this, fd] {
-    while (!stopping_) {
-      pollfd p{fd, POLLIN, 0};
-      if (::poll(&p, 1, 200) <= 0) continue;
+    for (;;) {
+      pollfd p[2] = {{fd, POLLIN, 0}, {stop_fd_, POLLIN, 0}};
+      if (::poll(p, 2, -1) < 0) {
+        if (errno == EINTR) continue;
+        FERRY_LOG_WARN("rdma: {}: async events no longer watched: poll: {}", name_,
+                       std::strerror(errno));
+        return;
+      }
+      if (p[1].revents) return;  // the destructor
+      if (!p[0].revents) continue;
       ibv_async_event e{};
       if (ibv_get_async_event(ctx_.get(), &e) != 0) continue;
       const bool qp_event =

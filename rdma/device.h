@@ -71,7 +71,9 @@ class Device {
   // Logs the device's asynchronous events (a queue pair's fatal error, a CQ overrun, a port
   // going down): the only report of errors that no work completion carries.
   void watch_async_events();
-  std::atomic<bool> stopping_{false};
+  // The async-event thread sleeps in poll() on the device's async fd and this eventfd, which the
+  // destructor signals: no periodic wake-ups while idle.
+  int stop_fd_ = -1;
   std::thread async_events_;
   std::vector<Address> addresses_;
   MrCache remote_cache_;
