@@ -56,6 +56,15 @@ bool Window::stop(std::chrono::seconds limit) {
   return cv_.wait_for(lock, limit, [this] { return outstanding_ == 0; });
 }
 
+uint64_t Window::measured_fetches() const {
+  return measured_fetches_ >= 2 ? measured_fetches_ - 1 : measured_fetches_;
+}
+
+double Window::measured_seconds() const {
+  return measured_fetches_ >= 2 ? seconds_between(first_done_, last_done_)
+                                : seconds_between(measure_from_, measure_to_);
+}
+
 void Window::launch(int slot) {
   std::vector<MutableBuffer> targets;
   if (!buffers_.empty()) targets.push_back({buffers_[static_cast<size_t>(slot)].get(), size_});
@@ -74,6 +83,8 @@ void Window::on_done(int slot, Clock::time_point started, boost::system::error_c
   if (ec && !error_) error_ = std::error_code(ec);
   if (!ec && transport_.empty()) transport_ = r.transport;
   if (!ec && measuring_ && !stopping_) {
+    if (fetches_ == 0) first_done_ = now;
+    last_done_ = now;
     ++fetches_;
     if (started >= measure_from_) {
       latencies_.push_back(std::chrono::duration<double, std::micro>(now - started).count());

@@ -86,6 +86,8 @@ int run_fetch(const FetchArgs& args) {
   const double secs = window.measured_seconds();
   const uint64_t fetches = window.measured_fetches();
   const double bytes = static_cast<double>(fetches) * static_cast<double>(args.size);
+  const double window_bytes =
+      static_cast<double>(window.completed_in_window()) * static_cast<double>(args.size);
   auto& lat = window.latencies_us();
   JsonLine out;
   out.add("tool", "ferry")
@@ -102,8 +104,8 @@ int run_fetch(const FetchArgs& args) {
       .add("p99_us", quantile(lat, 0.99))
       .add("cpu_client_s", cpu)
       .add("cpu_server_s", server_cpu);
-  if (bytes > 0) {
-    out.add("cpu_s_per_gb", (cpu + std::max(0.0, server_cpu)) / (bytes / 1e9));
+  if (window_bytes > 0) {
+    out.add("cpu_s_per_gb", (cpu + std::max(0.0, server_cpu)) / (window_bytes / 1e9));
   }
   std::printf("%s\n", out.str().c_str());
   return 0;

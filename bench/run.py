@@ -190,8 +190,9 @@ class Bench:
 
     # ferry ---------------------------------------------------------------------------------
     def window(self, suite, size):
-        """Seconds per sample: emulated rxe moves about 50 MB/s, so large objects get longer."""
-        return max(self.secs, 4 * size / 50e6) if suite == "rdma" else self.secs
+        """Seconds per sample: emulated rxe moves about 50 MB/s, so large objects get longer
+        (8 objects' worth: ferry's rate is taken between completions, ib_read_bw's per window)."""
+        return max(self.secs, 8 * size / 50e6) if suite == "rdma" else self.secs
 
     def ferry(self, suite, metric, size, rep, inflight, host="127.0.0.1", env=None,
               tool="ferry", extra=(), serve_extra=()):
