@@ -18,6 +18,16 @@ std::optional<ObjectRef> find_ref_of_size(Peer& peer, uint64_t size,
   return std::nullopt;
 }
 
+namespace {
+
+// A fetch that failed while its peer's connection lives (its data channel broke: a queue pair
+// that rxe left without completions for the stall timeout, say) is issued again, at most 3 times.
+bool worth_reissuing(std::error_code ec, Peer& peer, int tries) {
+  return ec && tries < 3 && scope_of(ec) == Scope::peer && peer.is_open();
+}
+
+}  // namespace
+
 // ---------------------------------------------------------------- Window
 
 Window::Window(std::vector<Peer> peers, ObjectRef ref, int slots, uint64_t size,
@@ -37,7 +47,7 @@ Window::~Window() = default;
 void Window::start() {
   std::lock_guard lock(mu_);
   outstanding_ = slots_;
-  for (int i = 0; i < slots_; ++i) launch(i);
+  for (int i = 0; i < slots_; ++i) launch(i, 0);
 }
 
 void Window::begin_measuring() {
@@ -65,21 +75,28 @@ double Window::measured_seconds() const {
                                 : seconds_between(measure_from_, measure_to_);
 }
 
-void Window::launch(int slot) {
+void Window::launch(int slot, int tries) {
   std::vector<MutableBuffer> targets;
   if (!buffers_.empty()) targets.push_back({buffers_[static_cast<size_t>(slot)].get(), size_});
   const auto started = Clock::now();
   // Never completes inline, so holding mu_ here is safe.
   peers_[static_cast<size_t>(slot) % peers_.size()].async_fetch(
-      ref_, std::move(targets), [this, slot, started](boost::system::error_code ec, FetchResult r) {
-        on_done(slot, started, ec, r);
+      ref_, std::move(targets),
+      [this, slot, started, tries](boost::system::error_code ec, FetchResult r) {
+        on_done(slot, tries, started, ec, r);
       });
 }
 
-void Window::on_done(int slot, Clock::time_point started, boost::system::error_code ec,
+void Window::on_done(int slot, int tries, Clock::time_point started, boost::system::error_code ec,
                      const FetchResult& r) {
   const auto now = Clock::now();
   std::lock_guard lock(mu_);
+  if (!error_ && !stopping_ &&
+      worth_reissuing(ec, peers_[static_cast<size_t>(slot) % peers_.size()], tries)) {
+    ++reissued_;
+    launch(slot, tries + 1);
+    return;
+  }
   if (ec && !error_) error_ = std::error_code(ec);
   if (!ec && transport_.empty()) transport_ = r.transport;
   if (!ec && measuring_ && !stopping_) {
@@ -94,7 +111,7 @@ void Window::on_done(int slot, Clock::time_point started, boost::system::error_c
     if (--outstanding_ == 0) cv_.notify_all();
     return;
   }
-  launch(slot);
+  launch(slot, 0);
 }
 
 // ---------------------------------------------------------------- fetch_each
@@ -117,21 +134,21 @@ Result<double> fetch_each(Peer& peer, const std::vector<ObjectRef>& refs,
   std::function<void(size_t, int)> launch;
   launch = [&, st](size_t i, int tries) {
     ++st->outstanding;
-    peer.async_fetch(
-        refs[i], {targets[i]}, [&, st, i, tries](boost::system::error_code ec, FetchResult) {
-          std::lock_guard lock(st->mu);
-          --st->outstanding;
-          const std::error_code e(ec);
-          if (e && !st->error && tries < 3 && scope_of(e) == Scope::peer && peer.is_open()) {
-            ++st->reissued;
-            launch(i, tries + 1);
-            return;
-          }
-          ++st->done;
-          if (e && !st->error) st->error = e;
-          if (!st->error && st->next < n) launch(st->next++, 0);
-          if (st->outstanding == 0) st->cv.notify_all();
-        });
+    peer.async_fetch(refs[i], {targets[i]},
+                     [&, st, i, tries](boost::system::error_code ec, FetchResult) {
+                       std::lock_guard lock(st->mu);
+                       --st->outstanding;
+                       const std::error_code e(ec);
+                       if (!st->error && worth_reissuing(e, peer, tries)) {
+                         ++st->reissued;
+                         launch(i, tries + 1);
+                         return;
+                       }
+                       ++st->done;
+                       if (e && !st->error) st->error = e;
+                       if (!st->error && st->next < n) launch(st->next++, 0);
+                       if (st->outstanding == 0) st->cv.notify_all();
+                     });
   };
   const auto t0 = Clock::now();
   std::unique_lock lock(st->mu);

@@ -22,7 +22,9 @@ std::optional<ObjectRef> find_ref_of_size(Peer& peer, uint64_t size,
                                           std::chrono::milliseconds timeout);
 
 // Keeps `slots` fetches of one object in flight, slot i on peers[i % peers.size()]; each
-// completion is counted and its slot reissued from the completion handler until stop().
+// completion is counted and its slot reissued from the completion handler until stop(). A fetch
+// whose data channel broke is issued again (as in fetch_each; counted in reissued()); the time
+// it lost stays in the measured window.
 // Targets are preallocated and touched (one per slot) unless ferry_allocates.
 class Window {
  public:
@@ -51,10 +53,11 @@ class Window {
   std::vector<double>& latencies_us() { return latencies_; }
   std::error_code error() const { return error_; }
   std::string transport() const { return transport_; }
+  uint64_t reissued() const { return reissued_; }
 
  private:
-  void launch(int slot);  // mu_ held
-  void on_done(int slot, Clock::time_point started, boost::system::error_code ec,
+  void launch(int slot, int tries);  // mu_ held
+  void on_done(int slot, int tries, Clock::time_point started, boost::system::error_code ec,
                const FetchResult& r);
 
   std::vector<Peer> peers_;
@@ -73,6 +76,7 @@ class Window {
   Clock::time_point last_done_;
   uint64_t fetches_ = 0;
   uint64_t measured_fetches_ = 0;
+  uint64_t reissued_ = 0;
   std::vector<double> latencies_;
   std::error_code error_;
   std::string transport_;

@@ -97,6 +97,7 @@ int run_fetch(const FetchArgs& args) {
       .add("ferry_allocates", args.ferry_allocates ? 1 : 0)
       .add("busy_poll", args.busy_poll ? 1 : 0)
       .add("fetches", fetches)
+      .add("reissued", window.reissued())
       .add("seconds", secs)
       .add("gbps", bytes / secs / 1e9)
       .add("fetches_per_s", static_cast<double>(fetches) / secs)

@@ -191,8 +191,9 @@ class Bench:
     # ferry ---------------------------------------------------------------------------------
     def window(self, suite, size):
         """Seconds per sample: emulated rxe moves about 50 MB/s, so large objects get longer
-        (8 objects' worth: ferry's rate is taken between completions, ib_read_bw's per window)."""
-        return max(self.secs, 8 * size / 50e6) if suite == "rdma" else self.secs
+        (4 objects' worth; ferry's rate is taken between completions, so a window of a few
+        objects is not quantized to whole fetches)."""
+        return max(self.secs, 4 * size / 50e6) if suite == "rdma" else self.secs
 
     def ferry(self, suite, metric, size, rep, inflight, host="127.0.0.1", env=None,
               tool="ferry", extra=(), serve_extra=()):
@@ -925,6 +926,13 @@ def report(samples, out_dir, meta):
     lines += other_tables(samples)
     lines += allreduce_table(samples)
     lines += targets(samples)
+    reissued = [s for s in samples
+                if s.get("metric") in ("bw", "lat") and (s.get("raw") or {}).get("reissued")]
+    if reissued:
+        lines.append("\nSamples in which fetches were issued again after their data channel broke "
+                     "(the lost time stays in the sample):")
+        lines += [f"  {s['suite']} {s['metric']} {s['tool']} {human(s['size'])} rep {s['rep']}: "
+                  f"{s['raw']['reissued']} reissued" for s in reissued]
     errors = [s["error"] for s in samples if "error" in s]
     if errors:
         lines.append(f"\n{len(errors)} samples failed:")
