@@ -566,12 +566,12 @@ void RdmaChannel::fail(std::error_code ec) {
 }
 
 void RdmaChannel::post_inject_error() {
-  asio::post(strand_, [self = shared_from_this()] {
-    if (self->closed_) return;
-    self->to_error_state();
-    if (self->in_flight_ == 0) return self->fail(make_wc_error(IBV_WC_GENERAL_ERR));
-    self->drain();  // the flushed completions fail the channel
-  });
+  // Fails the channel at once instead of after the flushed completions (fail() puts the QP in
+  // the error state, where it places no more data): while it waited for them, rxe can take
+  // seconds, new fetches joined the dead pair and were refused by an owner that had dropped its
+  // own, again and again (found by breaking queue pairs during collectives).
+  asio::post(strand_,
+             [self = shared_from_this()] { self->fail(make_wc_error(IBV_WC_GENERAL_ERR)); });
 }
 
 void RdmaChannel::close(std::error_code ec) {

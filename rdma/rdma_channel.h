@@ -78,9 +78,9 @@ class RdmaChannel final : public TransportChannel,
   bool end_lease(uint64_t request_id, std::error_code ec);
 
   void close(std::error_code ec) override;
-  // To the error state, then drain (flushed READs fail the channel, and its fetches with it).
-  // Any thread: it runs on the strand. Used when the owner says its queue pair is gone (a
-  // reset), and for fault injection.
+  // To the error state and fails the channel, and its fetches with it, at once (new fetches
+  // set up a new pair). Any thread: it runs on the strand. Used when the owner says its queue
+  // pair is gone (a reset), and for fault injection.
   void post_inject_error();
 
  private:
