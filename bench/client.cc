@@ -54,26 +54,28 @@ void Window::begin_measuring() {
   std::lock_guard lock(mu_);
   measure_from_ = Clock::now();
   measuring_ = true;
-  fetches_ = 0;
+  spans_.clear();
   latencies_.clear();
 }
 
 bool Window::stop(std::chrono::seconds limit) {
   std::unique_lock lock(mu_);
   measure_to_ = Clock::now();
-  measured_fetches_ = fetches_;
   stopping_ = true;
-  return cv_.wait_for(lock, limit, [this] { return outstanding_ == 0; });
+  if (!cv_.wait_for(lock, limit, [this] { return outstanding_ == 0; })) return false;
+  // Each fetch moved its bytes over its whole span, evenly as far as we know: the window gets
+  // the share of each span that lies inside it.
+  measured_fetches_ = 0;
+  for (const auto& [from, to] : spans_) {
+    const auto lo = std::max(from, measure_from_);
+    const auto hi = std::min(to, measure_to_);
+    if (hi <= lo) continue;
+    measured_fetches_ += to > from ? seconds_between(lo, hi) / seconds_between(from, to) : 1.0;
+  }
+  return true;
 }
 
-uint64_t Window::measured_fetches() const {
-  return measured_fetches_ >= 2 ? measured_fetches_ - 1 : measured_fetches_;
-}
-
-double Window::measured_seconds() const {
-  return measured_fetches_ >= 2 ? seconds_between(first_done_, last_done_)
-                                : seconds_between(measure_from_, measure_to_);
-}
+double Window::measured_seconds() const { return seconds_between(measure_from_, measure_to_); }
 
 void Window::launch(int slot, int tries) {
   std::vector<MutableBuffer> targets;
@@ -99,10 +101,8 @@ void Window::on_done(int slot, int tries, Clock::time_point started, boost::syst
   }
   if (ec && !error_) error_ = std::error_code(ec);
   if (!ec && transport_.empty()) transport_ = r.transport;
+  if (!ec && measuring_) spans_.emplace_back(started, now);  // those of the drain too
   if (!ec && measuring_ && !stopping_) {
-    if (fetches_ == 0) first_done_ = now;
-    last_done_ = now;
-    ++fetches_;
     if (started >= measure_from_) {
       latencies_.push_back(std::chrono::duration<double, std::micro>(now - started).count());
     }

@@ -41,14 +41,12 @@ class Window {
   // process must then exit without destroying the window).
   bool stop(std::chrono::seconds limit);
 
-  // The rate is taken between completions: from the first completion after begin_measuring() to
-  // the last one before stop(), counting the fetches that completed after the first. A window
-  // that holds only a few large fetches is then not quantized to whole fetches per window. With
-  // fewer than two completions it falls back to the whole window and what completed in it.
-  uint64_t measured_fetches() const;
+  // Fetches moved in the window, from begin_measuring() to stop(): each fetch that overlaps it
+  // counts with the share of its span (issue to completion) inside it, so a window that holds
+  // only a few large fetches, or fetches that complete in bunches, is not quantized to whole
+  // fetches. Valid after a stop() that drained.
+  double measured_fetches() const { return measured_fetches_; }
   double measured_seconds() const;
-  // Every fetch that completed in the window (CPU per byte is taken over the whole window).
-  uint64_t completed_in_window() const { return measured_fetches_; }
   // Latency of every measured fetch, microseconds (sorted by the quantile calls).
   std::vector<double>& latencies_us() { return latencies_; }
   std::error_code error() const { return error_; }
@@ -72,10 +70,8 @@ class Window {
   bool stopping_ = false;
   Clock::time_point measure_from_;
   Clock::time_point measure_to_;
-  Clock::time_point first_done_;
-  Clock::time_point last_done_;
-  uint64_t fetches_ = 0;
-  uint64_t measured_fetches_ = 0;
+  std::vector<std::pair<Clock::time_point, Clock::time_point>> spans_;  // issued, completed
+  double measured_fetches_ = 0;
   uint64_t reissued_ = 0;
   std::vector<double> latencies_;
   std::error_code error_;

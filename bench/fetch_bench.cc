@@ -68,10 +68,11 @@ int run_fetch(const FetchArgs& args) {
   const double cpu0 = self_cpu_seconds();
   window.begin_measuring();
   std::this_thread::sleep_for(std::chrono::duration<double>(args.seconds));
-  const bool drained = window.stop(30s);
+  // CPU over the window (the drain that follows is not in it, nor in the bytes).
   const double cpu = self_cpu_seconds() - cpu0;
   const double server_cpu =
       args.server_pid ? process_cpu_seconds(args.server_pid) - server_cpu0 : -1;
+  const bool drained = window.stop(30s);
   if (!drained) {
     std::fprintf(stderr, "ferry-bench fetch: fetches still in flight 30 s after the end\n");
     std::fflush(stderr);
@@ -81,13 +82,9 @@ int run_fetch(const FetchArgs& args) {
     std::fprintf(stderr, "ferry-bench fetch: %s\n", window.error().message().c_str());
     return 1;
   }
-  // CPU is sampled at the end of the window, a little after the last counted completion; the
-  // drain adds at most one window of fetches to it.
   const double secs = window.measured_seconds();
-  const uint64_t fetches = window.measured_fetches();
-  const double bytes = static_cast<double>(fetches) * static_cast<double>(args.size);
-  const double window_bytes =
-      static_cast<double>(window.completed_in_window()) * static_cast<double>(args.size);
+  const double fetches = window.measured_fetches();
+  const double bytes = fetches * static_cast<double>(args.size);
   auto& lat = window.latencies_us();
   JsonLine out;
   out.add("tool", "ferry")
@@ -100,13 +97,13 @@ int run_fetch(const FetchArgs& args) {
       .add("reissued", window.reissued())
       .add("seconds", secs)
       .add("gbps", bytes / secs / 1e9)
-      .add("fetches_per_s", static_cast<double>(fetches) / secs)
+      .add("fetches_per_s", fetches / secs)
       .add("p50_us", quantile(lat, 0.5))
       .add("p99_us", quantile(lat, 0.99))
       .add("cpu_client_s", cpu)
       .add("cpu_server_s", server_cpu);
-  if (window_bytes > 0) {
-    out.add("cpu_s_per_gb", (cpu + std::max(0.0, server_cpu)) / (window_bytes / 1e9));
+  if (bytes > 0) {
+    out.add("cpu_s_per_gb", (cpu + std::max(0.0, server_cpu)) / (bytes / 1e9));
   }
   std::printf("%s\n", out.str().c_str());
   return 0;

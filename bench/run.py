@@ -927,7 +927,8 @@ def report(samples, out_dir, meta):
     lines += allreduce_table(samples)
     lines += targets(samples)
     reissued = [s for s in samples
-                if s.get("metric") in ("bw", "lat") and (s.get("raw") or {}).get("reissued")]
+                if s.get("metric") in ("bw", "lat") and isinstance(s.get("raw"), dict)
+                and s["raw"].get("reissued")]
     if reissued:
         lines.append("\nSamples in which fetches were issued again after their data channel broke "
                      "(the lost time stays in the sample):")

@@ -72,8 +72,7 @@ int run_scale(const ScaleArgs& args) {
       const double server_cpu =
           args.server_pid ? process_cpu_seconds(args.server_pid) - server_cpu0 : -1;
       const double secs = window.measured_seconds();
-      const double bytes =
-          static_cast<double>(window.measured_fetches()) * static_cast<double>(args.size);
+      const double bytes = window.measured_fetches() * static_cast<double>(args.size);
       auto& lat = window.latencies_us();
       JsonLine out;
       out.add("tool", "ferry")
@@ -84,7 +83,7 @@ int run_scale(const ScaleArgs& args) {
           .add("size", args.size)
           .add("connect_s", connect_s)
           .add("gbps", bytes / secs / 1e9)
-          .add("fetches_per_s", static_cast<double>(window.measured_fetches()) / secs)
+          .add("fetches_per_s", window.measured_fetches() / secs)
           .add("p50_us", quantile(lat, 0.5))
           .add("p99_us", quantile(lat, 0.99))
           .add("cpu_client_s", cpu)
