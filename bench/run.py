@@ -191,8 +191,8 @@ class Bench:
     # ferry ---------------------------------------------------------------------------------
     def window(self, suite, size):
         """Seconds per sample: emulated rxe moves about 50 MB/s, so large objects get longer
-        (4 objects' worth; ferry's rate is taken between completions, so a window of a few
-        objects is not quantized to whole fetches)."""
+        (4 objects' worth; ferry credits each fetch with the share of its span inside the
+        window, so a window of a few objects is not quantized to whole fetches)."""
         return max(self.secs, 4 * size / 50e6) if suite == "rdma" else self.secs
 
     def ferry(self, suite, metric, size, rep, inflight, host="127.0.0.1", env=None,
