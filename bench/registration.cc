@@ -19,6 +19,7 @@ std::string counters_json(Context& ctx) {
   if (!c) return "null";
   JsonLine j;
   j.add("registrations", c->registrations)
+      .add("registration_s", static_cast<double>(c->registration_ns) / 1e9)
       .add("deregistrations", c->deregistrations)
       .add("hits", c->hits)
       .add("live", c->live);
@@ -85,46 +86,30 @@ int run_case(const RegistrationArgs& args, const char* name, uint64_t count, uin
   std::vector<MutableBuffer> targets;
   for (uint64_t i = 0; i < count; ++i) targets.push_back({landing.get() + i * bytes, bytes});
 
-  // Single fetches of the first few objects, cold (their owner memory not yet registered) and
-  // again warm after two full passes: the difference is what registering costs at first grant.
-  const size_t sampled = static_cast<size_t>(std::min<uint64_t>(count, 10));
+  // The first object alone, cold (its owner memory not yet registered) and again warm after
+  // two full passes: what a first fetch pays.
   uint64_t reissued = 0;  // fetches issued again after their data channel broke
-  auto single = [&](size_t i) -> Result<double> {
-    return fetch_each(*peer, {refs[i]}, {targets[i]}, 1, 600s, &reissued);
+  auto first = [&]() -> Result<double> {
+    return fetch_each(*peer, {refs[0]}, {targets[0]}, 1, 600s, &reissued);
   };
-  std::vector<double> cold;
-  for (size_t i = 0; i < sampled; ++i) {
-    auto t = single(i);
-    if (!t)
-      return std::fprintf(stderr, "registration: fetch: %s\n", t.error().message().c_str()), 1;
-    cold.push_back(*t);
-  }
+  auto cold = first();
+  if (!cold)
+    return std::fprintf(stderr, "registration: fetch: %s\n", cold.error().message().c_str()), 1;
   auto pass1 = fetch_each(*peer, refs, targets, args.inflight, 1800s, &reissued);
   if (!pass1)
     return std::fprintf(stderr, "registration: fetch: %s\n", pass1.error().message().c_str()), 1;
   auto pass2 = fetch_each(*peer, refs, targets, args.inflight, 1800s, &reissued);
   if (!pass2)
     return std::fprintf(stderr, "registration: fetch: %s\n", pass2.error().message().c_str()), 1;
-  std::vector<double> warm;
-  for (size_t i = 0; i < sampled; ++i) {
-    auto t = single(i);
-    if (!t)
-      return std::fprintf(stderr, "registration: fetch: %s\n", t.error().message().c_str()), 1;
-    warm.push_back(*t);
-  }
-  // The first object pays for its allocation's registration (all of it, for views); each later
-  // registration (separate tensors; none for views) costs about what later cold fetches cost
-  // over warm ones. Without RDMA nothing is registered: making objects fetchable is the put.
-  std::vector<double> extra;
-  for (size_t i = 1; i < sampled; ++i) extra.push_back(cold[i] - warm[i]);
-  const double first_extra = std::max(0.0, cold[0] - warm[0]);
-  const double later_extra = std::max(0.0, quantile(extra, 0.5));
+  auto warm = first();
+  if (!warm)
+    return std::fprintf(stderr, "registration: fetch: %s\n", warm.error().message().c_str()), 1;
+  // Making the objects fetchable: the put, and the owner's registrations, which it makes lazily,
+  // at the first grant of an object's memory (timed around each ibv_reg_mr). Without RDMA
+  // nothing is registered.
   const auto owner_regs = rdma::registration_counters(**owner);
-  double registration_s = put_s;
-  if (owner_regs && owner_regs->registrations > 0) {
-    registration_s +=
-        first_extra + static_cast<double>(owner_regs->registrations - 1) * later_extra;
-  }
+  const double registration_s =
+      put_s + (owner_regs ? static_cast<double>(owner_regs->registration_ns) / 1e9 : 0.0);
   bool same = landing[0] == std::byte{7} && landing[count * bytes - 1] == std::byte{7};
 
   const double gb = static_cast<double>(count * bytes) / 1e9;
@@ -138,13 +123,11 @@ int run_case(const RegistrationArgs& args, const char* name, uint64_t count, uin
       .add("bytes", bytes)
       .add("alloc_s", alloc_s)
       .add("put_s", put_s)
-      .add("first_cold_s", cold[0])
-      .add("first_warm_s", warm[0])
-      .add("later_extra_s", later_extra)
+      .add("first_cold_s", *cold)
+      .add("first_warm_s", *warm)
       .add("pass1_s", *pass1)
       .add("pass2_s", *pass2)
       .add("pass2_gbps", gb / *pass2)
-      // Registration is lazy: the owner registers at the first grant of an object's memory.
       .add("registration_s", registration_s)
       .add("verified_ends", same ? 1 : 0)
       .add("reissued", reissued)

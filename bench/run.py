@@ -773,8 +773,8 @@ def other_tables(samples):
     lines = []
     reg = [s for s in samples if s.get("suite") == "registration"]
     if reg:
-        lines.append("\nRegistration (reg ms = put + what first fetches cost over later ones: "
-                     "the owner registers lazily, at an object's first grant; pass 1 and 2 fetch "
+        lines.append("\nRegistration (reg ms = put + the owner's time in ibv_reg_mr, timed "
+                     "around each call: the owner registers lazily, at an object's first grant; pass 1 and 2 fetch "
                      "every object, 16 in flight; reissued = fetches issued again after their "
                      "data channel broke, e.g. an rxe queue pair left without completions for "
                      "the 10 s stall timeout)")

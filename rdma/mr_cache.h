@@ -45,7 +45,8 @@ class Region {
 class MrCache {
  public:
   struct Counters {
-    uint64_t registrations = 0;  // ibv_reg_mr calls that succeeded
+    uint64_t registrations = 0;    // ibv_reg_mr calls that succeeded
+    uint64_t registration_ns = 0;  // time spent in them
     uint64_t deregistrations = 0;
     uint64_t hits = 0;  // acquires served by an existing registration
     uint64_t live = 0;  // regions registered now

@@ -20,7 +20,8 @@ inline constexpr const char* kRdmaTransportName = "RDMA";
 bool register_rdma_transport();
 
 struct RegistrationCounters {
-  uint64_t registrations = 0;  // ibv_reg_mr calls
+  uint64_t registrations = 0;    // ibv_reg_mr calls
+  uint64_t registration_ns = 0;  // time spent in them
   uint64_t deregistrations = 0;
   uint64_t hits = 0;         // buffers served by an existing registration
   uint64_t live = 0;         // registered regions now

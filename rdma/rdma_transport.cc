@@ -254,6 +254,7 @@ RegistrationCounters RdmaTransport::counters() const {
     for (const MrCache* cache : {&dev->remote_cache(), &dev->local_cache()}) {
       auto c = cache->counters();
       total.registrations += c.registrations;
+      total.registration_ns += c.registration_ns;
       total.deregistrations += c.deregistrations;
       total.hits += c.hits;
       total.live += c.live;
