@@ -26,6 +26,14 @@ class ChildProcess {
   explicit ChildProcess(const std::vector<std::string>& args,
                         const std::string& ready_line = "ready",
                         const std::vector<std::string>& wrapper = {}) {
+    // Everything the child needs is built before fork: the parent has threads, and one of them
+    // may hold the allocator's lock at the fork, so the child must not allocate before exec
+    // (ASan's allocator, unlike glibc's, can then hang it for good).
+    std::vector<char*> argv;
+    for (const auto& s : wrapper) argv.push_back(const_cast<char*>(s.c_str()));
+    argv.push_back(const_cast<char*>(FERRY_TEST_SERVER));
+    for (const auto& s : args) argv.push_back(const_cast<char*>(s.c_str()));
+    argv.push_back(nullptr);
     int fds[2];
     EXPECT_EQ(::pipe(fds), 0);
     pid_ = ::fork();
@@ -33,11 +41,6 @@ class ChildProcess {
       ::dup2(fds[1], STDOUT_FILENO);
       ::close(fds[0]);
       ::close(fds[1]);
-      std::vector<char*> argv;
-      for (const auto& s : wrapper) argv.push_back(const_cast<char*>(s.c_str()));
-      argv.push_back(const_cast<char*>(FERRY_TEST_SERVER));
-      for (const auto& s : args) argv.push_back(const_cast<char*>(s.c_str()));
-      argv.push_back(nullptr);
       ::execvp(argv[0], argv.data());
       ::_exit(127);
     }
