@@ -25,6 +25,8 @@ uint64_t one_size(const std::string& text) {
   return v[0];
 }
 
+const CLI::IsMember kGrants({"auto", "windows", "registrations", "regions"});
+
 }  // namespace
 }  // namespace ferry::bench
 
@@ -40,8 +42,9 @@ int main(int argc, char** argv) {
   s->add_option("--threads", serve.threads, "io_context threads")->capture_default_str();
   s->add_flag("--busy-poll", serve.busy_poll, "Poll RDMA completion queues");
   s->add_option("--max-requests", serve.max_requests, "Requests one peer may have served at once");
-  bool no_windows = false;
-  s->add_flag("--no-memory-windows", no_windows, "RDMA grants with region rkeys, no windows");
+  s->add_option("--grants", serve.grants, "RDMA grants: ContextOptions::rdma_grants")
+      ->check(kGrants)
+      ->capture_default_str();
   std::string chunk = "0";
   s->add_option("--tcp-chunk", chunk, "TCP data channel chunk size (0: the default)");
 
@@ -84,8 +87,9 @@ int main(int argc, char** argv) {
   r->add_option("--tensors", reg.tensors, "Separate tensors (0: skip)")->capture_default_str();
   r->add_option("--tensor-bytes", tensor_bytes, "Bytes per tensor")->capture_default_str();
   r->add_option("--inflight", reg.inflight, "Fetches in flight")->capture_default_str();
-  bool reg_no_windows = false;
-  r->add_flag("--no-memory-windows", reg_no_windows, "RDMA grants with region rkeys");
+  r->add_option("--grants", reg.grants, "The owner's ContextOptions::rdma_grants")
+      ->check(kGrants)
+      ->capture_default_str();
 
   ScaleArgs scale;
   std::string scale_size = "64K";
@@ -124,7 +128,6 @@ int main(int argc, char** argv) {
     app.parse(argc, argv);
     if (*s) {
       if (chunk != "0") serve.tcp_chunk_bytes = one_size(chunk);
-      serve.memory_windows = !no_windows;
       return run_serve(serve);
     }
     if (*f) {
@@ -140,7 +143,6 @@ int main(int argc, char** argv) {
     if (*r) {
       reg.view_bytes = one_size(view_bytes);
       reg.tensor_bytes = one_size(tensor_bytes);
-      reg.memory_windows = !reg_no_windows;
       return run_registration(reg);
     }
     if (*sc) {

@@ -31,7 +31,7 @@ int run_case(const RegistrationArgs& args, const char* name, uint64_t count, uin
              bool views) {
   ContextOptions options;
   options.name = "bench-owner";
-  options.rdma_memory_windows = args.memory_windows;
+  options.rdma_grants = parse_rdma_grants(args.grants).value_or(RdmaGrants::automatic);
   auto owner = Context::create(options);
   if (!owner) return std::fprintf(stderr, "registration: %s\n", owner.error().message().c_str()), 1;
   auto port = (*owner)->listen(args.host + ":0");
@@ -118,7 +118,7 @@ int run_case(const RegistrationArgs& args, const char* name, uint64_t count, uin
       .add("bench", "registration")
       .add("case", name)
       .add("transport", peer->transport())
-      .add("memory_windows", args.memory_windows ? 1 : 0)
+      .add("grants", args.grants)
       .add("count", count)
       .add("bytes", bytes)
       .add("alloc_s", alloc_s)

@@ -19,7 +19,7 @@ struct RegistrationArgs {
   uint64_t tensors = 1000;
   uint64_t tensor_bytes = 2 * 1024 * 1024;
   int inflight = 16;
-  bool memory_windows = true;  // ContextOptions::rdma_memory_windows (owner side)
+  std::string grants = "auto";  // the owner's ContextOptions::rdma_grants (parse_rdma_grants)
 };
 
 // Prints one JSON line per case; returns an exit code.

@@ -380,20 +380,19 @@ def suite_rdma(b, sizes, reps):
                 lat.append(("ferry over TCP", lambda: b.ferry(
                     "rdma", "lat", size, rep, 1, host, {"FERRY_TRANSPORT": "tcp"}, "ferry-tcp")))
                 lat.append(("raw pingpong", lambda: b.pingpong(size, rep, host, "rdma")))
-                # What per-grant memory windows cost: the owner grants region rkeys instead.
-                lat.append(("ferry no windows", lambda: b.ferry(
-                    "rdma", "lat", size, rep, 1, host, env, "ferry-nomw",
-                    serve_extra=["--no-memory-windows"])))
+                # What per-peer grants cost (on rxe: a registration per grant): the owner
+                # grants region rkeys instead.
+                lat.append(("ferry regions", lambda: b.ferry(
+                    "rdma", "lat", size, rep, 1, host, env, "ferry-regions",
+                    serve_extra=["--grants", "regions"])))
             for what, fn in rotate(bw, rep) + rotate(lat, rep):
                 b.guarded(what, fn)
 
 
-def suite_registration(b, host, env, quick, windows=True):
+def suite_registration(b, host, env, quick, grants="auto"):
     views, tensors = (1000, 100) if quick else (10000, 1000)
     argv = [b.fb, "registration", "--host", host, "--views", str(views), "--tensors",
-            str(tensors)]
-    if not windows:
-        argv.append("--no-memory-windows")
+            str(tensors), "--grants", grants]
     p = Proc(argv, env=env)
     rc, out, err, _ = p.wait(240 if quick else 1200)
     if rc != 0:
@@ -598,7 +597,7 @@ PEERS = {
     ("tcp", "bw"): ["iperf3", "ucx-tag_bw", "ucx-ucp_get", "qperf"],
     ("tcp", "lat"): ["raw-pingpong", "sockperf", "qperf-rtt"],
     ("rdma", "bw"): ["ib_read_bw"],
-    ("rdma", "lat"): ["ib_read_lat", "ferry-busypoll", "ferry-nomw", "ferry-tcp", "raw-pingpong"],
+    ("rdma", "lat"): ["ib_read_lat", "ferry-busypoll", "ferry-regions", "ferry-tcp", "raw-pingpong"],
 }
 
 
@@ -716,8 +715,8 @@ def targets(samples):
         if s.get("suite") == "registration" and s.get("case") == "views":
             r = s["raw"]
             ms = r["registration_s"] * 1e3
-            out.append(f"  {r['count']} x {human(r['bytes'])} views ({r['transport']}"
-                       f"{', windows' if r.get('memory_windows') and r['transport'] == 'RDMA' else ''}) "
+            grants = f", {grant_label(r)}" if r["transport"] == "RDMA" else ""
+            out.append(f"  {r['count']} x {human(r['bytes'])} views ({r['transport']}{grants}) "
                        f"registered in {ms:.1f} ms (target < 100 ms): {verdict(ms < 100)}")
     for size in sorted(medians(samples, "allreduce", "bw", "ferry", "busbw_gbps")):
         if size < MIB:
@@ -769,6 +768,15 @@ def allreduce_table(samples):
     return lines
 
 
+def grant_label(raw):
+    """How a registration sample's owner granted RDMA reads (samples before --grants said
+    memory_windows 0/1; their default on rxe was region rkeys)."""
+    grants = raw.get("grants") or ("windows" if raw.get("memory_windows") else "regions")
+    if grants == "auto":
+        grants = "auto: registrations on rxe"
+    return f"grants {grants}"
+
+
 def other_tables(samples):
     lines = []
     reg = [s for s in samples if s.get("suite") == "registration"]
@@ -787,7 +795,7 @@ def other_tables(samples):
             fc = (r.get("fetcher_counters") or {}).get("registrations", "-")
             name = f"{r['count']} x {human(r['bytes'])} {r['case']}"
             if r["transport"] == "RDMA":
-                name += " (windows)" if r.get("memory_windows") else " (rkeys)"
+                name += f" ({grant_label(r)})"
             lines.append(f"{name:>26} {r['transport']:>9} {r['put_s'] * 1e3:8.1f} "
                          f"{r['registration_s'] * 1e3:8.1f} {r['pass1_s']:8.2f} "
                          f"{r['pass2_s']:8.2f} {r['pass2_gbps']:6.2f} {oc:>10} {fc:>12} "
@@ -954,10 +962,12 @@ def guest_part(b, args):
     host = os.environ["FERRY_RDMA_PEER_IP"]
     env = {"FERRY_TRANSPORT": "rdma"}
     if "registration" in args.suites:
-        # Views of one registration granted through memory windows, 16 fetches in flight, hang
-        # on rxe (bench/README.md): by default the guest registers with region rkeys.
-        b.guarded("registration (RDMA)", lambda: suite_registration(
-            b, host, env, args.quick, args.registration_windows))
+        # Each grant mode the owner is asked to use: the default (per-grant registrations on
+        # rxe) and region rkeys (one registration for all views). Windows hang on rxe
+        # (bench/README.md): only when asked for.
+        for grants in args.registration_grants.split(","):
+            b.guarded(f"registration (RDMA, grants {grants})", lambda: suite_registration(
+                b, host, env, args.quick, grants))
     if "misc" in args.suites:
         b.guarded("idle (RDMA)", lambda: suite_misc(b, host, env, "rdma"))
 
@@ -978,8 +988,9 @@ def main():
     ap.add_argument("--allreduce-calls", type=int, default=None,
                     help="timed allreduce calls per size in each run (default 20, quick 10)")
     ap.add_argument("--guest-mem", type=int, default=6144, help="MiB for the soft-RoCE guest")
-    ap.add_argument("--registration-windows", action="store_true",
-                    help="RDMA registration benchmark with memory windows (hangs on rxe today)")
+    ap.add_argument("--registration-grants", default="auto,regions",
+                    help="owner's grant modes for the RDMA registration benchmark, comma-separated "
+                         "(auto, windows, registrations, regions; windows hang on rxe today)")
     ap.add_argument("--report-only", action="store_true",
                     help="no measuring: table and plots again from --out's samples.json")
     ap.add_argument("--inside-guest", action="store_true", help=argparse.SUPPRESS)
@@ -1038,8 +1049,7 @@ def main():
                 "--inside-guest", "--ferry-bench", b.fb, "--out", out_dir,
                 "--reps", str(args.reps), "--seconds", str(args.seconds),
                 "--lat-iters", str(args.lat_iters), "--suites", ",".join(args.suites)]
-        if args.registration_windows:
-            argv.append("--registration-windows")
+        argv += ["--registration-grants", args.registration_grants]
         if args.sizes:
             argv += ["--sizes", ",".join(map(str, args.sizes))]
         if args.quick:

@@ -32,7 +32,7 @@ int run_serve(const ServeArgs& args) {
   options.threads = args.threads;
   options.busy_poll = args.busy_poll;
   if (args.max_requests) options.max_requests_per_peer = args.max_requests;
-  options.rdma_memory_windows = args.memory_windows;
+  options.rdma_grants = parse_rdma_grants(args.grants).value_or(RdmaGrants::automatic);
   if (args.tcp_chunk_bytes) options.tcp_chunk_bytes = args.tcp_chunk_bytes;
   auto ctx = Context::create(options);
   if (!ctx) {

@@ -336,10 +336,35 @@ void Context::Impl::read_greeting(const std::shared_ptr<Greeting>& g) {
 
 // ---------------------------------------------------------------- Context
 
-std::optional<bool> ContextOptions::default_memory_windows() {
-  const char* v = std::getenv("FERRY_RDMA_MEMORY_WINDOWS");
-  if (!v || !*v) return std::nullopt;
-  return std::string_view(v) != "0";
+namespace {
+constexpr std::pair<RdmaGrants, const char*> kGrantNames[] = {
+    {RdmaGrants::automatic, "auto"},
+    {RdmaGrants::windows, "windows"},
+    {RdmaGrants::registrations, "registrations"},
+    {RdmaGrants::regions, "regions"},
+};
+}  // namespace
+
+std::optional<RdmaGrants> parse_rdma_grants(std::string_view text) {
+  for (const auto& [grants, name] : kGrantNames) {
+    if (text == name) return grants;
+  }
+  return std::nullopt;
+}
+
+const char* to_string(RdmaGrants grants) {
+  for (const auto& [g, name] : kGrantNames) {
+    if (g == grants) return name;
+  }
+  return "?";
+}
+
+RdmaGrants ContextOptions::default_rdma_grants() {
+  const char* v = std::getenv("FERRY_RDMA_GRANTS");
+  if (!v || !*v) return RdmaGrants::automatic;
+  if (auto g = parse_rdma_grants(v)) return *g;
+  FERRY_LOG_WARN("FERRY_RDMA_GRANTS={} is not auto, windows, registrations or regions: auto", v);
+  return RdmaGrants::automatic;
 }
 
 std::string ContextOptions::default_secret() {

@@ -39,6 +39,29 @@ struct TlsOptions {
   static TlsOptions from_environment();
 };
 
+// What an RDMA grant (the rkey an owner sends a fetcher) opens. Both per-peer modes give a grant
+// to one peer (its queue pair), over exactly the granted range, for one lease: another peer's,
+// an expired, a forged or an out-of-range rkey gets a remote access error (docs/security.md).
+enum class RdmaGrants {
+  // windows on devices that have type-2 memory windows and are not soft-RoCE; registrations
+  // elsewhere (rxe's windows stall READs under load and are not range-checked).
+  automatic,
+  // Owner memory is registered once, without remote access; each grant binds a type-2 window
+  // over the range to the fetcher's queue pair (one bind work request per tensor). A device
+  // without windows uses registrations instead (logged).
+  windows,
+  // Each peer's queue pair has its own protection domain; each grant registers exactly the
+  // range there (one ibv_reg_mr per tensor per grant, deregistered when the lease ends).
+  registrations,
+  // Weaker, for speed: owner memory is registered once with remote read access and its rkey is
+  // valid for every peer, over the whole registration, until the object is collected (logged).
+  regions,
+};
+
+// "auto", "windows", "registrations", "regions"; nullopt for anything else.
+std::optional<RdmaGrants> parse_rdma_grants(std::string_view text);
+const char* to_string(RdmaGrants grants);
+
 struct ContextOptions {
   std::string name = "ferry";           // shown to peers and in logs
   int threads = 1;                      // threads running the io_context
@@ -54,16 +77,11 @@ struct ContextOptions {
   std::chrono::milliseconds peer_timeout{10000};   // silence after which a peer is declared dead
   size_t tcp_chunk_bytes = 1u << 20;               // TCP data channel: bytes per chunk
   std::chrono::milliseconds lease_timeout{60000};  // one-sided grants: pin held at most this long
-  bool busy_poll = false;  // RDMA: poll the completion queue instead of sleeping on its channel
-                           // RDMA: per-peer grants. Owner memory is registered without remote
-                           // access and each grant
-  // binds a type-2 memory window to the fetcher's queue pair over exactly the granted range,
-  // invalidated when the lease ends. Devices without windows fall back to region rkeys (a
-  // warning says so); false forces that fallback (one bind fewer per grant, weaker isolation).
-  // Unset (the default; $FERRY_RDMA_MEMORY_WINDOWS=1 or 0 sets it): on for RDMA NICs, off for
-  // soft-RoCE (rxe), whose windows stall READs under load and are not range-checked
-  // (docs/rdma.md); a log line says so.
-  std::optional<bool> rdma_memory_windows = default_memory_windows();
+  // RDMA: poll the completion queue instead of sleeping on its channel.
+  bool busy_poll = false;
+  // RDMA: how one-sided grants open owner memory to a peer (see RdmaGrants); default from
+  // $FERRY_RDMA_GRANTS (auto|windows|registrations|regions).
+  RdmaGrants rdma_grants = default_rdma_grants();
   // Shared secret for the metadata channel (default: $FERRY_SECRET). When set, both sides prove
   // knowledge of it (HMAC-SHA256 challenge-response; it is never sent) before anything else;
   // a peer without it, or with another, is refused with errc::auth_failed.
@@ -77,7 +95,7 @@ struct ContextOptions {
   // built-in "RDMA" and "TCP").
   static std::string default_transport();
   static std::string default_secret();
-  static std::optional<bool> default_memory_windows();
+  static RdmaGrants default_rdma_grants();
 };
 
 struct PutOptions {

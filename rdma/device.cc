@@ -5,22 +5,75 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 
+#include "net/errors.h"
 #include "net/log.h"
 
 namespace ferry::rdma {
 
+namespace {
+
+// Owner registrations' access. With windows they open nothing remotely by themselves: only a
+// window bound to one peer's queue pair, over one granted range, opens memory to READs. With
+// per-grant registrations the cache serves no owner memory at all.
+int remote_access(RdmaGrants grants) {
+  switch (grants) {
+    case RdmaGrants::windows:
+      return IBV_ACCESS_MW_BIND;
+    case RdmaGrants::regions:
+      return IBV_ACCESS_REMOTE_READ;
+    default:
+      return 0;
+  }
+}
+
+// The grant mode a device uses for `requested` (never automatic); logs what it chose when that
+// is not what was asked for, or is weaker than per-peer.
+RdmaGrants resolve_grants(RdmaGrants requested, const std::string& name,
+                          const ibv_device_attr& attr) {
+  // Soft-RoCE (rxe: vendor id 0xffffff) stalls READs through memory windows under load and
+  // checks window accesses against the registration's range, not the window's.
+  const bool soft = attr.vendor_id == 0xffffff || name.rfind("rxe", 0) == 0;
+  const bool has_windows = (attr.device_cap_flags & IBV_DEVICE_MEM_WINDOW_TYPE_2B) != 0;
+  switch (requested) {
+    case RdmaGrants::automatic:
+      if (has_windows && !soft) return RdmaGrants::windows;
+      FERRY_LOG_INFO(
+          "rdma: {}{}: grants are registrations per grant, in each peer's own "
+          "protection domain",
+          name, soft ? " is soft-RoCE" : " has no type-2 memory windows");
+      return RdmaGrants::registrations;
+    case RdmaGrants::windows:
+      if (has_windows) return RdmaGrants::windows;
+      FERRY_LOG_WARN(
+          "rdma: {} has no type-2 memory windows: grants are registrations per "
+          "grant instead",
+          name);
+      return RdmaGrants::registrations;
+    case RdmaGrants::regions:
+      FERRY_LOG_WARN(
+          "rdma: {}: grants are region rkeys, which any peer connected to this "
+          "process can use while the region is registered (docs/security.md)",
+          name);
+      return RdmaGrants::regions;
+    case RdmaGrants::registrations:
+      break;
+  }
+  return RdmaGrants::registrations;
+}
+
+}  // namespace
+
 Device::Device(std::string name, ContextHandle ctx, PdHandle pd, const ibv_device_attr& attr,
-               bool memory_windows)
+               RdmaGrants grants)
     : name_(std::move(name)),
       ctx_(std::move(ctx)),
       pd_(std::move(pd)),
       attr_(attr),
-      memory_windows_(memory_windows),
-      // With windows, owner registrations grant nothing remotely by themselves: only a window
-      // bound to one peer's queue pair, over one granted range, opens memory to READs.
-      remote_cache_(pd_.get(), memory_windows ? IBV_ACCESS_MW_BIND : IBV_ACCESS_REMOTE_READ),
+      grants_(grants),
+      remote_cache_(pd_.get(), remote_access(grants)),
       local_cache_(pd_.get(), IBV_ACCESS_LOCAL_WRITE) {}
 
 Device::~Device() {
@@ -78,10 +131,38 @@ MwHandle Device::alloc_window() {
   return mw;
 }
 
-QpHandle Device::create_qp(ibv_qp_init_attr& init) {
-  QpHandle qp(ibv_create_qp(pd_.get(), &init), QpDeleter{queue_pairs_live_});
+QpHandle Device::create_qp(ibv_pd* pd, ibv_qp_init_attr& init) {
+  QpHandle qp(ibv_create_qp(pd, &init), QpDeleter{queue_pairs_live_});
   if (qp) queue_pairs_live_->fetch_add(1, std::memory_order_relaxed);
   return qp;
+}
+
+PdHandle Device::alloc_pd() { return PdHandle(ibv_alloc_pd(ctx_.get())); }
+
+Result<GrantMrHandle> Device::register_grant(ibv_pd* pd, const void* addr, size_t len) {
+  const auto t0 = std::chrono::steady_clock::now();
+  GrantMrHandle mr(ibv_reg_mr(pd, const_cast<void*>(addr), len, IBV_ACCESS_REMOTE_READ),
+                   GrantMrDeleter{grant_mrs_live_});
+  const auto took = std::chrono::steady_clock::now() - t0;
+  if (!mr) {
+    FERRY_LOG_WARN("rdma: {}: registering {} granted bytes failed: {}", name_, len,
+                   last_errno().message());
+    return make_error_code(errc::device_error);
+  }
+  grant_mrs_live_->fetch_add(1, std::memory_order_relaxed);
+  grant_registrations_.fetch_add(1, std::memory_order_relaxed);
+  grant_registration_ns_.fetch_add(
+      static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(took).count()),
+      std::memory_order_relaxed);
+  return mr;
+}
+
+Device::GrantCounters Device::grant_counters() const {
+  GrantCounters c;
+  c.registrations = grant_registrations_.load(std::memory_order_relaxed);
+  c.registration_ns = grant_registration_ns_.load(std::memory_order_relaxed);
+  c.live = grant_mrs_live_->load(std::memory_order_relaxed);
+  return c;
 }
 
 const Address* Device::find(const std::string& ip) const {
@@ -91,7 +172,7 @@ const Address* Device::find(const std::string& ip) const {
   return nullptr;
 }
 
-std::vector<std::shared_ptr<Device>> Device::open_all(std::optional<bool> requested) {
+std::vector<std::shared_ptr<Device>> Device::open_all(RdmaGrants requested) {
   std::vector<std::shared_ptr<Device>> out;
   int n = 0;
   std::unique_ptr<ibv_device*, decltype(&ibv_free_device_list)> list(ibv_get_device_list(&n),
@@ -111,25 +192,8 @@ std::vector<std::shared_ptr<Device>> Device::open_all(std::optional<bool> reques
     }
     ibv_device_attr attr{};
     if (ibv_query_device(ctx.get(), &attr) != 0) continue;
-    // Soft-RoCE (rxe: vendor id 0xffffff) stalls READs through memory windows under load and
-    // checks window accesses against the registration's range: off there unless asked for.
-    const bool soft = attr.vendor_id == 0xffffff || name.rfind("rxe", 0) == 0;
-    const bool memory_windows = requested.value_or(!soft);
-    if (!requested && soft) {
-      FERRY_LOG_INFO(
-          "rdma: {} is soft-RoCE: grants use region rkeys, not memory windows (set "
-          "ContextOptions::rdma_memory_windows or FERRY_RDMA_MEMORY_WINDOWS=1 to use them)",
-          name);
-    }
-    const bool windows =
-        memory_windows && (attr.device_cap_flags & IBV_DEVICE_MEM_WINDOW_TYPE_2B) != 0;
-    if (memory_windows && !windows) {
-      FERRY_LOG_WARN(
-          "rdma: {} has no type-2 memory windows: grants use region rkeys, which any peer "
-          "connected to this process can use while the region is registered (docs/security.md)",
-          name);
-    }
-    std::shared_ptr<Device> dev(new Device(name, std::move(ctx), std::move(pd), attr, windows));
+    const RdmaGrants grants = resolve_grants(requested, name, attr);
+    std::shared_ptr<Device> dev(new Device(name, std::move(ctx), std::move(pd), attr, grants));
     dev->watch_async_events();
     for (uint8_t port = 1; port <= dev->attr_.phys_port_cnt; ++port) {
       ibv_port_attr pa{};

@@ -41,17 +41,27 @@ RdmaChannel::RdmaChannel(std::shared_ptr<Device> device, Address address,
       safety_timer_(strand_.get_inner_executor()) {}
 
 RdmaChannel::~RdmaChannel() {
-  // Order matters: the QP before its CQ, every CQ event acked before the CQ goes, and the
-  // completion channel's fd is the channel's to close, not Asio's.
+  // Order matters: grant registrations and windows before the QP and its PD, the QP before its
+  // CQ and PD, every CQ event acked before the CQ goes, and the completion channel's fd is the
+  // channel's to close, not Asio's.
+  leases_.clear();
+  retired_.clear();
   qp_.reset();
   if (cq_ && unacked_events_) ibv_ack_cq_events(cq_.get(), unacked_events_);
   cq_.reset();
   if (cq_fd_.is_open()) cq_fd_.release();
   comp_channel_.reset();
+  own_pd_.reset();
 }
 
-std::error_code RdmaChannel::init() {
+std::error_code RdmaChannel::init(bool serves) {
   ibv_context* ctx = device_->context();
+  pd_ = device_->pd();
+  if (serves && device_->grants() == RdmaGrants::registrations) {
+    own_pd_ = device_->alloc_pd();
+    if (!own_pd_) return last_errno();
+    pd_ = own_pd_.get();
+  }
   const auto& attr = device_->attr();
   sq_depth_ = static_cast<uint32_t>(std::min(256, attr.max_qp_wr));
   max_rd_ = static_cast<uint32_t>(std::clamp(attr.max_qp_rd_atom, 1, 16));
@@ -69,7 +79,7 @@ std::error_code RdmaChannel::init() {
   init.cap.max_recv_wr = 1;
   init.cap.max_send_sge = 1;
   init.cap.max_recv_sge = 1;
-  qp_ = device_->create_qp(init);
+  qp_ = device_->create_qp(pd_, init);
   if (!qp_) return last_errno();
   ibv_qp_attr a{};
   a.qp_state = IBV_QPS_INIT;
@@ -417,7 +427,17 @@ void RdmaChannel::grant(uint64_t request_id, ObjectStore::Pin pin,
           FERRY_LOG_WARN("rdma: lease for request {} expired", request_id);
         }
       }));
-  if (!device_->memory_windows()) {
+  if (device_->grants() == RdmaGrants::registrations) {
+    lease.grant = std::move(grant);
+    const bool registered = register_segments(lease);
+    auto& held = leases_[request_id] = std::move(lease);
+    if (!registered) {
+      end_lease(request_id, make_error_code(errc::device_error));
+      return;
+    }
+    return send_grant(request_id, held.grant);
+  }
+  if (device_->grants() != RdmaGrants::windows) {
     leases_[request_id] = std::move(lease);
     return send_grant(request_id, grant);
   }
@@ -438,6 +458,18 @@ void RdmaChannel::grant(uint64_t request_id, ObjectStore::Pin pin,
   leases_[request_id] = std::move(lease);
   binds_waiting_.push_back(request_id);
   post_binds();
+}
+
+bool RdmaChannel::register_segments(Lease& lease) {
+  for (auto& seg : *lease.grant.mutable_segments()) {
+    if (seg.length() == 0) continue;
+    auto mr = device_->register_grant(pd_, reinterpret_cast<const void*>(seg.addr()),
+                                      static_cast<size_t>(seg.length()));
+    if (!mr) return false;
+    seg.set_rkey((*mr)->rkey);
+    lease.registrations.push_back(std::move(*mr));
+  }
+  return true;
 }
 
 void RdmaChannel::post_binds() {
@@ -517,12 +549,14 @@ bool RdmaChannel::end_lease(uint64_t request_id, std::error_code ec) {
   auto lease = std::move(it->second);
   leases_.erase(it);
   lease.timer->cancel();
-  // Windows go first (deallocating one invalidates its rkey), then the pin. A window whose bind
-  // is still in flight is kept until that bind completes.
+  // Windows and grant registrations go first (deallocating or deregistering invalidates the
+  // rkey), then the pin. A window whose bind is still in flight is kept until that bind
+  // completes.
   if (lease.binding > 0) {
     retired_[request_id] = Retired{lease.binding, std::move(lease.windows)};
   }
   lease.windows.clear();
+  lease.registrations.clear();
   lease.pin.reset();  // the object may be collected now; its registration goes with it
   if (lease.done) lease.done(ec);
   return true;

@@ -53,8 +53,10 @@ class RdmaChannel final : public TransportChannel,
               ChannelOptions options);
   ~RdmaChannel() override;
 
-  // Creates the CQ (with its completion channel) and the QP, in INIT.
-  std::error_code init();
+  // Creates the CQ (with its completion channel) and the QP, in INIT. `serves`: this side
+  // answers the peer's fetches (the session's acceptor); with per-grant registrations its QP
+  // then lives in a protection domain of its own, where only this peer's grants are registered.
+  std::error_code init(bool serves);
   wire::QpInfo local_info() const;
   // RTR then RTS against the peer's QP, and starts watching the CQ. Strand.
   std::error_code connect(const wire::QpInfo& remote);
@@ -68,10 +70,12 @@ class RdmaChannel final : public TransportChannel,
   bool abort_fetch(uint64_t request_id);
 
   // Owner side. Strand.
-  // Pins the object for the lease and sends `grant` (one segment per tensor, region rkeys
-  // filled in). With memory windows, first binds one window per segment to this queue pair and
-  // puts the windows' rkeys in the grant: the peer can READ only the granted ranges, only over
-  // this queue pair, only until the lease ends. `done` runs once, when the lease ends.
+  // Pins the object for the lease and sends `grant` (one segment per tensor; region rkeys
+  // filled in with region grants). With memory windows, first binds one window per segment to
+  // this queue pair; with per-grant registrations, registers each segment in this queue pair's
+  // protection domain; either way the grant carries their rkeys: the peer can READ only the
+  // granted ranges, only over this queue pair, only until the lease ends. `done` runs once,
+  // when the lease ends (with device_error, at once, when a window or registration fails).
   void grant(uint64_t request_id, ObjectStore::Pin pin,
              std::vector<std::shared_ptr<Region>> regions, wire::Grant grant, SendDone done);
   // Ends a lease (release, abort, timeout); false if there was none.
@@ -107,6 +111,7 @@ class RdmaChannel final : public TransportChannel,
     std::vector<std::shared_ptr<Region>> regions;  // per segment; null for empty tensors
     wire::Grant grant;                             // sent once every window is bound
     std::vector<MwHandle> windows;                 // per segment (null: nothing to bind)
+    std::vector<GrantMrHandle> registrations;      // per-grant registrations, if any
     size_t next_bind = 0;                          // segments whose bind is posted
     uint32_t binding = 0;                          // binds posted, not yet completed
   };
@@ -129,6 +134,9 @@ class RdmaChannel final : public TransportChannel,
   void post_binds();
   void on_bound(uint64_t request_id);
   void send_grant(uint64_t request_id, const wire::Grant& grant);
+  // Registers each segment of `lease.grant` in pd_ and puts the rkeys in it; false (logged) if
+  // one fails.
+  bool register_segments(Lease& lease);
   // A completion error or a failed post: the QP is unusable. Fails this channel's fetches and
   // leases and has the session drop it (the next fetch sets up a new one).
   void fail(std::error_code ec);
@@ -140,6 +148,8 @@ class RdmaChannel final : public TransportChannel,
   PeerStrand strand_;
   ChannelOptions options_;
 
+  PdHandle own_pd_;       // see init(): null when the QP is in the device's PD
+  ibv_pd* pd_ = nullptr;  // the QP's
   CompChannelHandle comp_channel_;
   CqHandle cq_;
   QpHandle qp_;

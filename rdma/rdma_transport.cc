@@ -65,7 +65,7 @@ void RdmaTransport::async_open_channel(std::shared_ptr<PeerLink> link, ChannelOp
   auto [device, address] = local_address(link->info());
   if (!device) return done(make_error_code(errc::transport_unavailable), nullptr);
   auto channel = std::make_shared<RdmaChannel>(device, *address, link, channel_options_);
-  if (auto ec = channel->init()) {
+  if (auto ec = channel->init(/*serves=*/false)) {
     FERRY_LOG_WARN("rdma: cannot create a queue pair on {}: {}", device->name(), ec.message());
     return done(make_error_code(errc::device_error), nullptr);
   }
@@ -99,7 +99,7 @@ void RdmaTransport::on_connect(PeerLink& link, const wire::QpInfo& remote) {
   }
   auto channel =
       std::make_shared<RdmaChannel>(device, *address, link.shared_link(), channel_options_);
-  std::error_code ec = channel->init();
+  std::error_code ec = channel->init(/*serves=*/true);
   if (!ec) ec = channel->connect(remote);
   if (ec || !link.install_channel(kTransportName, channel)) {
     FERRY_LOG_WARN("rdma: cannot set up a queue pair for peer '{}': {}", link.info().name,
@@ -212,7 +212,12 @@ void RdmaTransport::send_multiple(PeerLink& link, uint64_t request_id, ObjectSto
                                   SendDone done) {
   auto ch = channel_of(link);
   if (!ch) return done(make_error_code(errc::transport_unavailable));
-  auto regions = object_regions(ch->device(), object.object());
+  // With per-grant registrations the channel registers the granted ranges itself.
+  Result<std::vector<std::shared_ptr<Region>>> regions(
+      std::vector<std::shared_ptr<Region>>(object.object().tensors.size()));
+  if (ch->device().grants() != RdmaGrants::registrations) {
+    regions = object_regions(ch->device(), object.object());
+  }
   if (!regions) return done(regions.error());
   wire::Message m;
   auto* grant = m.mutable_grant();
@@ -259,6 +264,11 @@ RegistrationCounters RdmaTransport::counters() const {
       total.hits += c.hits;
       total.live += c.live;
     }
+    const auto g = dev->grant_counters();
+    total.registrations += g.registrations;
+    total.registration_ns += g.registration_ns;
+    total.deregistrations += g.registrations - g.live;
+    total.live += g.live;
     total.windows += dev->windows_live();
     total.queue_pairs += dev->queue_pairs_live();
   }
@@ -291,7 +301,7 @@ bool register_rdma_transport() {
     auto ec = register_transport(
         kTransportName, {"cpu"},
         [](const TransportEnv& env) -> Result<std::shared_ptr<TransportManager>> {
-          auto devices = Device::open_all(env.options.rdma_memory_windows);
+          auto devices = Device::open_all(env.options.rdma_grants);
           if (devices.empty()) return make_error_code(errc::device_error);
           return std::shared_ptr<TransportManager>(
               std::make_shared<RdmaTransport>(env, std::move(devices)));

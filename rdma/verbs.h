@@ -60,6 +60,15 @@ struct MwDeleter {
   }
 };
 
+// Registrations made for one grant count themselves out of their device's gauge too.
+struct GrantMrDeleter {
+  Gauge live;
+  void operator()(ibv_mr* p) const {
+    ibv_dereg_mr(p);
+    if (live) live->fetch_sub(1, std::memory_order_relaxed);
+  }
+};
+
 using ContextHandle = std::unique_ptr<ibv_context, ContextDeleter>;
 using PdHandle = std::unique_ptr<ibv_pd, PdDeleter>;
 using MrHandle = std::unique_ptr<ibv_mr, MrDeleter>;
@@ -67,6 +76,7 @@ using CompChannelHandle = std::unique_ptr<ibv_comp_channel, CompChannelDeleter>;
 using CqHandle = std::unique_ptr<ibv_cq, CqDeleter>;
 using QpHandle = std::unique_ptr<ibv_qp, QpDeleter>;
 using MwHandle = std::unique_ptr<ibv_mw, MwDeleter>;
+using GrantMrHandle = std::unique_ptr<ibv_mr, GrantMrDeleter>;
 
 // Work-completion statuses as error codes (category "ibv_wc"); messages from
 // ibv_wc_status_str. Their failure scope is the peer: the queue pair is in error after one.

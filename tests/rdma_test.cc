@@ -111,8 +111,9 @@ TEST_F(Rdma, BusyPollModeMovesTheSameBytes) {
   EXPECT_TRUE(same_bytes(req.result().tensors[0], *bytes));
 }
 
+// The registration cache, with grants that use it (region rkeys; windows use it the same way).
 TEST_F(Rdma, TenThousandViewsOfOneAllocationCostOneRegistration) {
-  Server server;
+  Server server({.name = "owner", .rdma_grants = RdmaGrants::regions});
   Context client(client_options("client"));
   auto peer = connect_or_fail(client, server.address());
   constexpr size_t kViews = 10000;
@@ -265,8 +266,8 @@ TEST_F(Rdma, WaitingOnStuckReadsCostsNoCpuAndTheNextFetchReconnects) {
 // it as their region (one registration covers all); otherwise separate allocations, each
 // registered on its own.
 struct GrantFixture {
-  explicit GrantFixture(bool windows, bool shared_region = false)
-      : server(server_options(windows)) {
+  explicit GrantFixture(RdmaGrants grants, bool shared_region = false)
+      : server(server_options(grants)) {
     for (size_t i = 0; i < 3; ++i) {
       auto bytes = shared_region ? memory : make_pattern(kObject, 50 + i);
       auto view = shared_region ? object(i) : std::span<const std::byte>(*bytes);
@@ -278,10 +279,10 @@ struct GrantFixture {
       refs.push_back(*ref);
     }
   }
-  static ContextOptions server_options(bool windows) {
+  static ContextOptions server_options(RdmaGrants grants) {
     ContextOptions o;
     o.name = "owner";
-    o.rdma_memory_windows = windows;
+    o.rdma_grants = grants;
     return o;
   }
   std::span<const std::byte> object(size_t i) const {
@@ -294,6 +295,25 @@ struct GrantFixture {
   Server server;
   std::vector<ObjectRef> refs;
 };
+
+// Every lease of the fixture's owner ended: no window stays bound, no grant registration stays,
+// nothing stays pinned (the release that ends a lease is one-way: waited for).
+void expect_no_grant_left(GrantFixture& f) {
+  auto left = [&] {
+    auto c = rdma::registration_counters(f.server.ctx);
+    size_t pins = 0;
+    for (const auto& ref : f.refs) pins += f.server.ctx.store().counts(ref.object_id)->pins;
+    return c->windows + pins +
+           (f.server.ctx.options().rdma_grants == RdmaGrants::registrations ? c->live : 0);
+  };
+  for (int i = 0; i < 500 && left(); ++i) std::this_thread::sleep_for(10ms);
+  auto c = rdma::registration_counters(f.server.ctx);
+  EXPECT_EQ(c->windows, 0u);
+  if (f.server.ctx.options().rdma_grants == RdmaGrants::registrations) {
+    EXPECT_EQ(c->live, 0u);
+  }
+  for (const auto& ref : f.refs) EXPECT_EQ(f.server.ctx.store().counts(ref.object_id)->pins, 0u);
+}
 
 // The fetcher's READ came back with IBV_WC_REM_ACCESS_ERR (10): the owner's device refused it.
 bool is_remote_access_error(std::error_code ec) {
@@ -358,33 +378,40 @@ void read_past_the_grant(GrantFixture& f) {
               honest.bad.load());
   EXPECT_GT(honest.ok.load(), 0);
   EXPECT_EQ(honest.bad.load(), 0) << "the attacker disturbed another peer";
-  // Every lease ended: no window stays bound, nothing stays pinned.
-  for (int i = 0; i < 500 && rdma::registration_counters(f.server.ctx)->windows; ++i) {
-    std::this_thread::sleep_for(10ms);
-  }
-  EXPECT_EQ(rdma::registration_counters(f.server.ctx)->windows, 0u);
-  for (const auto& ref : f.refs) EXPECT_EQ(f.server.ctx.store().counts(ref.object_id)->pins, 0u);
+  expect_no_grant_left(f);
 }
 
 TEST_F(Rdma, AReadPastTheGrantIsARemoteAccessErrorAndOtherPeersCarryOn) {
-  GrantFixture f(true);
+  GrantFixture f(RdmaGrants::windows);
+  read_past_the_grant(f);
+}
+
+TEST_F(Rdma, AReadPastAGrantRegistrationIsARemoteAccessErrorAndOtherPeersCarryOn) {
+  GrantFixture f(RdmaGrants::registrations);
   read_past_the_grant(f);
 }
 
 // Views of one registered allocation: the bytes after the granted view are registered too, so
 // only the window's own bounds refuse the READ. rxe (Linux 6.1's rxe_resp.c) checks a window
 // access against the registration's range, not the window's: there the READ would succeed.
-TEST_F(Rdma, AReadOfTheNeighbouringViewIsARemoteAccessError) {
+TEST_F(Rdma, AReadOfTheNeighbouringViewThroughAWindowIsARemoteAccessError) {
   if (std::filesystem::exists("/sys/class/infiniband/rxe0")) {
     GTEST_SKIP() << "SKIPPED: rxe does not enforce memory-window bounds (it checks the "
-                    "underlying registration's range); needs an RDMA NIC";
+                    "underlying registration's range); needs an RDMA NIC (the same attack on "
+                    "grant registrations runs here)";
   }
-  GrantFixture f(true, /*shared_region=*/true);
+  GrantFixture f(RdmaGrants::windows, /*shared_region=*/true);
   read_past_the_grant(f);
 }
 
-TEST_F(Rdma, AnExpiredGrantReadsNothing) {
-  GrantFixture f(true);
+// The same on per-grant registrations (rxe's default): each grant registers exactly its view.
+TEST_F(Rdma, AReadOfTheNeighbouringViewOfAGrantRegistrationIsARemoteAccessError) {
+  GrantFixture f(RdmaGrants::registrations, /*shared_region=*/true);
+  read_past_the_grant(f);
+}
+
+void expired_grant_reads_nothing(RdmaGrants grants) {
+  GrantFixture f(grants);
   Context client(client_options("client"));
   auto peer = connect_or_fail(client, f.server.address());
   uint64_t old_addr = 0;
@@ -416,12 +443,19 @@ TEST_F(Rdma, AnExpiredGrantReadsNothing) {
   ec = forged.wait(60s);
   ASSERT_TRUE(ec) << "a forged rkey read the owner's memory";
   EXPECT_TRUE(is_remote_access_error(ec)) << ec.message();
+  expect_no_grant_left(f);
+}
+
+TEST_F(Rdma, AnExpiredWindowGrantReadsNothing) { expired_grant_reads_nothing(RdmaGrants::windows); }
+
+TEST_F(Rdma, AnExpiredGrantRegistrationReadsNothing) {
+  expired_grant_reads_nothing(RdmaGrants::registrations);
 }
 
 // Peer A holds a live grant (and never reads it); peer B replays A's address and rkey. The
 // result of B's fetch: its error, or none when the READ went through.
-std::error_code read_with_another_peers_grant(bool windows) {
-  GrantFixture f(windows);
+std::error_code read_with_another_peers_grant(RdmaGrants grants) {
+  GrantFixture f(grants);
   Context a(client_options("a")), b(client_options("b"));
   auto pa = connect_or_fail(a, f.server.address());
   auto pb = connect_or_fail(b, f.server.address());
@@ -448,19 +482,51 @@ std::error_code read_with_another_peers_grant(bool windows) {
   EXPECT_FALSE(held.done()) << "A's lease ended early: the test proves nothing";
   held.abort();
   EXPECT_NE(held.wait(60s), errc::timed_out);
+  expect_no_grant_left(f);
   return ec;
 }
 
-TEST_F(Rdma, AnotherPeersLiveGrantReadsNothing) {
-  auto ec = read_with_another_peers_grant(true);
+TEST_F(Rdma, AnotherPeersLiveWindowGrantReadsNothing) {
+  auto ec = read_with_another_peers_grant(RdmaGrants::windows);
   ASSERT_TRUE(ec) << "peer B read memory granted to peer A";
   EXPECT_TRUE(is_remote_access_error(ec)) << ec.message();
 }
 
-// What memory windows buy: with region rkeys (rdma_memory_windows = false, or a device without
-// windows), the same replay reads A's object. The test above is not vacuous.
-TEST_F(Rdma, WithoutMemoryWindowsAnotherPeersGrantIsReadable) {
-  EXPECT_FALSE(read_with_another_peers_grant(false));
+TEST_F(Rdma, AnotherPeersLiveGrantRegistrationReadsNothing) {
+  auto ec = read_with_another_peers_grant(RdmaGrants::registrations);
+  ASSERT_TRUE(ec) << "peer B read memory granted to peer A";
+  EXPECT_TRUE(is_remote_access_error(ec)) << ec.message();
+}
+
+// What per-peer grants buy: with region rkeys (RdmaGrants::regions) the same replay reads A's
+// object. The tests above are not vacuous.
+TEST_F(Rdma, WithRegionGrantsAnotherPeersGrantIsReadable) {
+  EXPECT_FALSE(read_with_another_peers_grant(RdmaGrants::regions));
+}
+
+// Per-grant registrations (the default on rxe) are made per fetch and gone with its lease.
+TEST_F(Rdma, GrantRegistrationsLastExactlyAsLongAsTheirLease) {
+  Server server({.name = "owner", .rdma_grants = RdmaGrants::registrations});
+  Context client(client_options("client"));
+  auto peer = connect_or_fail(client, server.address());
+  auto bytes = make_pattern(3u << 20, 5);
+  auto ref = server.put(bytes);
+  const auto before = *rdma::registration_counters(server.ctx);
+  EXPECT_EQ(before.registrations, 0u) << "a put registered owner memory";
+  for (int i = 0; i < 3; ++i) {
+    auto req = peer.fetch(ref);
+    ASSERT_FALSE(req.wait(60s));
+    EXPECT_TRUE(same_bytes(req.result().tensors[0], *bytes));
+  }
+  // The release that ends each lease is one-way: wait for the last to arrive.
+  for (int i = 0; i < 500 && rdma::registration_counters(server.ctx)->live; ++i) {
+    std::this_thread::sleep_for(10ms);
+  }
+  const auto after = *rdma::registration_counters(server.ctx);
+  EXPECT_EQ(after.registrations, 3u) << "one registration per grant";
+  EXPECT_EQ(after.deregistrations, 3u);
+  EXPECT_EQ(after.live, 0u) << "a lease ended and its registration stayed";
+  EXPECT_EQ(after.windows, 0u);
 }
 
 }  // namespace
