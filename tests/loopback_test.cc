@@ -122,7 +122,7 @@ TEST_F(Loopback, CallbackStyleCompletesOnceAndNeverInline) {
   std::promise<std::error_code> failed;
   initiating = true;
   peer.async_fetch(ref, {MutableBuffer(wrong)}, [&](boost::system::error_code ec, FetchResult) {
-    inline_call = initiating.load();
+    inline_call = initiating.load() && std::this_thread::get_id() == caller;
     failed.set_value(ec);
   });
   initiating = false;
