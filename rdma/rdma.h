@@ -19,12 +19,14 @@ inline constexpr const char* kRdmaTransportName = "RDMA";
 // Idempotent.
 bool register_rdma_transport();
 
+// Registrations include the per-grant ones of RdmaGrants::registrations (one per granted tensor
+// per grant, live while its lease is).
 struct RegistrationCounters {
   uint64_t registrations = 0;    // ibv_reg_mr calls
   uint64_t registration_ns = 0;  // time spent in them
   uint64_t deregistrations = 0;
   uint64_t hits = 0;         // buffers served by an existing registration
-  uint64_t live = 0;         // registered regions now
+  uint64_t live = 0;         // registrations now
   uint64_t windows = 0;      // memory windows allocated now (one per granted tensor while leased)
   uint64_t queue_pairs = 0;  // queue pairs that exist now (one per connected peer)
 };

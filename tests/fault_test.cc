@@ -80,6 +80,7 @@ void cut_and_restore(Context& client, const std::string& address, const ObjectRe
                      const std::function<void()>& restore, std::chrono::milliseconds outage) {
   auto peer = connect_or_fail(client, address);
   ASSERT_TRUE(peer.valid());
+  if (client.options().transport != "auto") EXPECT_EQ(peer.transport(), client.options().transport);
   auto warm = peer.fetch(ref);
   ASSERT_FALSE(warm.wait(30s));
   cut();
@@ -122,6 +123,7 @@ void cut_past_peer_timeout(const std::string& address, const ObjectRef& ref,
   restore();
   auto again = client.connect(address);
   ASSERT_TRUE(again.ok()) << again.error().message();
+  EXPECT_EQ(again->transport(), transport);
   auto req = again->fetch(ref);
   ASSERT_FALSE(req.wait(30s));
   EXPECT_TRUE(same_bytes(req.result().tensors[0], expected));
@@ -256,6 +258,29 @@ TEST_F(GuestTcpPath, ACutLongerThanThePeerTimeoutFailsTheSessionAndReconnectingW
   auto ref = server.put(bytes);
   cut_past_peer_timeout(
       server.address(), ref, *bytes, "TCP", [&] { netem("loss 100%"); }, [&] { clear(); });
+}
+
+// The same cuts with RDMA as the data channel: netem drops the metadata connection's packets
+// and the RoCE v2 ones alike.
+class GuestRdmaPath : public GuestTcpPath {};
+
+TEST_F(GuestRdmaPath, PendingFetchesKeepTheirDeadlinesAcrossACutAndNewOnesWorkAfter) {
+  Server server({.name = "owner"});
+  auto bytes = make_pattern(3000000, 72);
+  auto ref = server.put(bytes);
+  ContextOptions o = client_options("client");
+  o.transport = "RDMA";
+  Context client(o);
+  cut_and_restore(
+      client, server.address(), ref, *bytes, [&] { netem("loss 100%"); }, [&] { clear(); }, 2500ms);
+}
+
+TEST_F(GuestRdmaPath, ACutLongerThanThePeerTimeoutFailsTheSessionAndReconnectingWorks) {
+  Server server({.name = "owner"});
+  auto bytes = make_pattern(3000000, 73);
+  auto ref = server.put(bytes);
+  cut_past_peer_timeout(
+      server.address(), ref, *bytes, "RDMA", [&] { netem("loss 100%"); }, [&] { clear(); });
 }
 
 }  // namespace
