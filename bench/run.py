@@ -950,6 +950,9 @@ def report(samples, out_dir, meta):
     with open(os.path.join(out_dir, "report.txt"), "w") as f:
         f.write(text)
     print(text, flush=True)
+    import markdown  # the README's tables; imports this module, so not at the top
+    with open(os.path.join(out_dir, "tables.md"), "w") as f:
+        f.write(markdown.tables(samples, meta))
 
 
 # ---------------------------------------------------------------- main
