@@ -352,13 +352,6 @@ std::optional<RdmaGrants> parse_rdma_grants(std::string_view text) {
   return std::nullopt;
 }
 
-const char* to_string(RdmaGrants grants) {
-  for (const auto& [g, name] : kGrantNames) {
-    if (g == grants) return name;
-  }
-  return "?";
-}
-
 RdmaGrants ContextOptions::default_rdma_grants() {
   const char* v = std::getenv("FERRY_RDMA_GRANTS");
   if (!v || !*v) return RdmaGrants::automatic;

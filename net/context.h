@@ -60,7 +60,6 @@ enum class RdmaGrants {
 
 // "auto", "windows", "registrations", "regions"; nullopt for anything else.
 std::optional<RdmaGrants> parse_rdma_grants(std::string_view text);
-const char* to_string(RdmaGrants grants);
 
 struct ContextOptions {
   std::string name = "ferry";           // shown to peers and in logs
