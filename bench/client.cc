@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <thread>
 
 namespace ferry::bench {
 
@@ -112,6 +113,26 @@ void Window::on_done(int slot, int tries, Clock::time_point started, boost::syst
     return;
   }
   launch(slot, 0);
+}
+
+WindowCpu measure_window(Window& window, double seconds, pid_t server_pid,
+                         std::chrono::seconds drain_limit, const char* who,
+                         const std::function<void()>& at_end) {
+  const double server0 = server_pid ? process_cpu_seconds(server_pid) : -1;
+  const double client0 = self_cpu_seconds();
+  window.begin_measuring();
+  std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
+  WindowCpu cpu;
+  cpu.client_s = self_cpu_seconds() - client0;
+  if (server_pid) cpu.server_s = process_cpu_seconds(server_pid) - server0;
+  if (at_end) at_end();
+  if (!window.stop(drain_limit)) {
+    std::fprintf(stderr, "ferry-bench %s: fetches still in flight %lld s after the end\n", who,
+                 static_cast<long long>(drain_limit.count()));
+    std::fflush(stderr);
+    std::_Exit(1);
+  }
+  return cpu;
 }
 
 // ---------------------------------------------------------------- fetch_each

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -77,6 +78,20 @@ class Window {
   std::error_code error_;
   std::string transport_;
 };
+
+// CPU seconds a measured window cost this process and the server (-1 without its pid).
+struct WindowCpu {
+  double client_s = 0;
+  double server_s = -1;
+};
+
+// One measured stretch of a started window: begin_measuring(), `seconds`, the CPU taken (the
+// window only, not the drain after it), `at_end` run (it may sample more), then stop(). A window
+// that does not drain within `drain_limit` ends the process (its handlers reference it), with a
+// message naming `who`.
+WindowCpu measure_window(Window& window, double seconds, pid_t server_pid,
+                         std::chrono::seconds drain_limit, const char* who,
+                         const std::function<void()>& at_end = {});
 
 // Fetches refs[i] into targets[i] for every i, `inflight` at a time, from `peer`. A fetch that
 // fails while the peer's connection lives (its data channel broke: a queue pair that rxe left

@@ -64,20 +64,7 @@ int run_fetch(const FetchArgs& args) {
   Window window({*peer}, *ref, std::max(1, args.inflight), args.size, args.ferry_allocates);
   window.start();
   std::this_thread::sleep_for(std::chrono::duration<double>(args.warmup));
-  const double server_cpu0 = args.server_pid ? process_cpu_seconds(args.server_pid) : -1;
-  const double cpu0 = self_cpu_seconds();
-  window.begin_measuring();
-  std::this_thread::sleep_for(std::chrono::duration<double>(args.seconds));
-  // CPU over the window (the drain that follows is not in it, nor in the bytes).
-  const double cpu = self_cpu_seconds() - cpu0;
-  const double server_cpu =
-      args.server_pid ? process_cpu_seconds(args.server_pid) - server_cpu0 : -1;
-  const bool drained = window.stop(30s);
-  if (!drained) {
-    std::fprintf(stderr, "ferry-bench fetch: fetches still in flight 30 s after the end\n");
-    std::fflush(stderr);
-    std::_Exit(1);  // their handlers reference the window
-  }
+  const WindowCpu cpu = measure_window(window, args.seconds, args.server_pid, 30s, "fetch");
   if (window.error()) {
     std::fprintf(stderr, "ferry-bench fetch: %s\n", window.error().message().c_str());
     return 1;
@@ -100,10 +87,10 @@ int run_fetch(const FetchArgs& args) {
       .add("fetches_per_s", fetches / secs)
       .add("p50_us", quantile(lat, 0.5))
       .add("p99_us", quantile(lat, 0.99))
-      .add("cpu_client_s", cpu)
-      .add("cpu_server_s", server_cpu);
+      .add("cpu_client_s", cpu.client_s)
+      .add("cpu_server_s", cpu.server_s);
   if (bytes > 0) {
-    out.add("cpu_s_per_gb", (cpu + std::max(0.0, server_cpu)) / (bytes / 1e9));
+    out.add("cpu_s_per_gb", (cpu.client_s + std::max(0.0, cpu.server_s)) / (bytes / 1e9));
   }
   std::printf("%s\n", out.str().c_str());
   return 0;

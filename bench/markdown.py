@@ -5,17 +5,13 @@
 
 run.py writes RESULTS_DIR/tables.md with this after every run; the README's tables are pasted
 from it, so each number there comes from the run named above them. Medians of the
-repetitions; ratios are ferry / peer within each repetition, median [min-max] (run.py's).
+repetitions; ratios are ferry / peer within each repetition, median [min-max] (samples.py).
 """
 import json
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import run  # noqa: E402  (the statistics and labels of the report)
-
-KIB = 1024
-MIB = KIB * KIB
+from samples import KIB, MIB, better_allreduce_peer, grant_label, medians, paired_ratios
 
 
 def size_label(n):
@@ -35,12 +31,12 @@ def num(x):
 
 
 def med(samples, suite, metric, tool, key, size):
-    s = run.medians(samples, suite, metric, tool, key).get(size)
+    s = medians(samples, suite, metric, tool, key).get(size)
     return s["median"] if s else None
 
 
 def ratio(samples, suite, metric, peer, key, size):
-    r = run.paired_ratios(samples, suite, metric, peer, key, size)
+    r = paired_ratios(samples, suite, metric, peer, key, size)
     if not r:
         return ""
 
@@ -58,7 +54,7 @@ def header(names):
 
 
 def tcp_bw(s):
-    sizes = sorted(run.medians(s, "tcp", "bw", "ferry", "gbps"))
+    sizes = sorted(medians(s, "tcp", "bw", "ferry", "gbps"))
     out = header(["size", "ferry", "iperf3", "ferry / iperf3", "ucx tag_bw", "ferry / tag_bw",
                   "ucx ucp_get", "ferry / ucp_get", "ferry fetches/s, 512 in flight",
                   "ferry CPU s/GB (both sides)"])
@@ -76,7 +72,7 @@ def tcp_bw(s):
 
 
 def tcp_lat(s):
-    sizes = sorted(run.medians(s, "tcp", "lat", "ferry", "p50_us"))
+    sizes = sorted(medians(s, "tcp", "lat", "ferry", "p50_us"))
     out = header(["size", "ferry p50", "ferry p99", "raw ping-pong p50", "ferry / raw",
                   "sockperf p50", "ferry / sockperf", "qperf RTT", "ferry / qperf"])
     for n in sizes:
@@ -92,8 +88,8 @@ def tcp_lat(s):
 
 
 def rdma(s):
-    sizes = sorted(set(run.medians(s, "rdma", "bw", "ferry", "gbps")) |
-                   set(run.medians(s, "rdma", "lat", "ferry", "p50_us")))
+    sizes = sorted(set(medians(s, "rdma", "bw", "ferry", "gbps")) |
+                   set(medians(s, "rdma", "lat", "ferry", "p50_us")))
     out = header(["size", "ferry GB/s", "ib_read_bw", "ferry / ib_read_bw", "ferry p50",
                   "ib_read_lat p50", "ferry / ib_read_lat", "ferry busy-poll",
                   "ferry, region grants", "ferry over TCP (same guest)",
@@ -122,7 +118,7 @@ def registration(s):
         what = (f"{r['count']:,} × {size_label(r['bytes'])} "
                 f"{'views of one allocation' if r['case'] == 'views' else 'separate tensors'}")
         rdma_run = r["transport"] == "RDMA"
-        where = f"RDMA, guest ({run.grant_label(r)})" if rdma_run else "TCP, host"
+        where = f"RDMA, guest ({grant_label(r)})" if rdma_run else "TCP, host"
         oc = r.get("owner_counters") or {}
         fc = r.get("fetcher_counters") or {}
         owner = f"{oc['registrations']:,}" if oc else ""
@@ -151,17 +147,14 @@ def scale(s):
 
 
 def allreduce(s):
-    sizes = sorted(run.medians(s, "allreduce", "bw", "ferry", "busbw_gbps"))
+    sizes = sorted(medians(s, "allreduce", "bw", "ferry", "busbw_gbps"))
     out = header(["size", "ferry busbw", "Gloo busbw", "ferry / Gloo", "Open MPI busbw",
                   "ferry / MPI", "target: ≥ 1.0 × the better"])
     for n in sizes:
         target = ""
         if n >= MIB:
-            peers = [(med(s, "allreduce", "bw", p, "busbw_gbps", n) or 0, p)
-                     for p in run.ALLREDUCE_PEERS]
-            best_bw, best = max(peers)
-            r = run.paired_ratios(s, "allreduce", "bw", best, "busbw_gbps", n)
-            if best_bw and r:
+            best, r = better_allreduce_peer(s, n)
+            if r:
                 name = {"gloo": "Gloo", "mpi": "MPI"}[best]
                 target = (f"{r['median']:.2f} ({name}): "
                           f"{'met' if r['median'] >= 1.0 else 'short'}")
@@ -188,8 +181,8 @@ def tables(samples, meta):
 
 
 def main():
-    out_dir = sys.argv[1] if len(sys.argv) > 1 else os.path.join(run.ROOT, "build", "bench",
-                                                                   "results")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out_dir = sys.argv[1] if len(sys.argv) > 1 else os.path.join(root, "build", "bench", "results")
     saved = json.load(open(os.path.join(out_dir, "samples.json")))
     sys.stdout.write(tables(saved["samples"], saved["meta"]))
 

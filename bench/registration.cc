@@ -14,6 +14,12 @@ namespace {
 
 using namespace std::chrono_literals;
 
+// Says why a case stopped; the exit code.
+int failed(const char* what, std::error_code ec) {
+  std::fprintf(stderr, "registration: %s%s\n", what, ec.message().c_str());
+  return 1;
+}
+
 std::string counters_json(Context& ctx) {
   auto c = rdma::registration_counters(ctx);
   if (!c) return "null";
@@ -33,10 +39,9 @@ int run_case(const RegistrationArgs& args, const char* name, uint64_t count, uin
   options.name = "bench-owner";
   options.rdma_grants = parse_rdma_grants(args.grants).value_or(RdmaGrants::automatic);
   auto owner = Context::create(options);
-  if (!owner) return std::fprintf(stderr, "registration: %s\n", owner.error().message().c_str()), 1;
+  if (!owner) return failed("", owner.error());
   auto port = (*owner)->listen(args.host + ":0");
-  if (!port)
-    return std::fprintf(stderr, "registration: listen: %s\n", port.error().message().c_str()), 1;
+  if (!port) return failed("listen: ", port.error());
 
   // Owner memory, touched before any clock starts.
   std::vector<std::shared_ptr<std::byte[]>> blocks;
@@ -68,8 +73,7 @@ int run_case(const RegistrationArgs& args, const char* name, uint64_t count, uin
       keep = blocks[i];
     }
     auto ref = (*owner)->put({Tensor::bytes({p, bytes})}, keep, po);
-    if (!ref)
-      return std::fprintf(stderr, "registration: put: %s\n", ref.error().message().c_str()), 1;
+    if (!ref) return failed("put: ", ref.error());
     refs.push_back(std::move(*ref));
   }
   const double put_s = seconds_between(t_put, Clock::now());
@@ -78,8 +82,7 @@ int run_case(const RegistrationArgs& args, const char* name, uint64_t count, uin
   auto fetcher = Context::create(options);
   if (!fetcher) return 1;
   auto peer = (*fetcher)->connect((*owner)->address());
-  if (!peer)
-    return std::fprintf(stderr, "registration: connect: %s\n", peer.error().message().c_str()), 1;
+  if (!peer) return failed("connect: ", peer.error());
   // Fetch targets: views of one touched allocation.
   std::unique_ptr<std::byte[]> landing(new std::byte[count * bytes]);
   std::memset(landing.get(), 0, count * bytes);
@@ -93,17 +96,13 @@ int run_case(const RegistrationArgs& args, const char* name, uint64_t count, uin
     return fetch_each(*peer, {refs[0]}, {targets[0]}, 1, 600s, &reissued);
   };
   auto cold = first();
-  if (!cold)
-    return std::fprintf(stderr, "registration: fetch: %s\n", cold.error().message().c_str()), 1;
+  if (!cold) return failed("fetch: ", cold.error());
   auto pass1 = fetch_each(*peer, refs, targets, args.inflight, 1800s, &reissued);
-  if (!pass1)
-    return std::fprintf(stderr, "registration: fetch: %s\n", pass1.error().message().c_str()), 1;
+  if (!pass1) return failed("fetch: ", pass1.error());
   auto pass2 = fetch_each(*peer, refs, targets, args.inflight, 1800s, &reissued);
-  if (!pass2)
-    return std::fprintf(stderr, "registration: fetch: %s\n", pass2.error().message().c_str()), 1;
+  if (!pass2) return failed("fetch: ", pass2.error());
   auto warm = first();
-  if (!warm)
-    return std::fprintf(stderr, "registration: fetch: %s\n", warm.error().message().c_str()), 1;
+  if (!warm) return failed("fetch: ", warm.error());
   // Making the objects fetchable: the put, and the owner's registrations, which it makes lazily,
   // at the first grant of an object's memory (timed around each ibv_reg_mr). Without RDMA
   // nothing is registered.

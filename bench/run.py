@@ -29,15 +29,17 @@ import platform
 import re
 import shutil
 import signal
-import statistics
 import subprocess
 import sys
 import time
 
+import markdown
+from samples import (ALLREDUCE_PEERS, KIB, MIB, better_allreduce_peer, grant_label, human,
+                     medians, paired_ratios, stat)
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 
-KIB, MIB = 1 << 10, 1 << 20
 FULL_TCP_SIZES = [8, 64, 512, 4 * KIB, 64 * KIB, 1 * MIB, 8 * MIB, 64 * MIB]
 QUICK_TCP_SIZES = [8, 4 * KIB, 64 * KIB, 1 * MIB, 64 * MIB]
 FULL_RDMA_SIZES = [8, 512, 4 * KIB, 64 * KIB, 1 * MIB, 8 * MIB, 64 * MIB]
@@ -46,18 +48,12 @@ FULL_ALLREDUCE_SIZES = [4 * KIB, 16 * KIB, 64 * KIB, 256 * KIB, 1 * MIB, 4 * MIB
                         64 * MIB]
 QUICK_ALLREDUCE_SIZES = [4 * KIB, 64 * KIB, 1 * MIB, 16 * MIB, 64 * MIB]
 ALLREDUCE_RANKS = 4
-ALLREDUCE_PEERS = ["gloo", "mpi"]
 
 
 def log(*a):
     print(*a, file=sys.stderr, flush=True)
 
 
-def human(n):
-    for unit, div in (("G", 1 << 30), ("M", MIB), ("K", KIB)):
-        if n >= div and n % div == 0:
-            return f"{n // div}{unit}"
-    return str(n)
 
 
 class Proc:
@@ -569,13 +565,6 @@ def suite_allreduce(b, sizes, reps, calls, warmup):
 
 # ---------------------------------------------------------------- report
 
-def stat(values):
-    v = [x for x in values if isinstance(x, (int, float))]
-    if not v:
-        return None
-    return {"median": statistics.median(v), "min": min(v), "max": max(v), "n": len(v)}
-
-
 def fmt(s, key_digits=3):
     if not s:
         return "-"
@@ -585,12 +574,6 @@ def fmt(s, key_digits=3):
     return f"{m:.{key_digits}g} [{s['min']:.{key_digits}g}-{s['max']:.{key_digits}g}]"
 
 
-def medians(samples, suite, metric, tool, key):
-    out = {}
-    for s in samples:
-        if s.get("suite") == suite and s.get("metric") == metric and s.get("tool") == tool:
-            out.setdefault(s["size"], []).append(s.get(key))
-    return {size: stat(v) for size, v in out.items()}
 
 
 PEERS = {
@@ -601,16 +584,6 @@ PEERS = {
 }
 
 
-def paired_ratios(samples, suite, metric, peer, key, size):
-    """ferry / peer within each repetition (the two ran a few seconds apart): a drift of the
-    machine between repetitions moves both."""
-    by_rep = {}
-    for s in samples:
-        if (s.get("suite") == suite and s.get("metric") == metric and s.get("size") == size
-                and s.get("tool") in ("ferry", peer) and isinstance(s.get(key), (int, float))):
-            by_rep.setdefault(s.get("rep"), {})[s["tool"]] = s[key]
-    return stat([r["ferry"] / r[peer] for r in by_rep.values()
-                 if "ferry" in r and r.get(peer)])
 
 
 def table(samples, suite, metric):
@@ -722,11 +695,8 @@ def targets(samples):
         if size < MIB:
             continue
         # The better peer of this size: the higher median busbw of Gloo and Open MPI.
-        peers = [((medians(samples, "allreduce", "bw", t, "busbw_gbps").get(size) or
-                   {}).get("median", 0), t) for t in ALLREDUCE_PEERS]
-        best_bw, best = max(peers)
-        r = paired_ratios(samples, "allreduce", "bw", best, "busbw_gbps", size)
-        if best_bw and r:
+        best, r = better_allreduce_peer(samples, size)
+        if r:
             out.append(f"  allreduce {human(size)}, {ALLREDUCE_RANKS} ranks: ferry / better peer "
                        f"({best}) = {r['median']:.2f} (target >= 1.0): "
                        f"{verdict(r['median'] >= 1.0)}")
@@ -768,13 +738,6 @@ def allreduce_table(samples):
     return lines
 
 
-def grant_label(raw):
-    """How a registration sample's owner granted RDMA reads (samples before --grants said
-    memory_windows 0/1; their default on rxe was region rkeys)."""
-    grants = raw.get("grants") or ("windows" if raw.get("memory_windows") else "regions")
-    if grants == "auto":
-        grants = "auto: registrations on rxe"
-    return f"grants {grants}"
 
 
 def other_tables(samples):
@@ -950,7 +913,6 @@ def report(samples, out_dir, meta):
     with open(os.path.join(out_dir, "report.txt"), "w") as f:
         f.write(text)
     print(text, flush=True)
-    import markdown  # the README's tables; imports this module, so not at the top
     with open(os.path.join(out_dir, "tables.md"), "w") as f:
         f.write(markdown.tables(samples, meta))
 

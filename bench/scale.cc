@@ -52,25 +52,17 @@ int run_scale(const ScaleArgs& args) {
       Window window(peers, *ref, static_cast<int>(depth), args.size, false);
       window.start();
       std::this_thread::sleep_for(300ms);
-      const double server_cpu0 = args.server_pid ? process_cpu_seconds(args.server_pid) : -1;
-      const double cpu0 = self_cpu_seconds();
-      window.begin_measuring();
-      std::this_thread::sleep_for(std::chrono::duration<double>(args.seconds));
-      const uint64_t server_rss = rss_bytes(args.server_pid);
-      const uint64_t client_rss = rss_bytes();
-      const bool drained = window.stop(60s);
-      if (!drained) {
-        std::fprintf(stderr, "ferry-bench scale: fetches still in flight 60 s after the end\n");
-        std::fflush(stderr);
-        std::_Exit(1);
-      }
+      uint64_t server_rss = 0;
+      uint64_t client_rss = 0;
+      const WindowCpu cpu =
+          measure_window(window, args.seconds, args.server_pid, 60s, "scale", [&] {
+            server_rss = rss_bytes(args.server_pid);
+            client_rss = rss_bytes();
+          });
       if (window.error()) {
         std::fprintf(stderr, "ferry-bench scale: %s\n", window.error().message().c_str());
         return 1;
       }
-      const double cpu = self_cpu_seconds() - cpu0;
-      const double server_cpu =
-          args.server_pid ? process_cpu_seconds(args.server_pid) - server_cpu0 : -1;
       const double secs = window.measured_seconds();
       const double bytes = window.measured_fetches() * static_cast<double>(args.size);
       auto& lat = window.latencies_us();
@@ -86,8 +78,8 @@ int run_scale(const ScaleArgs& args) {
           .add("fetches_per_s", window.measured_fetches() / secs)
           .add("p50_us", quantile(lat, 0.5))
           .add("p99_us", quantile(lat, 0.99))
-          .add("cpu_client_s", cpu)
-          .add("cpu_server_s", server_cpu)
+          .add("cpu_client_s", cpu.client_s)
+          .add("cpu_server_s", cpu.server_s)
           .add("server_rss_start", rss_empty)
           .add("server_rss_idle", server_rss_idle)
           .add("server_rss_busy", server_rss)

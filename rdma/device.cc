@@ -5,7 +5,6 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 #include <cerrno>
-#include <chrono>
 #include <cstring>
 
 #include "net/errors.h"
@@ -126,7 +125,7 @@ void Device::watch_async_events() {
 }
 
 MwHandle Device::alloc_window() {
-  MwHandle mw(ibv_alloc_mw(pd_.get(), IBV_MW_TYPE_2), MwDeleter{windows_live_});
+  MwHandle mw(ibv_alloc_mw(pd_.get(), IBV_MW_TYPE_2), MwHandle::deleter_type{windows_live_});
   if (mw) windows_live_->fetch_add(1, std::memory_order_relaxed);
   return mw;
 }
@@ -140,10 +139,9 @@ QpHandle Device::create_qp(ibv_pd* pd, ibv_qp_init_attr& init) {
 PdHandle Device::alloc_pd() { return PdHandle(ibv_alloc_pd(ctx_.get())); }
 
 Result<GrantMrHandle> Device::register_grant(ibv_pd* pd, const void* addr, size_t len) {
-  const auto t0 = std::chrono::steady_clock::now();
-  GrantMrHandle mr(ibv_reg_mr(pd, const_cast<void*>(addr), len, IBV_ACCESS_REMOTE_READ),
-                   GrantMrDeleter{grant_mrs_live_});
-  const auto took = std::chrono::steady_clock::now() - t0;
+  uint64_t ns = 0;
+  GrantMrHandle mr(reg_mr_timed(pd, addr, len, IBV_ACCESS_REMOTE_READ, ns),
+                   GrantMrHandle::deleter_type{grant_mrs_live_});
   if (!mr) {
     FERRY_LOG_WARN("rdma: {}: registering {} granted bytes failed: {}", name_, len,
                    last_errno().message());
@@ -151,9 +149,7 @@ Result<GrantMrHandle> Device::register_grant(ibv_pd* pd, const void* addr, size_
   }
   grant_mrs_live_->fetch_add(1, std::memory_order_relaxed);
   grant_registrations_.fetch_add(1, std::memory_order_relaxed);
-  grant_registration_ns_.fetch_add(
-      static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(took).count()),
-      std::memory_order_relaxed);
+  grant_registration_ns_.fetch_add(ns, std::memory_order_relaxed);
   return mr;
 }
 

@@ -2,8 +2,6 @@
 
 #include <unistd.h>
 
-#include <chrono>
-
 #include "net/errors.h"
 #include "net/log.h"
 
@@ -67,10 +65,9 @@ Result<std::shared_ptr<Region>> MrCache::acquire(const void* addr, size_t len,
     end = (a + len + page - 1) & ~(page - 1);
   }
   if (end == begin) end = begin + 1;
-  const auto t0 = std::chrono::steady_clock::now();
-  MrHandle mr(
-      ibv_reg_mr(shared_->pd, reinterpret_cast<void*>(begin), end - begin, shared_->access));
-  const auto took = std::chrono::steady_clock::now() - t0;
+  uint64_t ns = 0;
+  MrHandle mr(reg_mr_timed(shared_->pd, reinterpret_cast<const void*>(begin), end - begin,
+                           shared_->access, ns));
   if (!mr) {
     auto err = last_errno();
     FERRY_LOG_WARN("ibv_reg_mr of {} bytes failed: {}", end - begin, err.message());
@@ -79,8 +76,7 @@ Result<std::shared_ptr<Region>> MrCache::acquire(const void* addr, size_t len,
   auto region = std::shared_ptr<Region>(new Region(shared_, std::move(mr), begin, end));
   shared_->regions[begin] = region;
   ++shared_->counters.registrations;
-  shared_->counters.registration_ns +=
-      static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(took).count());
+  shared_->counters.registration_ns += ns;
   ++shared_->counters.live;
   return region;
 }

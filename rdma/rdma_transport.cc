@@ -213,12 +213,12 @@ void RdmaTransport::send_multiple(PeerLink& link, uint64_t request_id, ObjectSto
   auto ch = channel_of(link);
   if (!ch) return done(make_error_code(errc::transport_unavailable));
   // With per-grant registrations the channel registers the granted ranges itself.
-  Result<std::vector<std::shared_ptr<Region>>> regions(
-      std::vector<std::shared_ptr<Region>>(object.object().tensors.size()));
+  std::vector<std::shared_ptr<Region>> regions(object.object().tensors.size());
   if (ch->device().grants() != RdmaGrants::registrations) {
-    regions = object_regions(ch->device(), object.object());
+    auto r = object_regions(ch->device(), object.object());
+    if (!r) return done(r.error());
+    regions = std::move(*r);
   }
-  if (!regions) return done(regions.error());
   wire::Message m;
   auto* grant = m.mutable_grant();
   grant->set_lease_ms(static_cast<uint64_t>(channel_options_.lease_timeout.count()));
@@ -227,9 +227,9 @@ void RdmaTransport::send_multiple(PeerLink& link, uint64_t request_id, ObjectSto
     auto* seg = grant->add_segments();
     seg->set_addr(reinterpret_cast<uint64_t>(tensors[i].data.data()));
     seg->set_length(tensors[i].data.size());
-    seg->set_rkey((*regions)[i] ? (*regions)[i]->rkey() : 0);
+    seg->set_rkey(regions[i] ? regions[i]->rkey() : 0);
   }
-  ch->grant(request_id, std::move(object), std::move(*regions), std::move(*m.mutable_grant()),
+  ch->grant(request_id, std::move(object), std::move(regions), std::move(*m.mutable_grant()),
             std::move(done));
 }
 

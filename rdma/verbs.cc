@@ -3,6 +3,7 @@
 #include <arpa/inet.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 
 namespace ferry::rdma {
@@ -21,6 +22,15 @@ class WcCategory final : public std::error_category {
 const std::error_category& wc_category() noexcept {
   static const WcCategory category;
   return category;
+}
+
+ibv_mr* reg_mr_timed(ibv_pd* pd, const void* addr, size_t len, int access, uint64_t& ns) {
+  const auto t0 = std::chrono::steady_clock::now();
+  ibv_mr* mr = ibv_reg_mr(pd, const_cast<void*>(addr), len, access);
+  ns += static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0)
+          .count());
+  return mr;
 }
 
 std::error_code last_errno() { return {errno ? errno : EIO, std::system_category()}; }

@@ -52,22 +52,16 @@ struct QpDeleter {
     });
   }
 };
-struct MwDeleter {
+// Memory windows and grant registrations too, released at once (see above).
+template <typename T, int (*Release)(T*)>
+struct CountedDeleter {
   Gauge live;
-  void operator()(ibv_mw* p) const {
-    ibv_dealloc_mw(p);
+  void operator()(T* p) const {
+    Release(p);
     if (live) live->fetch_sub(1, std::memory_order_relaxed);
   }
 };
-
-// Registrations made for one grant count themselves out of their device's gauge too.
-struct GrantMrDeleter {
-  Gauge live;
-  void operator()(ibv_mr* p) const {
-    ibv_dereg_mr(p);
-    if (live) live->fetch_sub(1, std::memory_order_relaxed);
-  }
-};
+inline int dealloc_mw(ibv_mw* mw) { return ibv_dealloc_mw(mw); }  // static inline in verbs.h
 
 using ContextHandle = std::unique_ptr<ibv_context, ContextDeleter>;
 using PdHandle = std::unique_ptr<ibv_pd, PdDeleter>;
@@ -75,8 +69,8 @@ using MrHandle = std::unique_ptr<ibv_mr, MrDeleter>;
 using CompChannelHandle = std::unique_ptr<ibv_comp_channel, CompChannelDeleter>;
 using CqHandle = std::unique_ptr<ibv_cq, CqDeleter>;
 using QpHandle = std::unique_ptr<ibv_qp, QpDeleter>;
-using MwHandle = std::unique_ptr<ibv_mw, MwDeleter>;
-using GrantMrHandle = std::unique_ptr<ibv_mr, GrantMrDeleter>;
+using MwHandle = std::unique_ptr<ibv_mw, CountedDeleter<ibv_mw, dealloc_mw>>;
+using GrantMrHandle = std::unique_ptr<ibv_mr, CountedDeleter<ibv_mr, ibv_dereg_mr>>;
 
 // Work-completion statuses as error codes (category "ibv_wc"); messages from
 // ibv_wc_status_str. Their failure scope is the peer: the queue pair is in error after one.
@@ -84,6 +78,9 @@ const std::error_category& wc_category() noexcept;
 inline std::error_code make_wc_error(ibv_wc_status status) {
   return {static_cast<int>(status), wc_category()};
 }
+
+// ibv_reg_mr, timed: adds the nanoseconds it took to `ns`. Null with errno set on failure.
+ibv_mr* reg_mr_timed(ibv_pd* pd, const void* addr, size_t len, int access, uint64_t& ns);
 
 // errno after a failed verbs call, as an error code.
 std::error_code last_errno();

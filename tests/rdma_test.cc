@@ -146,9 +146,7 @@ TEST_F(Rdma, TenThousandViewsOfOneAllocationCostOneRegistration) {
   EXPECT_EQ(c->hits, std::set<size_t>(sample.begin(), sample.end()).size() - 1);
   for (const auto& ref : refs) server.ctx.release(ref);
   // The last object's collection deregisters the slab (after the releases of the leases).
-  for (int i = 0; i < 500 && rdma::registration_counters(server.ctx)->live != 0; ++i) {
-    std::this_thread::sleep_for(10ms);
-  }
+  eventually([&] { return rdma::registration_counters(server.ctx)->live == 0; });
   EXPECT_EQ(rdma::registration_counters(server.ctx)->live, 0u);
   EXPECT_EQ(rdma::registration_counters(server.ctx)->deregistrations, 1u);
 }
@@ -299,20 +297,20 @@ struct GrantFixture {
 // Every lease of the fixture's owner ended: no window stays bound, no grant registration stays,
 // nothing stays pinned (the release that ends a lease is one-way: waited for).
 void expect_no_grant_left(GrantFixture& f) {
-  auto left = [&] {
-    auto c = rdma::registration_counters(f.server.ctx);
-    size_t pins = 0;
-    for (const auto& ref : f.refs) pins += f.server.ctx.store().counts(ref.object_id)->pins;
-    return c->windows + pins +
-           (f.server.ctx.options().rdma_grants == RdmaGrants::registrations ? c->live : 0);
-  };
-  for (int i = 0; i < 500 && left(); ++i) std::this_thread::sleep_for(10ms);
-  auto c = rdma::registration_counters(f.server.ctx);
-  EXPECT_EQ(c->windows, 0u);
-  if (f.server.ctx.options().rdma_grants == RdmaGrants::registrations) {
-    EXPECT_EQ(c->live, 0u);
-  }
-  for (const auto& ref : f.refs) EXPECT_EQ(f.server.ctx.store().counts(ref.object_id)->pins, 0u);
+  // Only grant registrations come and go with leases; other registrations live with the objects.
+  const bool per_grant = f.server.ctx.options().rdma_grants == RdmaGrants::registrations;
+  struct Left {
+    uint64_t windows = 0, registrations = 0, pins = 0;
+  } left;
+  eventually([&] {
+    const auto c = rdma::registration_counters(f.server.ctx);
+    left = {c->windows, per_grant ? c->live : 0, 0};
+    for (const auto& ref : f.refs) left.pins += f.server.ctx.store().counts(ref.object_id)->pins;
+    return left.windows + left.registrations + left.pins == 0;
+  });
+  EXPECT_EQ(left.windows, 0u);
+  EXPECT_EQ(left.registrations, 0u);
+  EXPECT_EQ(left.pins, 0u);
 }
 
 // The fetcher's READ came back with IBV_WC_REM_ACCESS_ERR (10): the owner's device refused it.
@@ -519,9 +517,7 @@ TEST_F(Rdma, GrantRegistrationsLastExactlyAsLongAsTheirLease) {
     EXPECT_TRUE(same_bytes(req.result().tensors[0], *bytes));
   }
   // The release that ends each lease is one-way: wait for the last to arrive.
-  for (int i = 0; i < 500 && rdma::registration_counters(server.ctx)->live; ++i) {
-    std::this_thread::sleep_for(10ms);
-  }
+  eventually([&] { return rdma::registration_counters(server.ctx)->live == 0; });
   const auto after = *rdma::registration_counters(server.ctx);
   EXPECT_EQ(after.registrations, 3u) << "one registration per grant";
   EXPECT_EQ(after.deregistrations, 3u);

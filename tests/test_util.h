@@ -12,6 +12,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "ferry.h"
@@ -98,6 +99,18 @@ struct Server {
   Context ctx;
   uint16_t port = 0;
 };
+
+// Polls `done` every 10 ms until it holds or `limit` passes (what the other side does in its own
+// time: a one-way release arriving, a collection). Returns its last value.
+template <typename Pred>
+bool eventually(Pred done, std::chrono::milliseconds limit = std::chrono::seconds(5)) {
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  while (!done()) {
+    if (std::chrono::steady_clock::now() >= deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return true;
+}
 
 inline Peer connect_or_fail(Context& ctx, const std::string& address) {
   auto peer = ctx.connect(address);
