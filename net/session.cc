@@ -735,17 +735,20 @@ void Session::complete_fetch(uint64_t request_id, std::error_code ec) {
     ec = it->second.releasing;
   } else if (ec) {
     if (it->second.timer) it->second.timer->cancel();
-    if ((ec == errc::aborted || ec == errc::timed_out) && state_ == State::open) {
-      wire::Envelope env;
-      env.set_request_id(request_id);
-      env.mutable_cancel();
-      send(env);
-    }
     // The transport lets go of the targets before the caller hears of the failure.
     if (!it->second.transport->abort(*this, request_id)) {
       it->second.releasing = ec;  // it calls complete_fetch() again once they are free
       return;
     }
+  }
+  // Only now may the owner stop: a one-sided grant revoked while our READs were still posted
+  // failed them with a remote access error and broke the queue pair under every other fetch on
+  // it (found by the soak with per-peer grants on rxe).
+  if ((ec == errc::aborted || ec == errc::timed_out) && state_ == State::open) {
+    wire::Envelope env;
+    env.set_request_id(request_id);
+    env.mutable_cancel();
+    send(env);
   }
   FERRY_LOG_DEBUG("peer '{}': fetch {} completes: {}", info_.name, request_id,
                   ec ? ec.message() : "ok");

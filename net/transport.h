@@ -165,8 +165,9 @@ class TransportManager {
   // the request's buffers (it never touches them again). Returns false on the fetcher side when
   // operations already handed to hardware (posted RDMA READs) still target them: the transport
   // then calls link.complete_fetch(request_id, {}) once they have drained, and ferry completes
-  // the fetch with the error it was aborted for only then. On the owner side a pending SendDone
-  // still runs (with errc::aborted).
+  // the fetch with the error it was aborted for only then; the owner hears of the abort (and its
+  // abort() runs) only then too, so an owner may revoke a one-sided grant at once. On the owner
+  // side a pending SendDone still runs (with errc::aborted).
   virtual bool abort(PeerLink& link, uint64_t request_id) = 0;
 
   // Owner side: the object was collected (last local and remote reference gone); release what

@@ -151,6 +151,29 @@ TEST_F(Rdma, TenThousandViewsOfOneAllocationCostOneRegistration) {
   EXPECT_EQ(rdma::registration_counters(server.ctx)->deregistrations, 1u);
 }
 
+// An abort while READs are posted: the owner hears of it only once they have drained, so its
+// grant (revoked when the lease ends) is not revoked under them, and the other fetches on the
+// queue pair carry on.
+TEST_F(Rdma, AnAbortMidReadLeavesTheOtherFetchesOnTheQueuePairAlone) {
+  Server server;  // the default grants: per-grant registrations on rxe, windows on a NIC
+  Context client(client_options("client"));
+  auto peer = connect_or_fail(client, server.address());
+  auto big = make_pattern(16u << 20, 81);
+  auto other = make_pattern(8u << 20, 82);
+  auto big_ref = server.put(big);
+  auto other_ref = server.put(other);
+  ASSERT_FALSE(peer.fetch(other_ref).wait(60s));  // the queue pair is up
+  auto victim = peer.fetch(big_ref);
+  auto bystander = peer.fetch(other_ref);
+  std::this_thread::sleep_for(100ms);  // granted, READs posted: 16 MiB takes ~0.5 s on rxe
+  ASSERT_FALSE(victim.done()) << "the fetch ended before the abort: the test proves nothing";
+  victim.abort();
+  EXPECT_EQ(victim.wait(60s), errc::aborted);
+  auto ec = bystander.wait(60s);
+  ASSERT_FALSE(ec) << "a fetch beside the aborted one failed: " << ec.message();
+  EXPECT_TRUE(same_bytes(bystander.result().tensors[0], *other));
+}
+
 TEST_F(Rdma, LeaseKeepsMemoryAliveUntilTheReadEnds) {
   Server server;
   Context client(client_options("client"));
