@@ -1,8 +1,11 @@
 #include "collective/group.h"
 
+#include <sched.h>
+
 #include <algorithm>
 #include <condition_variable>
 #include <cstring>
+#include <deque>
 #include <mutex>
 #include <thread>
 
@@ -22,6 +25,15 @@ std::span<Byte> chunk_of(std::span<Byte> data, size_t count, size_t esize, int q
   return data.subspan(first * esize, (last - first) * esize);
 }
 
+// Waits until `ready` or for 5 ms: by yielding the core between checks (busy waiting that lets
+// other threads run) or, without `busy`, by `sleep` (which returns early when woken).
+template <typename Ready, typename Sleep>
+void pause(bool busy, Ready ready, Sleep sleep) {
+  if (!busy) return sleep(milliseconds(5));
+  const auto until = Clock::now() + milliseconds(5);
+  while (!ready() && Clock::now() < until) sched_yield();
+}
+
 milliseconds left_until(Clock::time_point deadline) {
   return std::max(milliseconds(0),
                   std::chrono::duration_cast<milliseconds>(deadline - Clock::now()));
@@ -29,15 +41,23 @@ milliseconds left_until(Clock::time_point deadline) {
 
 }  // namespace
 
-// Objects offered by one call that the store has not collected yet. A peer's lease (and with it
-// the memory registration) can outlive the barrier that ends the call by a moment: the peer's
-// release travels on its own connection. Memory that an offer views must not be freed or reused
-// before collection, or a registration cache could hand the stale registration (old pages) to
-// the next object at the same address.
-struct Uncollected {
+// What one call offered, shared with the store's hooks (which can run after the call). Every
+// offer is for one rank, which fetches it once: the call ends when every offer has been served
+// (PutOptions::on_served) and no rank needs anything more from this one. Then the offers are
+// withdrawn, and the call returns once the store has collected them: memory that an offer views
+// must not be freed or reused before, or a registration cache could hand the stale registration
+// (old pages) to the next object at the same address.
+struct Offers {
+  struct Entry {
+    std::string tag;
+    int rank;  // who fetches it
+    bool served = false;
+  };
   std::mutex mu;
   std::condition_variable cv;
-  int live = 0;
+  std::deque<Entry> entries;  // deque: hooks hold pointers to entries as others are added
+  std::atomic<int> unserved{0};
+  int live = 0;  // offers not collected yet
 };
 
 // One collective call: what this rank offers (released when every rank is done) and what it
@@ -45,62 +65,109 @@ struct Uncollected {
 struct Group::Op {
   Op(Group& g, std::string what) : g(g), what(std::move(what)), seq(++g.seq_) {
     deadline = Clock::now() + g.options_.timeout;
+    if (g.options_.busy_wait) busy = Context::BusyPoll(g.ctx_);
   }
-  // Releases the offers and returns once the store has collected them (leases end by the
+  // Withdraws the offers and returns once the store has collected them (leases end by the
   // context's lease_timeout at the latest), so the caller may reuse the memory.
   ~Op() {
     end_watches();
     for (const auto& ref : offered) g.ctx_.release(ref);
     const auto bound = g.ctx_.options().lease_timeout + milliseconds(1000);
-    std::unique_lock lock(uncollected->mu);
-    if (!uncollected->cv.wait_for(lock, bound, [&] { return uncollected->live == 0; })) {
+    std::unique_lock lock(offers->mu);
+    if (!offers->cv.wait_for(lock, bound, [&] { return offers->live == 0; })) {
       FERRY_LOG_WARN("collective: {} #{}: {} offers still held by peers after {} ms", what, seq,
-                     uncollected->live, bound.count());
+                     offers->live, bound.count());
     }
   }
 
-  std::string name(const std::string& tag, int rank) const {
+  // The name of what `owner` offers as `tag`: to rank `to` alone, or to anyone (markers: -1).
+  std::string name(const std::string& tag, int owner, int to = -1) const {
     return "ferry.collective/" + g.options_.name + "/" + std::to_string(seq) + "/" + tag + "/" +
-           std::to_string(rank);
+           std::to_string(owner) + (to >= 0 ? ">" + std::to_string(to) : "");
   }
-  // Offers `bytes` as `tag`: a view, unchanged until every rank is done; `memory` (optional)
-  // owns them and is freed when the store collects the offer. Offers kept in `keep` (markers,
-  // whose byte lives as long as the Group) outlive the call and are not waited for.
+  // Offers `bytes` as `tag` to each of `ranks` (one object each, fetched once): a view,
+  // unchanged until they have; `memory` (optional) owns the bytes and is freed once the store
+  // has collected every one.
   Status offer(const std::string& tag, std::span<const std::byte> bytes,
-               std::vector<ObjectRef>* keep = nullptr, std::shared_ptr<void> memory = {}) {
+               const std::vector<int>& ranks, std::shared_ptr<void> memory = {}) {
+    for (int to : ranks) {
+      PutOptions o;
+      o.name = name(tag, g.rank_, to);
+      Offers::Entry* entry;
+      {
+        std::lock_guard lock(offers->mu);
+        ++offers->live;
+        ++offers->unserved;
+        entry = &offers->entries.emplace_back(Offers::Entry{tag, to});
+      }
+      o.on_served = [s = offers, entry] {
+        std::lock_guard lock(s->mu);
+        if (std::exchange(entry->served, true)) return;  // fetched again after a failure
+        if (--s->unserved == 0) s->cv.notify_all();
+      };
+      auto owner = std::shared_ptr<void>(nullptr, [s = offers, memory](void*) {
+        std::lock_guard lock(s->mu);
+        --s->live;
+        s->cv.notify_all();
+      });
+      auto ref = g.ctx_.put({Tensor::bytes(bytes)}, std::move(owner), o);
+      if (!ref) return fail(-1, ref.error(), "cannot offer " + o.name);
+      offered.push_back(*ref);
+    }
+    return {};
+  }
+  // Offers marker `tag` and fetches every other rank's, within the deadline. Returns the ranks
+  // whose marker did not arrive.
+  std::vector<int> meet(const std::string& tag) {
+    if (mark(tag)) return others();  // they cannot see this rank's marker
+    std::vector<std::byte> sink(g.addresses_.size());
+    for (int q : others()) take(q, tag, {&sink[q], 1}, true);
+    std::vector<int> missing;
+    for (auto& p : pending) {
+      std::error_code ec;
+      do {
+        p.req.wait(left_until(deadline) + milliseconds(1000));
+        ec = p.req.outcome().value_or(make_error_code(errc::timed_out));
+      } while (ec && restarted(p, ec));
+      if (ec) missing.push_back(p.from);
+    }
+    pending.clear();
+    return missing;
+  }
+  // Offers a one-byte marker under `tag` to anyone, kept while the Group lives.
+  std::error_code mark(const std::string& tag) {
     PutOptions o;
     o.name = name(tag, g.rank_);
-    std::shared_ptr<void> owner = std::move(memory);
-    if (!keep) {
-      std::lock_guard lock(uncollected->mu);
-      ++uncollected->live;
-      owner = std::shared_ptr<void>(nullptr, [u = uncollected, memory = std::move(owner)](void*) {
-        std::lock_guard lock(u->mu);
-        --u->live;
-        u->cv.notify_all();
-      });
-    }
-    auto ref = g.ctx_.put({Tensor::bytes(bytes)}, std::move(owner), o);
-    if (!ref) return fail(-1, ref.error(), "cannot offer " + o.name);
-    (keep ? *keep : offered).push_back(*ref);
+    auto ref = g.ctx_.put({Tensor::bytes({&g.marker_, 1})}, nullptr, o);
+    if (!ref) return ref.error();
+    g.markers_.push_back(*ref);
     return {};
+  }
+  // Every rank but this one: who fetches what a rank offers to all.
+  std::vector<int> others() const {
+    std::vector<int> out;
+    for (int q = 0; q < g.size(); ++q) {
+      if (q != g.rank_) out.push_back(q);
+    }
+    return out;
   }
   // One fetch of the call, with what it takes to start it again.
   struct Pending {
     int from;
     FetchRequest req;
-    std::string tag;
+    std::string name;  // of the object
     std::span<std::byte> into;
     int retries = 0;
   };
-  FetchRequest start(int from, const std::string& tag, std::span<std::byte> into) {
-    auto ref =
-        ObjectRef::named(g.addresses_[from], name(tag, from), {TensorMeta::bytes(into.size())});
+  FetchRequest start(int from, const std::string& object, std::span<std::byte> into) {
+    auto ref = ObjectRef::named(g.addresses_[from], object, {TensorMeta::bytes(into.size())});
     return g.peers_[from].fetch(std::move(ref), {into}, {.timeout = left_until(deadline)});
   }
-  // Starts fetching rank `from`'s `tag` into `into` (exactly its size).
-  void take(int from, const std::string& tag, std::span<std::byte> into) {
-    pending.push_back({from, start(from, tag, into), tag, into});
+  // Starts fetching what rank `from` offers this rank as `tag` into `into` (exactly its size);
+  // with `marker`, the marker it offers to anyone.
+  void take(int from, const std::string& tag, std::span<std::byte> into, bool marker = false) {
+    const auto object = name(tag, from, marker ? -1 : g.rank_);
+    pending.push_back({from, start(from, object, into), object, into});
   }
   // A fetch that failed with its peer's connection still open (the data channel broke: a queue
   // pair flushed or stalled, a data socket reset) is fetched again, at most 3 times, within the
@@ -117,7 +184,7 @@ struct Group::Op {
         "collective: {} #{} on rank {}: fetch from rank {} failed ({}) while its "
         "connection lives: fetching it again",
         what, seq, g.rank_, p.from, ec.message());
-    p.req = start(p.from, p.tag, p.into);
+    p.req = start(p.from, p.name, p.into);
     return true;
   }
   // Waits for the fetch at `i` of `pending`, but fails at once when any other pending fetch
@@ -125,10 +192,11 @@ struct Group::Op {
   // order would hide the failure behind the deadline.
   Status wait(size_t i) {
     for (;;) {
-      auto& [from, req, tag, into, retries] = pending[i];
+      auto& [from, req, object, into, retries] = pending[i];
       // The fetch's outcome, not wait()'s: a wait that runs out as the fetch completes returns
       // timed_out for a fetch that succeeded.
-      req.wait(milliseconds(5));
+      pause(
+          g.options_.busy_wait, [&] { return req.done(); }, [&](milliseconds t) { req.wait(t); });
       if (auto outcome = req.outcome()) {
         if (!*outcome) return {};
         if (restarted(pending[i], *outcome)) continue;
@@ -139,14 +207,7 @@ struct Group::Op {
           return fail(other.from, *oec, "fetch from rank " + std::to_string(other.from));
         }
       }
-      for (auto& w : watches) {
-        auto oec = w.req.outcome();
-        if (!oec || (*oec && scope_of(*oec) != Scope::peer)) continue;  // its own deadline
-        if (!*oec) return fail(w.from, errc::aborted, "rank " + std::to_string(w.from));
-        if (!restarted(w, *oec, 8)) {
-          return fail(w.from, *oec, "watching rank " + std::to_string(w.from));
-        }
-      }
+      if (auto s = check_watches(); !s) return s;
       if (Clock::now() > deadline + milliseconds(1000)) {
         req.abort();
         return fail(from, errc::timed_out, "fetch from rank " + std::to_string(from));
@@ -193,31 +254,38 @@ struct Group::Op {
     pending.clear();
     return {};
   }
-  // Ends the call with a barrier: every rank offers a one-byte marker once it has everything it
-  // fetched, and fetches everyone else's; then this call's offers go (~Op). The marker lives
-  // until the next call's barrier. This rank's results are complete before it: a rank that has
-  // already left (its connection closed after its own barrier, e.g. at exit) no longer needs
-  // anything from this one, so it counts as arrived.
+  // Ends the call once this rank's fetches are done: waits until every offer has been served to
+  // every rank that fetches it, so that no rank needs anything more from this one (~Op then
+  // withdraws them). No barrier: a rank that is done goes on while the others still fetch
+  // from each other. A rank that closes while it still has to fetch an offer, or a watched
+  // rank's failure, fails the call at once; a rank that never fetches, at the deadline.
   Status finish() {
-    std::vector<ObjectRef> marker;
-    if (auto s = offer("done", {&g.marker_, 1}, &marker); !s) return s;
-    std::vector<std::byte> sink(static_cast<size_t>(g.size()));
-    for (int q = 0; q < g.size(); ++q) {
-      if (q != g.rank_) take(q, "done", {&sink[q], 1});
-    }
-    for (auto& p : pending) {
-      std::error_code ec;
-      do {
-        p.req.wait(left_until(deadline) + milliseconds(1000));
-        ec = p.req.outcome().value_or(make_error_code(errc::timed_out));
-      } while (ec && restarted(p, ec));
-      if (ec && !(scope_of(ec) == Scope::peer && !g.peers_[p.from].is_open())) {
-        return fail(p.from, ec, "barrier with rank " + std::to_string(p.from));
+    if (auto s = wait_all(); !s) return s;
+    const auto served = [&] { return offers->unserved.load() <= 0; };
+    while (!served()) {
+      pause(g.options_.busy_wait, served, [&](milliseconds t) {
+        std::unique_lock lock(offers->mu);
+        offers->cv.wait_for(lock, t, served);
+      });
+      // An offer still owed, preferably to a rank that has closed.
+      int q = -1;
+      std::string tag;
+      {
+        std::lock_guard lock(offers->mu);
+        for (const auto& e : offers->entries) {
+          if (e.served) continue;
+          if (q < 0 || (g.peers_[q].is_open() && !g.peers_[e.rank].is_open())) {
+            q = e.rank;
+            tag = e.tag;
+          }
+        }
       }
+      if (q < 0) break;  // all served meanwhile
+      const std::string doing = "waiting for rank " + std::to_string(q) + " to fetch " + tag;
+      if (!g.peers_[q].is_open()) return fail(q, errc::peer_closed, doing);
+      if (auto s = check_watches(); !s) return s;
+      if (Clock::now() > deadline) return fail(q, errc::timed_out, doing);
     }
-    pending.clear();
-    for (const auto& ref : g.previous_markers_) g.ctx_.release(ref);
-    g.previous_markers_ = std::move(marker);
     return {};
   }
   // For algorithms where a rank fetches from only some others (the ring): a fetch of every other
@@ -227,8 +295,22 @@ struct Group::Op {
   void watch() {
     for (int q = 0; q < g.size(); ++q) {
       if (q == g.rank_) continue;
-      watches.push_back({q, start(q, "fail", {&watch_sink, 1}), "fail", {&watch_sink, 1}});
+      const auto object = name("fail", q);
+      watches.push_back({q, start(q, object, {&watch_sink, 1}), object, {&watch_sink, 1}});
     }
+  }
+  // Fails the call if a watched rank has failed (its fail marker arrived) or its watch broke
+  // for good.
+  Status check_watches() {
+    for (auto& w : watches) {
+      auto oec = w.req.outcome();
+      if (!oec || (*oec && scope_of(*oec) != Scope::peer)) continue;  // its own deadline
+      if (!*oec) return fail(w.from, errc::aborted, "rank " + std::to_string(w.from));
+      if (!restarted(w, *oec, 8)) {
+        return fail(w.from, *oec, "watching rank " + std::to_string(w.from));
+      }
+    }
+    return {};
   }
   void end_watches() {
     for (auto& w : watches) w.req.abort();
@@ -246,11 +328,7 @@ struct Group::Op {
     // Fail fast everywhere: the fail marker completes the others' watches, and closing our
     // connections fails their fetches over them now instead of at their deadline. The marker
     // stays offered while the (failed) group lives.
-    PutOptions marker;
-    marker.name = name("fail", g.rank_);
-    if (auto ref = g.ctx_.put({Tensor::bytes({&g.marker_, 1})}, nullptr, marker)) {
-      g.previous_markers_.push_back(*ref);
-    }
+    mark("fail");
     end_watches();
     for (auto& p : g.peers_) {
       if (p.valid()) p.close();
@@ -270,7 +348,8 @@ struct Group::Op {
   Clock::time_point deadline;
   std::vector<ObjectRef> offered;
   std::vector<Pending> pending;
-  std::shared_ptr<Uncollected> uncollected = std::make_shared<Uncollected>();
+  std::shared_ptr<Offers> offers = std::make_shared<Offers>();
+  Context::BusyPoll busy;  // while the call runs, with GroupOptions::busy_wait
   std::vector<Pending> watches;
   std::byte watch_sink{};
 };
@@ -281,7 +360,7 @@ Group::Group(Context& ctx, std::vector<std::string> addresses, int rank, GroupOp
     : ctx_(ctx), addresses_(std::move(addresses)), rank_(rank), options_(std::move(options)) {}
 
 Group::~Group() {
-  for (const auto& ref : previous_markers_) ctx_.release(ref);
+  for (const auto& ref : markers_) ctx_.release(ref);
 }
 
 Status Group::connect_all(Clock::time_point deadline) {
@@ -329,17 +408,7 @@ Result<std::unique_ptr<Group>> Group::join(Context& ctx, std::vector<std::string
   // Every rank offers "join" and fetches everyone else's, within the join deadline.
   Op op(*g, "join");
   op.deadline = deadline;
-  if (auto s = op.offer("join", {&g->marker_, 1}, &g->previous_markers_); !s) return report(s);
-  std::vector<std::byte> sink(g->addresses_.size());
-  std::vector<int> missing;
-  for (int q = 0; q < g->size(); ++q) {
-    if (q != rank) op.take(q, "join", {&sink[q], 1});
-  }
-  for (auto& p : op.pending) {
-    if (p.req.wait(left_until(deadline) + milliseconds(1000))) missing.push_back(p.from);
-  }
-  op.pending.clear();
-  if (!missing.empty()) {
+  if (auto missing = op.meet("join"); !missing.empty()) {
     Status s{errc::timed_out, missing.front(),
              "group '" + g->options_.name + "': rank(s) did not join within the deadline:"};
     for (int q : missing) s.message += " " + std::to_string(q) + " (" + g->addresses_[q] + ")";
@@ -368,7 +437,7 @@ Status Group::allreduce(std::span<std::byte> data, DType dtype, ReduceOp op) {
   if (data.size() < options_.direct_threshold) {
     // Direct: offer a snapshot (this rank rewrites `data`), fetch every tensor and reduce.
     auto mine = std::make_shared<std::vector<std::byte>>(data.begin(), data.end());
-    if (auto s = o.offer("in", *mine, nullptr, mine); !s) return s;
+    if (auto s = o.offer("in", *mine, o.others(), mine); !s) return s;
     if (auto s = o.gather_reduce("in", *mine, dtype, op, data); !s) return s;
     return o.finish();
   }
@@ -382,14 +451,13 @@ Status Group::allreduce(std::span<std::byte> data, DType dtype, ReduceOp op) {
     if (auto s = direct_reduce_scatter(o, data, count, esize, dtype, op, {}); !s) return s;
     if (!mine.empty()) {
       std::memcpy(mine.data(), scratch_.data() + rank_ * mine.size(), mine.size());
-      if (auto s = o.offer("ag", mine); !s) return s;
+      if (auto s = o.offer("ag", mine, o.others()); !s) return s;
     }
     for (int q = 0; q < n; ++q) {
       if (auto chunk = chunk_of(data, count, esize, q, n); q != rank_ && !chunk.empty()) {
         o.take(q, "ag", chunk);
       }
     }
-    if (auto s = o.wait_all(); !s) return s;
     return o.finish();
   }
   // The ring: reduce-scatter, this rank's chunk summed in place, then allgather into place.
@@ -433,7 +501,7 @@ Status Group::ring(Op& o, std::span<const std::byte> in, size_t count, size_t es
                    ReduceOp op, std::span<std::byte> out, std::span<std::byte> gather) {
   const int n = size();
   const auto mod = [n](int x) { return ((x % n) + n) % n; };
-  const int left = mod(rank_ - 1);
+  const int left = mod(rank_ - 1), right = mod(rank_ + 1);
   // Receive space, one chunk per reduce-scatter step, kept by the Group across calls.
   std::vector<size_t> step_at(static_cast<size_t>(n - 1));
   size_t need = 0;
@@ -445,7 +513,7 @@ Status Group::ring(Op& o, std::span<const std::byte> in, size_t count, size_t es
   if (scratch_.size() < need) scratch_.resize(need);
   o.watch();
   for (auto [off, len] : segments(count, esize, mod(rank_ - 1))) {
-    if (auto s = o.offer(ring_tag("rs", 0, off), in.subspan(off, len)); !s) return s;
+    if (auto s = o.offer(ring_tag("rs", 0, off), in.subspan(off, len), {right}); !s) return s;
   }
   struct Piece {
     bool gathering;
@@ -475,7 +543,7 @@ Status Group::ring(Op& o, std::span<const std::byte> in, size_t count, size_t es
     if (auto s = o.wait(first_pending + i); !s) return s;
     if (p.gathering) {
       if (p.step < n - 2) {
-        if (auto s = o.offer(ring_tag("ag", p.step + 1, p.off), p.into); !s) return s;
+        if (auto s = o.offer(ring_tag("ag", p.step + 1, p.off), p.into, {right}); !s) return s;
       }
       continue;
     }
@@ -497,7 +565,7 @@ Status Group::ring(Op& o, std::span<const std::byte> in, size_t count, size_t es
     const bool last = p.step == n - 2;
     if (!last || !gather.empty()) {
       auto tag = last ? ring_tag("ag", 0, p.off) : ring_tag("rs", p.step + 1, p.off);
-      if (auto s = o.offer(tag, sum); !s) return s;
+      if (auto s = o.offer(tag, sum, {right}); !s) return s;
     }
   }
   o.pending.resize(first_pending);
@@ -516,10 +584,10 @@ Status Group::direct_reduce_scatter(Op& o, std::span<const std::byte> in, size_t
   // Rank q fetches chunk q of every other rank's input, offered as rs<q>.
   for (int q = 0; q < n; ++q) {
     if (auto chunk = chunk_of(in, count, esize, q, n); q != rank_ && !chunk.empty()) {
-      if (auto s = o.offer("rs" + std::to_string(q), chunk); !s) return s;
+      if (auto s = o.offer("rs", chunk, {q}); !s) return s;
     }
   }
-  return o.gather_reduce("rs" + std::to_string(rank_), mine, dtype, op, out);
+  return o.gather_reduce("rs", mine, dtype, op, out);
 }
 
 Status Group::broadcast(std::span<std::byte> data, int root) {
@@ -528,10 +596,9 @@ Status Group::broadcast(std::span<std::byte> data, int root) {
   Op o(*this, "broadcast");
   if (size() == 1) return {};
   if (rank_ == root) {
-    if (auto s = o.offer("bc", data); !s) return s;
+    if (auto s = o.offer("bc", data, o.others()); !s) return s;
   } else {
     o.take(root, "bc", data);
-    if (auto s = o.wait_all(); !s) return s;
   }
   return o.finish();
 }
@@ -545,11 +612,10 @@ Status Group::allgather(std::span<const std::byte> in, std::span<std::byte> out)
   Op o(*this, "allgather");
   std::memcpy(out.data() + static_cast<size_t>(rank_) * in.size(), in.data(), in.size());
   if (n == 1) return {};
-  if (auto s = o.offer("ag", in); !s) return s;
+  if (auto s = o.offer("ag", in, o.others()); !s) return s;
   for (int q = 0; q < size(); ++q) {
     if (q != rank_) o.take(q, "ag", out.subspan(static_cast<size_t>(q) * in.size(), in.size()));
   }
-  if (auto s = o.wait_all(); !s) return s;
   return o.finish();
 }
 

@@ -12,8 +12,9 @@
 // `ring_threshold`, an exchange (reduce-scatter then allgather, each one round of direct
 // fetches); above it, a ring (the same two phases around the ring, 2(N-1)/N of the tensor per
 // rank either way), pipelined in segments of `segment_bytes` reduced and passed on as they land.
-// Every rank gets bit-identical results. A call returns once its offers are collected: the caller
-// may reuse its buffers at once.
+// Every rank gets bit-identical results. Each offer is for one rank, which fetches it once; a call
+// ends when this rank's fetches are done and every offer has been served (no barrier), and
+// returns once its offers are collected: the caller may reuse its buffers at once.
 //
 // Threading: a Group is used by one thread at a time; every rank calls the same collectives in
 // the same order (like MPI). Calls block until done, never longer than `timeout`.
@@ -44,6 +45,10 @@ struct GroupOptions {
   size_t direct_threshold = 64u << 10;       // bytes: direct allreduce below
   size_t ring_threshold = 8u << 20;          // bytes: exchange (RS + AG) below, ring from here
   size_t segment_bytes = 512u << 10;         // ring pipeline unit (each a fetch of its own)
+  // During a call, poll instead of sleeping: the context's io threads (Context::BusyPoll) and the
+  // calling thread yield the core between checks, like Open MPI's progress engine, so each step
+  // costs no wake-up. Costs up to a core per rank while a call runs; idle ranks sleep.
+  bool busy_wait = true;
 };
 
 // The outcome of a collective: ok, or the error, the rank it came from (-1: local) and a
@@ -112,9 +117,9 @@ class Group {
   std::vector<std::string> addresses_;
   int rank_;
   GroupOptions options_;
-  std::vector<Peer> peers_;                  // by rank; invalid for this rank
-  uint64_t seq_ = 0;                         // collectives started
-  std::vector<ObjectRef> previous_markers_;  // released once every rank is past their op
+  std::vector<Peer> peers_;         // by rank; invalid for this rank
+  uint64_t seq_ = 0;                // collectives started
+  std::vector<ObjectRef> markers_;  // join, fail and leave markers, kept while it lives
   // The ring's receive space, kept across calls (page faults and zeroing of a fresh buffer per
   // call cost about a third of a large allreduce): up to the size of the largest tensor reduced.
   std::vector<std::byte> scratch_;

@@ -1,5 +1,7 @@
 #include "net/context.h"
 
+#include <sched.h>
+
 #include <algorithm>
 #include <boost/asio/bind_executor.hpp>
 #include <boost/asio/connect.hpp>
@@ -390,7 +392,12 @@ Context::Context(ContextOptions options) : impl_(std::make_shared<Impl>(std::mov
     impl_->threads.emplace_back([impl = impl_.get()] {
       for (;;) {
         try {
-          impl->io.run();
+          // Sleeps in the reactor between events, except while a BusyPoll is held.
+          while (impl->io.run_one() > 0) {
+            while (impl->busy_polls.load(std::memory_order_relaxed) > 0 && !impl->io.stopped()) {
+              if (impl->io.poll() == 0) sched_yield();
+            }
+          }
           return;
         } catch (const std::exception& e) {
           FERRY_LOG_ERROR("exception escaped a completion handler: {}", e.what());
@@ -406,6 +413,23 @@ Result<std::unique_ptr<Context>> Context::create(ContextOptions options) {
   } catch (const std::system_error& e) {
     return e.code();
   }
+}
+
+Context::BusyPoll::BusyPoll(Context& ctx) : impl_(ctx.impl_) {
+  // Wakes a thread sleeping in the reactor, so that it starts polling now.
+  if (impl_->busy_polls.fetch_add(1) == 0) asio::post(impl_->io, [] {});
+}
+
+Context::BusyPoll::~BusyPoll() {
+  if (impl_) impl_->busy_polls.fetch_sub(1);
+}
+
+Context::BusyPoll& Context::BusyPoll::operator=(BusyPoll&& other) noexcept {
+  if (this != &other) {
+    if (impl_) impl_->busy_polls.fetch_sub(1);
+    impl_ = std::move(other.impl_);
+  }
+  return *this;
 }
 
 Context::~Context() {
@@ -625,6 +649,7 @@ Result<ObjectRef> Context::put(std::vector<Tensor> tensors, std::shared_ptr<void
     }
   }
   if (!md.extension.empty()) store.set_extension(id, md.extension);
+  if (options.on_served) store.set_on_served(id, std::move(options.on_served));
   if (options.exclusive) {
     if (options.transport.empty()) {
       store.release(id);

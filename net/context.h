@@ -108,6 +108,11 @@ struct PutOptions {
   // on this side until it is. Unique among this context's live objects (a taken name is
   // errc::invalid_argument); freed when the object is collected.
   std::string name;
+  // Runs on an io thread each time a fetch of this object has been served: over a two-sided
+  // transport once all its bytes went to the data channel, over a one-sided one once the fetcher
+  // reported that its reads succeeded. Not for failed or aborted serves. Must not block (the
+  // collectives count their offers' serves with it, to know when every rank has what it needs).
+  std::function<void()> on_served;
 };
 
 class Context {
@@ -172,6 +177,23 @@ class Context {
   void close();
 
   struct Impl;
+
+  // While one is held, the io threads do not sleep in the reactor: they poll it and yield the
+  // core between rounds (sched_yield), so a message is handled as soon as it arrives rather than
+  // after a wake-up (tens of microseconds on a virtual machine whose idle CPUs halt). For
+  // latency-bound stretches: the collectives hold one during each call (GroupOptions::busy_wait).
+  // Costs up to a core per io thread while held. Move-only; any thread.
+  class BusyPoll {
+   public:
+    BusyPoll() = default;
+    explicit BusyPoll(Context& ctx);
+    ~BusyPoll();
+    BusyPoll(BusyPoll&& other) noexcept : impl_(std::move(other.impl_)) {}
+    BusyPoll& operator=(BusyPoll&& other) noexcept;
+
+   private:
+    std::shared_ptr<Impl> impl_;
+  };
 
  private:
   using ConnectHandler = boost::asio::any_completion_handler<void(boost::system::error_code, Peer)>;

@@ -66,6 +66,7 @@ struct Context::Impl : std::enable_shared_from_this<Context::Impl> {
   std::unordered_map<uint64_t, std::weak_ptr<Session>> sessions;  // by local id
   std::atomic<uint64_t> next_session_id{1};
   std::atomic<bool> closed{false};
+  std::atomic<int> busy_polls{0};              // Context::BusyPoll held
   std::map<std::string, uint64_t> negotiated;  // under mu
 
   // Counts the transport a new peer connection chose and says so once, loudly when it is not

@@ -428,13 +428,34 @@ void Session::handle_fetch(uint64_t rid, const wire::Fetch& msg) {
   serving_.emplace(rid, transport);
   FERRY_LOG_DEBUG("peer '{}': request {} served: object {} '{}' over {}", info_.name, rid, id,
                   msg.name(), transport->name());
-  transport->send_multiple(*this, rid, std::move(pin),
-                           [self = shared_from_this(), rid](std::error_code ec) {
-                             self->serving_.erase(rid);
-                             if (ec && ec != errc::aborted && self->is_open()) {
-                               self->send_error(rid, ec, "send failed", false);
-                             }
-                           });
+  auto served = pin.object().on_served;
+  transport->send_multiple(
+      *this, rid, std::move(pin),
+      [self = shared_from_this(), rid, served = std::move(served)](std::error_code ec) {
+        self->serving_.erase(rid);
+        if (!ec && served) served();
+        if (ec && ec != errc::aborted && served && self->is_open()) {
+          if (self->unsettled_order_.size() >= self->ctx_->options.max_requests_per_peer) {
+            self->unsettled_.erase(self->unsettled_order_.front());
+            self->unsettled_order_.pop_front();
+          }
+          self->unsettled_.emplace(rid, served);
+          self->unsettled_order_.push_back(rid);
+        }
+        if (ec && ec != errc::aborted && self->is_open()) {
+          self->send_error(rid, ec, "send failed", false);
+        }
+      });
+}
+
+void Session::settle(uint64_t request_id) {
+  auto it = unsettled_.find(request_id);
+  if (it == unsettled_.end()) return;
+  auto served = std::move(it->second);
+  unsettled_.erase(it);
+  FERRY_LOG_DEBUG("peer '{}': request {} served after all (the fetcher has every byte)", info_.name,
+                  request_id);
+  served();
 }
 
 void Session::on_named(const std::string& name) {
@@ -1082,6 +1103,8 @@ void Session::do_close(std::error_code ec) {
     pending.state->complete(close_reason_);
   }
   serving_.clear();
+  unsettled_.clear();
+  unsettled_order_.clear();
   auto rpcs = std::move(rpcs_);
   rpcs_.clear();
   for (auto& [id, pending] : rpcs) {

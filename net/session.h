@@ -72,6 +72,7 @@ class Session final : public PeerLink, public std::enable_shared_from_this<Sessi
   void fail(std::error_code ec) override;
   void send_transport_message(std::string_view transport, uint64_t request_id,
                               std::string payload) override;
+  void settle(uint64_t request_id) override;
   void async_open_side_connection(std::string_view transport, SideConnectionHandler done) override;
   bool install_channel(std::string_view transport,
                        std::shared_ptr<TransportChannel> channel) override;
@@ -171,6 +172,11 @@ class Session final : public PeerLink, public std::enable_shared_from_this<Sessi
   std::atomic<uint64_t> next_request_id_;
   std::unordered_map<uint64_t, PendingFetch> fetches_;
   std::unordered_map<uint64_t, std::shared_ptr<TransportManager>> serving_;
+  // Serves of objects that count them which failed on this side while the peer lives: the
+  // fetcher may have every byte all the same, and its word (settle) counts them. At most
+  // max_requests_per_peer, oldest dropped first.
+  std::unordered_map<uint64_t, std::function<void()>> unsettled_;
+  std::deque<uint64_t> unsettled_order_;
   std::unordered_map<uint64_t, Parked> parked_;
   std::unordered_map<uint64_t, PendingRpc> rpcs_;
   std::unordered_map<std::string, ChannelSlot> channels_;

@@ -100,6 +100,11 @@ class PeerLink {
   // fails that channel's own pending fetches first.
   virtual void drop_channel(std::string_view transport, std::error_code ec) = 0;
 
+  // Owner side: the fetcher says every byte of `request_id` arrived, after the transport had
+  // already ended that serve with an error (its channel broke after the bytes had gone): the
+  // object counts it as served now (StoredObject::on_served). Unknown ids are ignored. Strand.
+  virtual void settle(uint64_t request_id) = 0;
+
   // Sends a transport-private control message on the metadata channel.
   virtual void send_transport_message(std::string_view transport, uint64_t request_id,
                                       std::string payload) = 0;
@@ -158,6 +163,9 @@ class TransportManager {
 
   // Owner side, two-sided transports: send the pinned object for `request_id`; the pin keeps it
   // alive until `done` runs (exactly once, on the strand). One-sided transports grant access here.
+  // `done` with success means the fetcher has the bytes when the object counts its serves
+  // (StoredObject::on_served, which ferry then runs): a two-sided transport waits for the
+  // fetcher's word, a one-sided one for the release that says its reads succeeded.
   virtual void send_multiple(PeerLink& link, uint64_t request_id, ObjectStore::Pin object,
                              SendDone done) = 0;
 

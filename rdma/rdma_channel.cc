@@ -279,7 +279,7 @@ void RdmaChannel::on_grant(uint64_t request_id, const wire::Grant& grant) {
   FERRY_LOG_DEBUG("rdma: queue pair {}: grant for request {}{}", qp_->qp_num, request_id,
                   it == fetches_.end() ? " (no such fetch: released)" : "");
   if (it == fetches_.end() || it->second.aborted || it->second.granted) {
-    send_release(request_id);  // aborted meanwhile: end the owner's lease at once
+    send_release(request_id, false);  // aborted meanwhile: end the owner's lease at once
     return;
   }
   auto& f = it->second;
@@ -382,7 +382,7 @@ void RdmaChannel::maybe_finish(uint64_t request_id) {
   const bool aborted = f.aborted;
   const auto ec = f.error;
   fetches_.erase(it);  // drops the target registrations
-  if (granted) send_release(request_id);
+  if (granted) send_release(request_id, !aborted && !ec);
   if (auto link = link_.lock()) link->complete_fetch(request_id, aborted ? std::error_code() : ec);
 }
 
@@ -392,7 +392,7 @@ bool RdmaChannel::abort_fetch(uint64_t request_id) {
   auto& f = it->second;
   f.reads.clear();  // READs not yet posted are simply dropped
   if (f.posted == 0) {
-    if (f.granted) send_release(request_id);
+    if (f.granted) send_release(request_id, false);
     fetches_.erase(it);
     return true;
   }
@@ -401,11 +401,11 @@ bool RdmaChannel::abort_fetch(uint64_t request_id) {
   return false;
 }
 
-void RdmaChannel::send_release(uint64_t request_id) {
+void RdmaChannel::send_release(uint64_t request_id, bool read) {
   auto link = link_.lock();
   if (!link || !link->is_open()) return;
   wire::Message m;
-  m.set_release(true);
+  m.set_release(read);
   link->send_transport_message(kTransportName, request_id, m.SerializeAsString());
 }
 
@@ -581,7 +581,7 @@ void RdmaChannel::fail(std::error_code ec) {
   fetches_.clear();
   auto link = link_.lock();
   for (auto& [id, f] : fetches) {
-    if (f.granted) send_release(id);
+    if (f.granted) send_release(id, false);
     if (link) link->complete_fetch(id, f.aborted ? std::error_code() : (f.error ? f.error : ec));
   }
   if (link && !link->info().initiator && link->is_open()) {

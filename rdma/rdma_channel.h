@@ -130,7 +130,8 @@ class RdmaChannel final : public TransportChannel,
   void watch_posted();
   void post_reads();
   void maybe_finish(uint64_t request_id);
-  void send_release(uint64_t request_id);
+  // Ends the owner's lease; `read` says whether every READ of the fetch succeeded.
+  void send_release(uint64_t request_id, bool read);
   void post_binds();
   void on_bound(uint64_t request_id);
   void send_grant(uint64_t request_id, const wire::Grant& grant);

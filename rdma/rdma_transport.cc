@@ -153,7 +153,14 @@ void RdmaTransport::on_transport_message(PeerLink& link, uint64_t request_id,
       if (auto ch = channel_of(link)) return ch->on_grant(request_id, m.grant());
       return;
     case wire::Message::kRelease:
-      if (auto ch = channel_of(link)) ch->end_lease(request_id, {});
+      // A fetch whose READs failed (or that was aborted) ends the lease without being served;
+      // one that succeeded after this side's queue pair broke (the lease ended) still counts.
+      if (auto ch = channel_of(link);
+          !(ch && ch->end_lease(request_id, m.release() ? std::error_code()
+                                                        : make_error_code(errc::aborted))) &&
+          m.release()) {
+        link.settle(request_id);
+      }
       return;
     case wire::Message::kReset:
       if (link.info().initiator) {

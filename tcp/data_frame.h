@@ -13,6 +13,9 @@ static_assert(std::endian::native == std::endian::little,
 
 inline constexpr uint32_t kDataMagic = 0x44595246;  // "FRYD"
 inline constexpr uint32_t kFlagEnd = 1;             // last chunk of the request
+// On a last chunk: confirm receipt (the object counts its serves, PutOptions::on_served), with an
+// empty TransportMessage on the metadata channel, which outlives a broken data connection.
+inline constexpr uint32_t kFlagAckWanted = 2;
 
 struct DataHeader {
   uint32_t magic = kDataMagic;

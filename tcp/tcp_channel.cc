@@ -11,6 +11,7 @@
 
 #include "net/errors.h"
 #include "net/log.h"
+#include "tcp/tcp_transport.h"
 
 namespace ferry::tcp {
 namespace asio = boost::asio;
@@ -168,6 +169,9 @@ void TcpChannel::finish_request() {
   const bool complete = it->second.remaining == 0;
   recvs_.erase(it);
   if (auto link = link_.lock()) {
+    if (complete && (header_.flags & kFlagAckWanted)) {
+      link->send_transport_message(kTransportName, header_.request_id, {});
+    }
     link->complete_fetch(header_.request_id, complete ? std::error_code() : errc::protocol_error);
   }
 }
@@ -183,8 +187,27 @@ void TcpChannel::post_send(uint64_t request_id, ObjectStore::Pin object, SendDon
   s.request_id = request_id;
   s.object = std::move(object);
   s.done = std::move(done);
+  s.ack = static_cast<bool>(s.object.object().on_served);
   sends_.push_back(std::move(s));
   pump();
+}
+
+bool TcpChannel::on_ack(uint64_t request_id) {
+  auto it = awaiting_ack_.find(request_id);
+  if (it == awaiting_ack_.end()) {
+    // The fetcher can answer before this side has seen its last write complete.
+    for (auto& s : sends_) {
+      if (s.request_id == request_id && s.sent_end && s.done) {
+        s.acked = true;
+        return true;
+      }
+    }
+    return false;
+  }
+  auto done = std::move(it->second);
+  awaiting_ack_.erase(it);
+  if (done) done({});
+  return true;
 }
 
 void TcpChannel::pump() {
@@ -209,7 +232,7 @@ void TcpChannel::pump() {
     }
   }
   out_header_ = DataHeader{};
-  out_header_.flags = last ? kFlagEnd : 0;
+  out_header_.flags = last ? kFlagEnd | (s.ack ? kFlagAckWanted : 0) : 0;
   out_header_.request_id = s.request_id;
   out_header_.tensor = s.tensor < tensors.size() ? static_cast<uint32_t>(s.tensor) : 0;
   out_header_.offset = s.offset;
@@ -240,8 +263,14 @@ void TcpChannel::pump() {
 
 void TcpChannel::finish_send(std::deque<Send>::iterator it, std::error_code ec) {
   auto done = std::move(it->done);
-  sends_.erase(it);  // drops the pin
-  if (done) done(ec);
+  const bool ack = it->ack && !it->acked && !ec;
+  const uint64_t request_id = it->request_id;
+  sends_.erase(it);  // drops the pin: the bytes are written
+  if (ack && done) {
+    awaiting_ack_.emplace(request_id, std::move(done));
+  } else if (done) {
+    done(ec);
+  }
 }
 
 // ---------------------------------------------------------------- abort and close
@@ -251,6 +280,12 @@ void TcpChannel::abort(uint64_t request_id) {
   if (recvs_.erase(request_id) && read_state_ == ReadState::payload &&
       header_.request_id == request_id) {
     payload_dst_ = nullptr;
+  }
+  if (auto it = awaiting_ack_.find(request_id); it != awaiting_ack_.end()) {
+    auto done = std::move(it->second);
+    awaiting_ack_.erase(it);
+    if (done) done(errc::aborted);
+    return;
   }
   // Send side: a chunk being written finishes first (its bytes are in flight), then the send
   // ends with an end marker missing: the fetcher has dropped the request already.
@@ -286,8 +321,13 @@ void TcpChannel::close(std::error_code ec) {
   recvs_.clear();
   auto sends = std::move(sends_);
   sends_.clear();
+  auto awaiting = std::move(awaiting_ack_);
+  awaiting_ack_.clear();
   for (auto& s : sends) {
     if (s.done) s.done(ec);
+  }
+  for (auto& [id, done] : awaiting) {
+    if (done) done(ec);
   }
 }
 

@@ -7,7 +7,10 @@
 // header and payload in one call); a large payload's remainder is received straight into its
 // target.
 // Sending: requests are served round-robin in chunks of `chunk_bytes`, each an async_write of
-// {header, payload} straight from the pinned object.
+// {header, payload} straight from the pinned object. A send of an object that counts its serves
+// (PutOptions::on_served) completes when the fetcher acknowledges receipt (an empty
+// TransportMessage on the metadata channel), not when its bytes are written: written bytes can
+// still be lost with the connection.
 #pragma once
 
 #include <boost/asio/ip/tcp.hpp>
@@ -32,6 +35,9 @@ class TcpChannel final : public TransportChannel, public std::enable_shared_from
   void post_recv(const FetchOp& op);
   void post_send(uint64_t request_id, ObjectStore::Pin object, SendDone done);
   void abort(uint64_t request_id);
+  // Owner side: the fetcher's acknowledgement of a request arrived. False if no send of this
+  // channel waits for it.
+  bool on_ack(uint64_t request_id);
   void close(std::error_code ec) override;
 
  private:
@@ -46,6 +52,8 @@ class TcpChannel final : public TransportChannel, public std::enable_shared_from
     size_t tensor = 0;
     uint64_t offset = 0;
     bool sent_end = false;
+    bool ack = false;    // completes on the fetcher's acknowledgement
+    bool acked = false;  // which came before the last chunk's write completed
   };
   enum class ReadState { header, payload };
 
@@ -82,6 +90,7 @@ class TcpChannel final : public TransportChannel, public std::enable_shared_from
 
   // send side
   std::deque<Send> sends_;
+  std::unordered_map<uint64_t, SendDone> awaiting_ack_;  // written, not yet acknowledged
   bool writing_ = false;
   uint64_t writing_request_ = 0;
   DataHeader out_header_;

@@ -2,6 +2,7 @@
 
 #include "net/context.h"
 #include "net/errors.h"
+#include "net/log.h"
 #include "tcp/tcp_channel.h"
 
 namespace ferry::tcp {
@@ -58,6 +59,17 @@ bool TcpTransport::abort(PeerLink& link, uint64_t request_id) {
     ch->abort(request_id);
   }
   return true;
+}
+
+void TcpTransport::on_transport_message(PeerLink& link, uint64_t request_id,
+                                        std::string_view payload) {
+  if (!payload.empty()) {
+    FERRY_LOG_WARN("TCP: unknown control message from peer '{}'", link.info().name);
+    return;
+  }
+  auto ch = std::static_pointer_cast<TcpChannel>(link.channel(kTransportName));
+  // Not waited for by the channel: its send failed when a broken connection took it.
+  if (!ch || !ch->on_ack(request_id)) link.settle(request_id);
 }
 
 void TcpTransport::garbage_collect(const StoredObject&) {

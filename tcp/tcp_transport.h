@@ -31,6 +31,8 @@ class TcpTransport final : public TransportManager {
   void send_multiple(PeerLink& link, uint64_t request_id, ObjectStore::Pin object,
                      SendDone done) override;
   bool abort(PeerLink& link, uint64_t request_id) override;
+  // The fetcher's acknowledgement of a send that asked for one (an empty payload).
+  void on_transport_message(PeerLink& link, uint64_t request_id, std::string_view payload) override;
   void garbage_collect(const StoredObject& object) override;
 
   // Objects collected so far (for tests and `ferry serve` statistics).
