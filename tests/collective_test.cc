@@ -407,7 +407,7 @@ TEST_P(Collective, OffersAreCollectedWhenACallReturns) {
     ranks.run([&](int r) {
       auto s = ranks.group(r).allreduce(data[r], DType::kFloat64, ReduceOp::kSum);
       ASSERT_TRUE(s.ok()) << s.message;
-      // What is left in this rank's store: the barrier marker only.
+      // What is left in this rank's store: the join marker only.
       EXPECT_LE(ranks.context(r).refs().size(), 1u) << "rank " << r;
     });
   }
