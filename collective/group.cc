@@ -192,7 +192,8 @@ struct Group::Op {
   // order would hide the failure behind the deadline.
   Status wait(size_t i) {
     for (;;) {
-      auto& [from, req, object, into, retries] = pending[i];
+      const int from = pending[i].from;
+      const FetchRequest req = pending[i].req;  // a handle: a restart replaces pending[i].req
       // The fetch's outcome, not wait()'s: a wait that runs out as the fetch completes returns
       // timed_out for a fetch that succeeded.
       pause(
