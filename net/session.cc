@@ -1,5 +1,6 @@
 #include "net/session.h"
 
+#include <algorithm>
 #include <boost/asio/bind_executor.hpp>
 #include <boost/asio/connect.hpp>
 #include <boost/asio/post.hpp>
@@ -433,23 +434,24 @@ void Session::handle_fetch(uint64_t rid, const wire::Fetch& msg) {
       *this, rid, std::move(pin),
       [self = shared_from_this(), rid, served = std::move(served)](std::error_code ec) {
         self->serving_.erase(rid);
-        if (!ec && served) served();
-        if (ec && ec != errc::aborted && served && self->is_open()) {
-          if (self->unsettled_order_.size() >= self->ctx_->options.max_requests_per_peer) {
-            self->unsettled_.erase(self->unsettled_order_.front());
-            self->unsettled_order_.pop_front();
+        if (!ec) {
+          if (served) served();
+          return;
+        }
+        if (ec == errc::aborted || !self->is_open()) return;
+        if (served) {
+          if (self->unsettled_.size() >= self->ctx_->options.max_requests_per_peer) {
+            self->unsettled_.pop_front();
           }
-          self->unsettled_.emplace(rid, served);
-          self->unsettled_order_.push_back(rid);
+          self->unsettled_.emplace_back(rid, served);
         }
-        if (ec && ec != errc::aborted && self->is_open()) {
-          self->send_error(rid, ec, "send failed", false);
-        }
+        self->send_error(rid, ec, "send failed", false);
       });
 }
 
 void Session::settle(uint64_t request_id) {
-  auto it = unsettled_.find(request_id);
+  auto it = std::find_if(unsettled_.begin(), unsettled_.end(),
+                         [&](const auto& u) { return u.first == request_id; });
   if (it == unsettled_.end()) return;
   auto served = std::move(it->second);
   unsettled_.erase(it);
@@ -1104,7 +1106,6 @@ void Session::do_close(std::error_code ec) {
   }
   serving_.clear();
   unsettled_.clear();
-  unsettled_order_.clear();
   auto rpcs = std::move(rpcs_);
   rpcs_.clear();
   for (auto& [id, pending] : rpcs) {

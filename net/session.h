@@ -174,9 +174,8 @@ class Session final : public PeerLink, public std::enable_shared_from_this<Sessi
   std::unordered_map<uint64_t, std::shared_ptr<TransportManager>> serving_;
   // Serves of objects that count them which failed on this side while the peer lives: the
   // fetcher may have every byte all the same, and its word (settle) counts them. At most
-  // max_requests_per_peer, oldest dropped first.
-  std::unordered_map<uint64_t, std::function<void()>> unsettled_;
-  std::deque<uint64_t> unsettled_order_;
+  // max_requests_per_peer, oldest dropped first (rare: only after a channel broke).
+  std::deque<std::pair<uint64_t, std::function<void()>>> unsettled_;
   std::unordered_map<uint64_t, Parked> parked_;
   std::unordered_map<uint64_t, PendingRpc> rpcs_;
   std::unordered_map<std::string, ChannelSlot> channels_;

@@ -152,16 +152,16 @@ void RdmaTransport::on_transport_message(PeerLink& link, uint64_t request_id,
     case wire::Message::kGrant:
       if (auto ch = channel_of(link)) return ch->on_grant(request_id, m.grant());
       return;
-    case wire::Message::kRelease:
+    case wire::Message::kRelease: {
       // A fetch whose READs failed (or that was aborted) ends the lease without being served;
-      // one that succeeded after this side's queue pair broke (the lease ended) still counts.
-      if (auto ch = channel_of(link);
-          !(ch && ch->end_lease(request_id, m.release() ? std::error_code()
-                                                        : make_error_code(errc::aborted))) &&
-          m.release()) {
-        link.settle(request_id);
-      }
+      // one that succeeded after this side's lease ended (its queue pair broke) still counts.
+      const bool read = m.release();
+      auto ch = channel_of(link);
+      const bool leased = ch && ch->end_lease(request_id, read ? std::error_code()
+                                                               : make_error_code(errc::aborted));
+      if (!leased && read) link.settle(request_id);
       return;
+    }
     case wire::Message::kReset:
       if (link.info().initiator) {
         if (auto ch = channel_of(link)) ch->post_inject_error();
