@@ -25,15 +25,6 @@ std::span<Byte> chunk_of(std::span<Byte> data, size_t count, size_t esize, int q
   return data.subspan(first * esize, (last - first) * esize);
 }
 
-// Waits until `ready` or for 5 ms: by yielding the core between checks (busy waiting that lets
-// other threads run) or, without `busy`, by `sleep` (which returns early when woken).
-template <typename Ready, typename Sleep>
-void pause(bool busy, Ready ready, Sleep sleep) {
-  if (!busy) return sleep(milliseconds(5));
-  const auto until = Clock::now() + milliseconds(5);
-  while (!ready() && Clock::now() < until) sched_yield();
-}
-
 milliseconds left_until(Clock::time_point deadline) {
   return std::max(milliseconds(0),
                   std::chrono::duration_cast<milliseconds>(deadline - Clock::now()));
@@ -73,10 +64,39 @@ struct Group::Op {
     end_watches();
     for (const auto& ref : offered) g.ctx_.release(ref);
     const auto bound = g.ctx_.options().lease_timeout + milliseconds(1000);
-    std::unique_lock lock(offers->mu);
-    if (!offers->cv.wait_for(lock, bound, [&] { return offers->live == 0; })) {
+    const auto until = Clock::now() + bound;
+    const auto live = [&] {
+      std::lock_guard lock(offers->mu);
+      return offers->live;
+    };
+    while (live() > 0 && Clock::now() < until) {
+      pause([&] { return live() == 0; },
+            [&](milliseconds t) {
+              std::unique_lock lock(offers->mu);
+              offers->cv.wait_for(lock, t, [&] { return offers->live == 0; });
+            });
+    }
+    if (const int left = live(); left > 0) {
       FERRY_LOG_WARN("collective: {} #{}: {} offers still held by peers after {} ms", what, seq,
-                     offers->live, bound.count());
+                     left, bound.count());
+    }
+  }
+
+  // Waits until `ready` or for up to 5 ms. With busy waiting this thread runs the context
+  // between checks (Context::BusyPoll: its io threads are parked) and yields the core when
+  // nothing was ready; otherwise it calls `sleep`, which returns early when woken.
+  template <typename Ready, typename Sleep>
+  void pause(Ready ready, Sleep sleep) {
+    if (!busy) return sleep(milliseconds(5));
+    const auto until = Clock::now() + milliseconds(5);
+    while (!ready() && Clock::now() < until) {
+      if (busy.poll() == 0) sched_yield();
+    }
+  }
+  // Waits until `req` has completed or `until`.
+  void settle(const FetchRequest& req, Clock::time_point until) {
+    while (!req.done() && Clock::now() < until) {
+      pause([&] { return req.done(); }, [&](milliseconds t) { req.wait(t); });
     }
   }
 
@@ -126,7 +146,7 @@ struct Group::Op {
     for (auto& p : pending) {
       std::error_code ec;
       do {
-        p.req.wait(left_until(deadline) + milliseconds(1000));
+        settle(p.req, deadline + milliseconds(1000));
         ec = p.req.outcome().value_or(make_error_code(errc::timed_out));
       } while (ec && restarted(p, ec));
       if (ec) missing.push_back(p.from);
@@ -196,8 +216,7 @@ struct Group::Op {
       const FetchRequest req = pending[i].req;  // a handle: a restart replaces pending[i].req
       // The fetch's outcome, not wait()'s: a wait that runs out as the fetch completes returns
       // timed_out for a fetch that succeeded.
-      pause(
-          g.options_.busy_wait, [&] { return req.done(); }, [&](milliseconds t) { req.wait(t); });
+      pause([&] { return req.done(); }, [&](milliseconds t) { req.wait(t); });
       if (auto outcome = req.outcome()) {
         if (!*outcome) return {};
         if (restarted(pending[i], *outcome)) continue;
@@ -264,7 +283,7 @@ struct Group::Op {
     if (auto s = wait_all(); !s) return s;
     const auto served = [&] { return offers->unserved.load() <= 0; };
     while (!served()) {
-      pause(g.options_.busy_wait, served, [&](milliseconds t) {
+      pause(served, [&](milliseconds t) {
         std::unique_lock lock(offers->mu);
         offers->cv.wait_for(lock, t, served);
       });
@@ -315,7 +334,7 @@ struct Group::Op {
   }
   void end_watches() {
     for (auto& w : watches) w.req.abort();
-    for (auto& w : watches) w.req.wait(left_until(deadline) + milliseconds(1000));
+    for (auto& w : watches) settle(w.req, deadline + milliseconds(1000));
     watches.clear();
   }
   Status fail(int rank, std::error_code ec, const std::string& doing) {
@@ -337,7 +356,7 @@ struct Group::Op {
     // Aborted fetches may still have READs in flight into their targets: the caller frees
     // those only once every fetch has completed (each is bounded by the call's deadline).
     for (auto& p : pending) p.req.abort();
-    for (auto& p : pending) p.req.wait(left_until(deadline) + milliseconds(1000));
+    for (auto& p : pending) settle(p.req, deadline + milliseconds(1000));
     pending.clear();
     g.failed_ = s;
     return s;

@@ -45,9 +45,10 @@ struct GroupOptions {
   size_t direct_threshold = 64u << 10;       // bytes: direct allreduce below
   size_t ring_threshold = 8u << 20;          // bytes: exchange (RS + AG) below, ring from here
   size_t segment_bytes = 512u << 10;         // ring pipeline unit (each a fetch of its own)
-  // During a call, poll instead of sleeping: the context's io threads (Context::BusyPoll) and the
-  // calling thread yield the core between checks, like Open MPI's progress engine, so each step
-  // costs no wake-up. Costs up to a core per rank while a call runs; idle ranks sleep.
+  // During a call, poll instead of sleeping: the calling thread runs the context itself
+  // (Context::BusyPoll; its io threads park) and yields the core when nothing was ready, like
+  // Open MPI's progress engine, so each step costs no wake-up and no thread hand-off. Costs up
+  // to a core per rank while a call runs; between calls the io threads sleep.
   bool busy_wait = true;
 };
 

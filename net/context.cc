@@ -1,7 +1,5 @@
 #include "net/context.h"
 
-#include <sched.h>
-
 #include <algorithm>
 #include <boost/asio/bind_executor.hpp>
 #include <boost/asio/connect.hpp>
@@ -392,12 +390,8 @@ Context::Context(ContextOptions options) : impl_(std::make_shared<Impl>(std::mov
     impl_->threads.emplace_back([impl = impl_.get()] {
       for (;;) {
         try {
-          // Sleeps in the reactor between events, except while a BusyPoll is held.
-          while (impl->io.run_one() > 0) {
-            while (impl->busy_polls.load(std::memory_order_relaxed) > 0 && !impl->io.stopped()) {
-              if (impl->io.poll() == 0) sched_yield();
-            }
-          }
+          // Sleeps in the reactor between events; parks while a BusyPoll's holder runs the loop.
+          while (impl->io.run_one() > 0) impl->park_while_busy();
           return;
         } catch (const std::exception& e) {
           FERRY_LOG_ERROR("exception escaped a completion handler: {}", e.what());
@@ -415,21 +409,48 @@ Result<std::unique_ptr<Context>> Context::create(ContextOptions options) {
   }
 }
 
-Context::BusyPoll::BusyPoll(Context& ctx) : impl_(ctx.impl_) {
-  // Wakes a thread sleeping in the reactor, so that it starts polling now.
-  if (impl_->busy_polls.fetch_add(1) == 0) asio::post(impl_->io, [] {});
+void Context::Impl::park_while_busy() {
+  if (busy_polls.load() == 0) return;
+  std::unique_lock lock(park_mu);
+  park_cv.wait(lock, [this] { return busy_polls.load() == 0 || closed.load(); });
 }
 
-Context::BusyPoll::~BusyPoll() {
-  if (impl_) impl_->busy_polls.fetch_sub(1);
+void Context::Impl::unpark() {
+  std::lock_guard lock(park_mu);
+  park_cv.notify_all();
+}
+
+Context::BusyPoll::BusyPoll(Context& ctx) : impl_(ctx.impl_) {
+  // Wakes every io thread (the one in the reactor and the idle ones), so that each parks and
+  // leaves the reactor to the holder.
+  if (impl_->busy_polls.fetch_add(1) == 0) {
+    for (size_t i = 0; i < impl_->threads.size(); ++i) asio::post(impl_->io, [] {});
+  }
+}
+
+Context::BusyPoll::~BusyPoll() { end(); }
+
+void Context::BusyPoll::end() {
+  if (impl_ && impl_->busy_polls.fetch_sub(1) == 1) impl_->unpark();
+  impl_.reset();
 }
 
 Context::BusyPoll& Context::BusyPoll::operator=(BusyPoll&& other) noexcept {
   if (this != &other) {
-    if (impl_) impl_->busy_polls.fetch_sub(1);
+    end();
     impl_ = std::move(other.impl_);
   }
   return *this;
+}
+
+size_t Context::BusyPoll::poll() {
+  if (!impl_) return 0;
+  try {
+    return impl_->io.poll();
+  } catch (const std::exception& e) {
+    FERRY_LOG_ERROR("exception escaped a completion handler: {}", e.what());
+    return 1;
+  }
 }
 
 Context::~Context() {
@@ -439,6 +460,7 @@ Context::~Context() {
 
 void Context::close() {
   if (impl_->closed.exchange(true)) return;
+  impl_->unpark();  // the io threads run the loop again, held BusyPolls or not
   detail::remove_registry_listener(impl_->registry_listener);
   {
     std::lock_guard lock(impl_->mu);

@@ -178,11 +178,17 @@ class Context {
 
   struct Impl;
 
-  // While one is held, the io threads do not sleep in the reactor: they poll it and yield the
-  // core between rounds (sched_yield), so a message is handled as soon as it arrives rather than
-  // after a wake-up (tens of microseconds on a virtual machine whose idle CPUs halt). For
-  // latency-bound stretches: the collectives hold one during each call (GroupOptions::busy_wait).
-  // Costs up to a core per io thread while held. Move-only; any thread.
+  // While one is held, the holder's thread runs the context instead of its io threads, which
+  // park: the holder calls poll() between its own checks, so a message is handled by the thread
+  // that waits for it as soon as it arrives, with no wake-up (tens of microseconds on a virtual
+  // machine whose idle CPUs halt) and no hand-off between threads (Open MPI's progress engine
+  // works so). For latency-bound stretches: the collectives hold one during each call
+  // (GroupOptions::busy_wait). Contract: the holder calls poll() at least every few
+  // milliseconds and never blocks on anything that needs the context (FetchRequest::wait, a
+  // future of a fetch) while it holds one, or nothing of this context progresses meanwhile
+  // (other threads' fetches included); completion handlers, user callbacks among them, run on the
+  // holder's thread. Several holders (threads) may poll at once. Move-only; any thread but an io
+  // thread.
   class BusyPoll {
    public:
     BusyPoll() = default;
@@ -190,8 +196,15 @@ class Context {
     ~BusyPoll();
     BusyPoll(BusyPoll&& other) noexcept : impl_(std::move(other.impl_)) {}
     BusyPoll& operator=(BusyPoll&& other) noexcept;
+    explicit operator bool() const { return impl_ != nullptr; }
+
+    // Runs the context's ready handlers on the calling thread (reading its sockets first); returns
+    // how many ran (0: nothing was ready, or this one is empty). Never blocks. An exception from a
+    // handler is logged, as on the io threads. The holder's thread.
+    size_t poll();
 
    private:
+    void end();
     std::shared_ptr<Impl> impl_;
   };
 

@@ -5,6 +5,7 @@
 #include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
+#include <condition_variable>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -66,7 +67,13 @@ struct Context::Impl : std::enable_shared_from_this<Context::Impl> {
   std::unordered_map<uint64_t, std::weak_ptr<Session>> sessions;  // by local id
   std::atomic<uint64_t> next_session_id{1};
   std::atomic<bool> closed{false};
-  std::atomic<int> busy_polls{0};              // Context::BusyPoll held
+  std::atomic<int> busy_polls{0};  // Context::BusyPoll held
+  // While a BusyPoll is held the io threads park here (the holders run the io_context);
+  // notified when the last one ends and on close.
+  std::mutex park_mu;
+  std::condition_variable park_cv;
+  void park_while_busy();
+  void unpark();
   std::map<std::string, uint64_t> negotiated;  // under mu
 
   // Counts the transport a new peer connection chose and says so once, loudly when it is not

@@ -132,6 +132,37 @@ TEST_F(Loopback, CallbackStyleCompletesOnceAndNeverInline) {
   EXPECT_FALSE(inline_call);
 }
 
+TEST_F(Loopback, ABusyPollHolderRunsTheContextOnItsOwnThreadUntilItLetsGo) {
+  auto bytes = make_pattern(3 << 20, 4);
+  auto ref = server.put(bytes);
+  const auto holder = std::this_thread::get_id();
+  std::atomic<int> calls{0};
+  std::thread::id ran_on;
+  FetchResult got;
+  {
+    Context::BusyPoll busy(client);
+    ASSERT_TRUE(busy);
+    peer.async_fetch(ref, [&](boost::system::error_code ec, FetchResult r) {
+      EXPECT_FALSE(ec) << ec.message();
+      ran_on = std::this_thread::get_id();
+      got = std::move(r);
+      ++calls;
+    });
+    // The io threads are parked: without the holder's polling the fetch does not complete.
+    std::this_thread::sleep_for(200ms);
+    EXPECT_EQ(calls, 0);
+    const auto deadline = std::chrono::steady_clock::now() + 10s;
+    while (calls == 0 && std::chrono::steady_clock::now() < deadline) busy.poll();
+    ASSERT_EQ(calls, 1);
+    EXPECT_EQ(ran_on, holder);  // the callback ran on the holder's thread
+    EXPECT_TRUE(same_bytes(got.tensors[0], *bytes));
+  }
+  // Let go of: the io threads run the context again.
+  auto req = peer.fetch(ref);
+  ASSERT_FALSE(req.wait(10s));
+  EXPECT_TRUE(same_bytes(req.result().tensors[0], *bytes));
+}
+
 TEST_F(Loopback, FutureStyleDeliversValueOrThrows) {
   auto bytes = make_pattern(1 << 16, 4);
   auto ref = server.put(bytes);
