@@ -242,14 +242,17 @@ struct Group::Op {
     return {};
   }
   // Fetches `tag` (mine.size() bytes) from every other rank and reduces the N parts into `out`
-  // in rank order (this rank's own part is `mine`), each as soon as it and all before it have
-  // arrived. `out` must not overlap `mine`.
+  // (this rank's own part is `mine`), each as soon as it and all before it have arrived: in rank
+  // order, or, when `out` is `mine` (in place: no copy), this rank's part first and then the
+  // others in rank order. Either order is fixed, so results repeat bit for bit; the in-place
+  // one is for a chunk that only this rank reduces (others get it from this rank). `out` must
+  // otherwise not overlap `mine`.
   Status gather_reduce(const std::string& tag, std::span<const std::byte> mine, DType dtype,
                        ReduceOp op, std::span<std::byte> out) {
     if (mine.empty()) return {};
     const int n = g.size();
-    // Rank q's part lands in slot q of the Group's scratch (this rank's slot stays free: see
-    // Group::allreduce).
+    const bool in_place = out.data() == mine.data();
+    // Rank q's part lands in slot q of the Group's scratch (this rank's slot stays unused).
     const size_t size = mine.size();
     if (g.scratch_.size() < static_cast<size_t>(n) * size) g.scratch_.resize(n * size);
     std::vector<std::span<std::byte>> theirs(static_cast<size_t>(n));
@@ -258,14 +261,16 @@ struct Group::Op {
       theirs[q] = std::span(g.scratch_).subspan(q * size, size);
       take(q, tag, theirs[q]);
     }
-    size_t next = 0;  // into `pending`: the ranks in order, this one skipped
+    size_t next = 0;         // into `pending`: the ranks in order, this one skipped
+    bool first = !in_place;  // `out` holds nothing yet
     for (int q = 0; q < n; ++q) {
+      if (in_place && q == g.rank_) continue;
       std::span<const std::byte> part = mine;
       if (q != g.rank_) {
         if (auto s = wait(next++); !s) return s;
         part = theirs[q];
       }
-      if (q == 0) {
+      if (std::exchange(first, false)) {
         std::memcpy(out.data(), part.data(), part.size());
       } else if (auto ec = reduce_into(dtype, op, out, part)) {
         return fail(-1, ec, "reduce");
@@ -464,13 +469,12 @@ Status Group::allreduce(std::span<std::byte> data, DType dtype, ReduceOp op) {
   const size_t count = data.size() / esize;
   if (data.size() < options_.ring_threshold) {
     // Exchange: reduce-scatter and allgather, each one round of direct fetches: two hops, the
-    // ring's bytes. This rank's chunk is reduced (in rank order) into its free scratch slot,
-    // then copied into place. An allgather fetch lands in chunk q only after rank q has read
-    // this rank's chunk q, since q's reduced chunk needs it.
+    // ring's bytes. This rank's chunk, which no other rank reads, is reduced in place. An
+    // allgather fetch lands in chunk q only after rank q has read this rank's chunk q, since
+    // q's reduced chunk needs it.
     const auto mine = chunk_of(data, count, esize, rank_, n);
-    if (auto s = direct_reduce_scatter(o, data, count, esize, dtype, op, {}); !s) return s;
+    if (auto s = direct_reduce_scatter(o, data, count, esize, dtype, op, mine); !s) return s;
     if (!mine.empty()) {
-      std::memcpy(mine.data(), scratch_.data() + rank_ * mine.size(), mine.size());
       if (auto s = o.offer("ag", mine, o.others()); !s) return s;
     }
     for (int q = 0; q < n; ++q) {
@@ -597,10 +601,6 @@ Status Group::direct_reduce_scatter(Op& o, std::span<const std::byte> in, size_t
                                     std::span<std::byte> out) {
   const int n = size();
   const auto mine = chunk_of(in, count, esize, rank_, n);
-  if (out.empty() && !mine.empty()) {  // into this rank's free scratch slot (see gather_reduce)
-    if (scratch_.size() < n * mine.size()) scratch_.resize(n * mine.size());
-    out = std::span(scratch_).subspan(rank_ * mine.size(), mine.size());
-  }
   // Rank q fetches chunk q of every other rank's input, offered as rs<q>.
   for (int q = 0; q < n; ++q) {
     if (auto chunk = chunk_of(in, count, esize, q, n); q != rank_ && !chunk.empty()) {

@@ -101,9 +101,8 @@ class Group {
   Group(Context& ctx, std::vector<std::string> addresses, int rank, GroupOptions options);
   Status connect_all(std::chrono::steady_clock::time_point deadline);
   // Reduce-scatter of `in` (`count` elements of `esize` bytes): this rank's chunk, reduced over
-  // every rank, into `out` (direct: empty `out` = this rank's slot of scratch_). Direct: every rank
-  // fetches its chunk from every other (small tensors); ring: N-1 steps around the ring, pipelined
-  // by segment (large ones).
+  // every rank, into `out` (may be `in`'s own chunk: reduced in place). Every rank fetches its
+  // chunk from every other in one round (the ring does it in N-1 steps: Group::ring).
   Status direct_reduce_scatter(Op& o, std::span<const std::byte> in, size_t count, size_t esize,
                                DType dtype, ReduceOp op, std::span<std::byte> out);
   // The ring reduce-scatter into `out` (this rank's chunk; may be `in`'s own chunk, summed in
