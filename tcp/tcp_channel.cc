@@ -8,6 +8,7 @@
 #include <boost/asio/write.hpp>
 #include <cerrno>
 #include <cstring>
+#include <limits>
 
 #include "net/errors.h"
 #include "net/log.h"
@@ -22,6 +23,12 @@ constexpr size_t kScratchBytes = 256 * 1024;
 constexpr size_t kStageBytes = 16 * 1024;
 // Bytes one handler may receive before yielding the strand to other work of the peer.
 constexpr size_t kReadBudget = 16u << 20;
+
+// async_write's completion condition: everything, in as few system calls as the socket takes
+// (asio's default, transfer_all, hands at most 64 KiB to each call).
+size_t whole(const boost::system::error_code& ec, size_t /*written*/) {
+  return ec ? 0 : std::numeric_limits<size_t>::max();
+}
 }  // namespace
 
 TcpChannel::TcpChannel(std::shared_ptr<PeerLink> link, asio::ip::tcp::socket socket,
@@ -243,7 +250,7 @@ void TcpChannel::pump() {
   writing_request_ = s.request_id;
   std::array<asio::const_buffer, 2> buffers{asio::buffer(&out_header_, sizeof(out_header_)),
                                             asio::buffer(data, len)};
-  asio::async_write(socket_, buffers,
+  asio::async_write(socket_, buffers, whole,
                     asio::bind_executor(
                         strand_, [self = shared_from_this()](boost::system::error_code ec, size_t) {
                           self->writing_ = false;
