@@ -468,6 +468,10 @@ Status Group::allreduce(std::span<std::byte> data, DType dtype, ReduceOp op) {
   }
   const size_t count = data.size() / esize;
   if (data.size() < options_.ring_threshold) {
+    if ((n & (n - 1)) == 0) {
+      if (auto s = halving(o, data, count, esize, dtype, op); !s) return s;
+      return o.finish();
+    }
     // Exchange: reduce-scatter and allgather, each one round of direct fetches: two hops, the
     // ring's bytes. This rank's chunk, which no other rank reads, is reduced in place. An
     // allgather fetch lands in chunk q only after rank q has read this rank's chunk q, since
@@ -593,6 +597,73 @@ Status Group::ring(Op& o, std::span<const std::byte> in, size_t count, size_t es
     }
   }
   o.pending.resize(first_pending);
+  return {};
+}
+
+// Recursive halving, then doubling (Rabenseifner's allreduce), for a power-of-two size. The
+// reduce-scatter takes log2(N) steps: at each, this rank and its partner (rank ^ d, d = N/2,
+// N/4, ..., 1) share a range of elements; each keeps one half, fetches the partner's copy of it
+// and reduces it in place, and offers the other half to the partner. The allgather retraces the
+// steps: each offers the range it holds, final, and fetches the partner's into place. The ring's
+// bytes (2(N-1)/N of the tensor per rank) in 2 log2(N) steps, each with one partner only.
+//
+// Every fetch is posted at the start; a part not yet offered waits on its owner. Memory: a
+// half offered at a reduce-scatter step is read only by that step's partner, and the allgather
+// fills it only after the partner has finished its reduce-scatter, hence that read; a kept half
+// is offered to no one while it is reduced. Each element's final value is computed by one rank,
+// in a fixed order, so every rank gets the same bits.
+Status Group::halving(Op& o, std::span<std::byte> data, size_t count, size_t esize, DType dtype,
+                      ReduceOp op) {
+  struct Step {
+    int partner;
+    size_t keep_lo, keep_hi, give_lo, give_hi;  // elements
+    size_t at;                                  // bytes into scratch_: the partner's kept half
+  };
+  std::vector<Step> steps;
+  size_t lo = 0, hi = count, need = 0;
+  for (int d = size() / 2; d >= 1; d /= 2) {
+    const size_t mid = lo + (hi - lo) / 2;
+    const bool upper = (rank_ & d) != 0;
+    Step s{rank_ ^ d, upper ? mid : lo, upper ? hi : mid, upper ? lo : mid, upper ? mid : hi, need};
+    need += (s.keep_hi - s.keep_lo) * esize;
+    steps.push_back(s);
+    lo = s.keep_lo;
+    hi = s.keep_hi;
+  }
+  if (scratch_.size() < need) scratch_.resize(need);
+  o.watch();  // a rank fetches from its partners only: hear of any rank's failure at once
+  const auto range = [&](size_t a, size_t b) { return data.subspan(a * esize, (b - a) * esize); };
+  const size_t k = steps.size();
+  const size_t first = o.pending.size();
+  for (size_t i = 0; i < k; ++i) {
+    const Step& s = steps[i];
+    o.take(s.partner, "hr" + std::to_string(i),
+           std::span(scratch_).subspan(s.at, (s.keep_hi - s.keep_lo) * esize));
+  }
+  for (size_t i = k; i-- > 0;) {
+    o.take(steps[i].partner, "hg" + std::to_string(i), range(steps[i].give_lo, steps[i].give_hi));
+  }
+  for (size_t i = 0; i < k; ++i) {
+    const Step& s = steps[i];
+    if (auto st = o.offer("hr" + std::to_string(i), range(s.give_lo, s.give_hi), {s.partner});
+        !st) {
+      return st;
+    }
+    if (auto st = o.wait(first + i); !st) return st;
+    const auto kept = range(s.keep_lo, s.keep_hi);
+    if (auto ec = reduce_into(dtype, op, kept, std::span(scratch_).subspan(s.at, kept.size()))) {
+      return o.fail(-1, ec, "reduce");
+    }
+  }
+  for (size_t i = k; i-- > 0;) {
+    const Step& s = steps[i];
+    if (auto st = o.offer("hg" + std::to_string(i), range(s.keep_lo, s.keep_hi), {s.partner});
+        !st) {
+      return st;
+    }
+    if (auto st = o.wait(first + k + (k - 1 - i)); !st) return st;
+  }
+  o.pending.resize(first);
   return {};
 }
 

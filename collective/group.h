@@ -9,12 +9,14 @@
 //
 // Algorithms (docs/collectives.md): below `direct_threshold` bytes, direct (one round: every
 // rank fetches every other rank's tensor and reduces locally, in rank order); up to
-// `ring_threshold`, an exchange (reduce-scatter then allgather, each one round of direct
-// fetches); above it, a ring (the same two phases around the ring, 2(N-1)/N of the tensor per
-// rank either way), pipelined in segments of `segment_bytes` reduced and passed on as they land.
-// Every rank gets bit-identical results. Each offer is for one rank, which fetches it once; a call
-// ends when this rank's fetches are done and every offer has been served (no barrier), and
-// returns once its offers are collected: the caller may reuse its buffers at once.
+// `ring_threshold`, for a power-of-two size recursive halving then doubling (Rabenseifner's:
+// 2 log2(N) steps, each with one partner), else an exchange (reduce-scatter then allgather,
+// each one round of direct fetches); above it, a ring (the same two phases around the ring,
+// 2(N-1)/N of the tensor per rank either way), pipelined in segments of `segment_bytes` reduced and
+// passed on as they land. Every rank gets bit-identical results. Each offer is for one rank, which
+// fetches it once; a call ends when this rank's fetches are done and every offer has been served
+// (no barrier), and returns once its offers are collected: the caller may reuse its buffers at
+// once.
 //
 // Threading: a Group is used by one thread at a time; every rank calls the same collectives in
 // the same order (like MPI). Calls block until done, never longer than `timeout`.
@@ -110,6 +112,10 @@ class Group {
   // allgather into it.
   Status ring(Op& o, std::span<const std::byte> in, size_t count, size_t esize, DType dtype,
               ReduceOp op, std::span<std::byte> out, std::span<std::byte> gather);
+  // Recursive halving and doubling (Rabenseifner's allreduce) of `data` in place, for a
+  // power-of-two size(): 2 log2(N) steps, each with one partner.
+  Status halving(Op& o, std::span<std::byte> data, size_t count, size_t esize, DType dtype,
+                 ReduceOp op);
   // Chunk q's segments as (byte offset in the tensor, bytes), at most segment_bytes each.
   std::vector<std::pair<size_t, size_t>> segments(size_t count, size_t esize, int q) const;
 
