@@ -327,13 +327,22 @@ struct Group::Op {
   // Fails the call if a watched rank has failed (its fail marker arrived) or its watch broke
   // for good.
   Status check_watches() {
-    for (auto& w : watches) {
-      auto oec = w.req.outcome();
-      if (!oec || (*oec && scope_of(*oec) != Scope::peer)) continue;  // its own deadline
-      if (!*oec) return fail(w.from, errc::aborted, "rank " + std::to_string(w.from));
-      if (!restarted(w, *oec, 8)) {
-        return fail(w.from, *oec, "watching rank " + std::to_string(w.from));
+    for (auto it = watches.begin(); it != watches.end();) {
+      auto oec = it->req.outcome();
+      if (!oec || (*oec && scope_of(*oec) != Scope::peer)) {  // pending, or its own deadline
+        ++it;
+        continue;
       }
+      if (!*oec) return fail(it->from, errc::aborted, "rank " + std::to_string(it->from));
+      if (restarted(*it, *oec, 8)) {
+        ++it;
+        continue;
+      }
+      // The rank is gone. If it died mid-call, the ranks that fetch from it or owe it an offer
+      // fail and offer their fail markers, which this watch of theirs hears; if it left after
+      // its part was done (a program that ends after its last call), nothing needs it. A fetch
+      // from it or an offer owed to it still fails this call at once (wait(), finish()).
+      it = watches.erase(it);
     }
     return {};
   }
