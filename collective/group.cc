@@ -47,8 +47,7 @@ struct Offers {
   std::mutex mu;
   std::condition_variable cv;
   std::deque<Entry> entries;  // deque: hooks hold pointers to entries as others are added
-  std::atomic<int> unserved{0};
-  int live = 0;  // offers not collected yet
+  int live = 0;               // offers not collected yet
 };
 
 // One collective call: what this rank offers (released when every rank is done) and what it
@@ -65,20 +64,12 @@ struct Group::Op {
     for (const auto& ref : offered) g.ctx_.release(ref);
     const auto bound = g.ctx_.options().lease_timeout + milliseconds(1000);
     const auto until = Clock::now() + bound;
-    const auto live = [&] {
+    const auto collected = [&] { return offers->live == 0; };
+    while (!offers_are(collected) && Clock::now() < until) pause_on_offers(collected);
+    if (!offers_are(collected)) {
       std::lock_guard lock(offers->mu);
-      return offers->live;
-    };
-    while (live() > 0 && Clock::now() < until) {
-      pause([&] { return live() == 0; },
-            [&](milliseconds t) {
-              std::unique_lock lock(offers->mu);
-              offers->cv.wait_for(lock, t, [&] { return offers->live == 0; });
-            });
-    }
-    if (const int left = live(); left > 0) {
       FERRY_LOG_WARN("collective: {} #{}: {} offers still held by peers after {} ms", what, seq,
-                     left, bound.count());
+                     offers->live, bound.count());
     }
   }
 
@@ -92,6 +83,21 @@ struct Group::Op {
     while (!ready() && Clock::now() < until) {
       if (busy.poll() == 0) sched_yield();
     }
+  }
+  // Whether `ready()`, a condition on the offers, holds (read under their lock).
+  template <typename Ready>
+  bool offers_are(Ready ready) {
+    std::lock_guard lock(offers->mu);
+    return ready();
+  }
+  // pause() until `ready()` holds of the offers (their hooks notify when they change).
+  template <typename Ready>
+  void pause_on_offers(Ready ready) {
+    pause([&] { return offers_are(ready); },
+          [&](milliseconds t) {
+            std::unique_lock lock(offers->mu);
+            offers->cv.wait_for(lock, t, ready);
+          });
   }
   // Waits until `req` has completed or `until`.
   void settle(const FetchRequest& req, Clock::time_point until) {
@@ -117,13 +123,12 @@ struct Group::Op {
       {
         std::lock_guard lock(offers->mu);
         ++offers->live;
-        ++offers->unserved;
         entry = &offers->entries.emplace_back(Offers::Entry{tag, to});
       }
       o.on_served = [s = offers, entry] {
         std::lock_guard lock(s->mu);
         if (std::exchange(entry->served, true)) return;  // fetched again after a failure
-        if (--s->unserved == 0) s->cv.notify_all();
+        s->cv.notify_all();
       };
       auto owner = std::shared_ptr<void>(nullptr, [s = offers, memory](void*) {
         std::lock_guard lock(s->mu);
@@ -191,8 +196,9 @@ struct Group::Op {
   }
   // A fetch that failed with its peer's connection still open (the data channel broke: a queue
   // pair flushed or stalled, a data socket reset) is fetched again, at most 3 times, within the
-  // deadline: the owner still offers it (offers last until the call's closing barrier), a new
-  // channel is set up for the new fetch, and reading it again is harmless. True if restarted.
+  // deadline: the owner still offers it (an offer lasts until the rank it is for has been
+  // served), a new channel is set up for the new fetch, and reading it again is harmless. True if
+  // restarted.
   bool restarted(Pending& p, std::error_code ec, int max_retries = 3) {
     if (p.retries >= max_retries || scope_of(ec) != Scope::peer || !g.peers_[p.from].is_open() ||
         Clock::now() >= deadline) {
@@ -286,12 +292,12 @@ struct Group::Op {
   // rank's failure, fails the call at once; a rank that never fetches, at the deadline.
   Status finish() {
     if (auto s = wait_all(); !s) return s;
-    const auto served = [&] { return offers->unserved.load() <= 0; };
-    while (!served()) {
-      pause(served, [&](milliseconds t) {
-        std::unique_lock lock(offers->mu);
-        offers->cv.wait_for(lock, t, served);
-      });
+    const auto served = [&] {
+      return std::all_of(offers->entries.begin(), offers->entries.end(),
+                         [](const Offers::Entry& e) { return e.served; });
+    };
+    while (!offers_are(served)) {
+      pause_on_offers(served);
       // An offer still owed, preferably to a rank that has closed.
       int q = -1;
       std::string tag;
@@ -313,7 +319,8 @@ struct Group::Op {
     }
     return {};
   }
-  // For algorithms where a rank fetches from only some others (the ring): a fetch of every other
+  // For algorithms where a rank fetches from only some others (the ring, recursive halving): a
+  // fetch of every other
   // rank's "fail" marker, parked on that rank for the whole call. A rank that fails offers its
   // marker, which completes these at once, so a failure travels the group in one hop instead
   // of rank by rank at the deadline. wait() checks them.
@@ -324,8 +331,8 @@ struct Group::Op {
       watches.push_back({q, start(q, object, {&watch_sink, 1}), object, {&watch_sink, 1}});
     }
   }
-  // Fails the call if a watched rank has failed (its fail marker arrived) or its watch broke
-  // for good.
+  // Fails the call if a watched rank has failed (its fail marker arrived); a watch that broke
+  // for good (its rank is gone) is dropped.
   Status check_watches() {
     for (auto it = watches.begin(); it != watches.end();) {
       auto oec = it->req.outcome();

@@ -44,11 +44,6 @@ inline void elementwise(std::byte* __restrict acc, const std::byte* __restrict i
   }
 }
 
-template <typename T, typename F>
-void loop_baseline(std::byte* acc, const std::byte* in, size_t n, F f) {
-  elementwise<T>(acc, in, n, f);
-}
-
 #if defined(__x86_64__)
 // The same loop compiled for AVX2 (twice the vector width of the x86-64 baseline's SSE2), used
 // when the CPU has it: the build itself targets the baseline.
@@ -64,7 +59,7 @@ void loop(std::byte* acc, const std::byte* in, size_t n, F f) {
   static const bool avx2 = __builtin_cpu_supports("avx2");
   if (avx2) return loop_avx2<T>(acc, in, n, f);
 #endif
-  loop_baseline<T>(acc, in, n, f);
+  elementwise<T>(acc, in, n, f);
 }
 
 template <typename T>

@@ -108,10 +108,11 @@ struct PutOptions {
   // on this side until it is. Unique among this context's live objects (a taken name is
   // errc::invalid_argument); freed when the object is collected.
   std::string name;
-  // Runs on an io thread each time a fetch of this object has been served: over a two-sided
-  // transport once all its bytes went to the data channel, over a one-sided one once the fetcher
-  // reported that its reads succeeded. Not for failed or aborted serves. Must not block (the
-  // collectives count their offers' serves with it, to know when every rank has what it needs).
+  // Runs on a thread running the context (an io thread, or a Context::BusyPoll holder) each time
+  // a fetch of this object has been served: once the fetcher has every byte (over TCP its
+  // acknowledgement, over RDMA its release saying the reads succeeded). Not for failed or aborted
+  // serves. Must not block (the collectives count their offers' serves with it, to know when every
+  // rank has what it needs).
   std::function<void()> on_served;
 };
 
