@@ -60,7 +60,6 @@ struct Group::Op {
   // Withdraws the offers and returns once the store has collected them (leases end by the
   // context's lease_timeout at the latest), so the caller may reuse the memory.
   ~Op() {
-    end_watches();
     for (const auto& ref : offered) g.ctx_.release(ref);
     const auto bound = g.ctx_.options().lease_timeout + milliseconds(1000);
     const auto until = Clock::now() + bound;
@@ -160,9 +159,10 @@ struct Group::Op {
     return missing;
   }
   // Offers a one-byte marker under `tag` to anyone, kept while the Group lives.
-  std::error_code mark(const std::string& tag) {
+  std::error_code mark(const std::string& tag) { return mark_as(name(tag, g.rank_)); }
+  std::error_code mark_as(const std::string& object) {
     PutOptions o;
-    o.name = name(tag, g.rank_);
+    o.name = object;
     auto ref = g.ctx_.put({Tensor::bytes({&g.marker_, 1})}, nullptr, o);
     if (!ref) return ref.error();
     g.markers_.push_back(*ref);
@@ -319,29 +319,31 @@ struct Group::Op {
     }
     return {};
   }
-  // For algorithms where a rank fetches from only some others (the ring, recursive halving): a
-  // fetch of every other
-  // rank's "fail" marker, parked on that rank for the whole call. A rank that fails offers its
-  // marker, which completes these at once, so a failure travels the group in one hop instead
-  // of rank by rank at the deadline. wait() checks them.
+  // For algorithms where a rank fetches from only some others (the ring, recursive halving):
+  // starts the Group's watches (Group::watches_) if they are not yet.
   void watch() {
+    if (std::exchange(g.watching_, true)) return;
     for (int q = 0; q < g.size(); ++q) {
-      if (q == g.rank_) continue;
-      const auto object = name("fail", q);
-      watches.push_back({q, start(q, object, {&watch_sink, 1}), object, {&watch_sink, 1}});
+      if (q != g.rank_) g.watches_.push_back({q, g.start_watch(q)});
     }
   }
-  // Fails the call if a watched rank has failed (its fail marker arrived); a watch that broke
-  // for good (its rank is gone) is dropped.
+  // Fails the call if a watched rank has failed (its fail marker arrived). A watch that ran out
+  // of time is started again, one whose data channel broke too (up to 8 times); one whose rank
+  // is gone is dropped.
   Status check_watches() {
+    auto& watches = g.watches_;
     for (auto it = watches.begin(); it != watches.end();) {
       auto oec = it->req.outcome();
-      if (!oec || (*oec && scope_of(*oec) != Scope::peer)) {  // pending, or its own deadline
+      if (!oec) {
         ++it;
         continue;
       }
-      if (!*oec) return fail(it->from, errc::aborted, "rank " + std::to_string(it->from));
-      if (restarted(*it, *oec, 8)) {
+      if (!*oec) return fail(it->rank, errc::aborted, "rank " + std::to_string(it->rank));
+      const bool broke =
+          scope_of(*oec) == Scope::peer && g.peers_[it->rank].is_open() && it->restarts < 8;
+      if (*oec == errc::timed_out || broke) {
+        it->restarts += broke;
+        it->req = g.start_watch(it->rank);
         ++it;
         continue;
       }
@@ -354,9 +356,9 @@ struct Group::Op {
     return {};
   }
   void end_watches() {
-    for (auto& w : watches) w.req.abort();
-    for (auto& w : watches) settle(w.req, deadline + milliseconds(1000));
-    watches.clear();
+    for (auto& w : g.watches_) w.req.abort();
+    for (auto& w : g.watches_) settle(w.req, deadline + milliseconds(1000));
+    g.watches_.clear();
   }
   Status fail(int rank, std::error_code ec, const std::string& doing) {
     Status s;
@@ -369,7 +371,7 @@ struct Group::Op {
     // Fail fast everywhere: the fail marker completes the others' watches, and closing our
     // connections fails their fetches over them now instead of at their deadline. The marker
     // stays offered while the (failed) group lives.
-    mark("fail");
+    mark_as(g.fail_marker(g.rank_));
     end_watches();
     for (auto& p : g.peers_) {
       if (p.valid()) p.close();
@@ -391,8 +393,6 @@ struct Group::Op {
   std::vector<Pending> pending;
   std::shared_ptr<Offers> offers = std::make_shared<Offers>();
   Context::BusyPoll busy;  // while the call runs, with GroupOptions::busy_wait
-  std::vector<Pending> watches;
-  std::byte watch_sink{};
 };
 
 // ---------------------------------------------------------------- forming the group
@@ -401,7 +401,18 @@ Group::Group(Context& ctx, std::vector<std::string> addresses, int rank, GroupOp
     : ctx_(ctx), addresses_(std::move(addresses)), rank_(rank), options_(std::move(options)) {}
 
 Group::~Group() {
+  for (auto& w : watches_) w.req.abort();
+  for (auto& w : watches_) w.req.wait(ctx_.options().lease_timeout + milliseconds(1000));
   for (const auto& ref : markers_) ctx_.release(ref);
+}
+
+std::string Group::fail_marker(int q) const {
+  return "ferry.collective/" + options_.name + "/fail/" + std::to_string(q);
+}
+
+FetchRequest Group::start_watch(int q) {
+  auto ref = ObjectRef::named(addresses_[q], fail_marker(q), {TensorMeta::bytes(1)});
+  return peers_[q].fetch(std::move(ref), {{&watch_sink_, 1}}, {.timeout = options_.timeout});
 }
 
 Status Group::connect_all(Clock::time_point deadline) {

@@ -118,6 +118,10 @@ class Group {
                  ReduceOp op);
   // Chunk q's segments as (byte offset in the tensor, bytes), at most segment_bytes each.
   std::vector<std::pair<size_t, size_t>> segments(size_t count, size_t esize, int q) const;
+  // The name of rank q's fail marker, offered once that rank's Group has failed (for good).
+  std::string fail_marker(int q) const;
+  // Starts a fetch of rank q's fail marker, parked on that rank until it fails.
+  FetchRequest start_watch(int q);
 
   Context& ctx_;
   std::vector<std::string> addresses_;
@@ -131,6 +135,18 @@ class Group {
   std::vector<std::byte> scratch_;
   std::atomic<uint64_t> refetches_{0};
   Status failed_;
+  // A fetch of every other rank's fail marker, parked on it while the Group lives (started by
+  // the first call that fetches from only some ranks; renewed at its timeout): a rank that fails
+  // offers its marker, which completes them at once, so a failure travels the group in one hop
+  // instead of rank by rank at the deadline. Calls check them while they wait.
+  struct Watch {
+    int rank;
+    FetchRequest req;
+    int restarts = 0;  // after its data channel broke
+  };
+  std::vector<Watch> watches_;
+  bool watching_ = false;  // watches_ were started
+  std::byte watch_sink_{};
   // The byte every marker offers: writable memory (RDMA cannot register read-only pages).
   std::byte marker_{1};
 };
