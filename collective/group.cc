@@ -55,7 +55,7 @@ struct Offers {
 struct Group::Op {
   Op(Group& g, std::string what) : g(g), what(std::move(what)), seq(++g.seq_) {
     deadline = Clock::now() + g.options_.timeout;
-    if (g.options_.busy_wait) busy = Context::BusyPoll(g.ctx_);
+    if (g.options_.busy_wait) busy = Context::BusyPoll(g.ctx_, g.options_.busy_linger);
   }
   // Withdraws the offers and returns once the store has collected them (leases end by the
   // context's lease_timeout at the latest), so the caller may reuse the memory.

@@ -52,6 +52,12 @@ struct GroupOptions {
   // Open MPI's progress engine, so each step costs no wake-up and no thread hand-off. Costs up
   // to a core per rank while a call runs; between calls the io threads sleep.
   bool busy_wait = true;
+  // With busy_wait, how long the io threads stay parked after a call (BusyPoll's linger): a call
+  // that follows within it starts and ends without waking them (two wake-ups and a thread
+  // hand-off of the reactor saved per call: a fifth of a 1 MiB allreduce of 4 ranks on 2 cores).
+  // Meanwhile nothing runs the context, so other work on it (another thread's fetch) waits up
+  // to this long. 0: they resume when the call returns.
+  std::chrono::microseconds busy_linger{2000};
 };
 
 // The outcome of a collective: ok, or the error, the rank it came from (-1: local) and a

@@ -410,9 +410,19 @@ Result<std::unique_ptr<Context>> Context::create(ContextOptions options) {
 }
 
 void Context::Impl::park_while_busy() {
-  if (busy_polls.load() == 0) return;
+  using Clock = std::chrono::steady_clock;
+  const auto lingering = [this] {
+    return Clock::now() < Clock::time_point(Clock::duration(linger_until.load()));
+  };
+  if (busy_polls.load() == 0 && !lingering()) return;
   std::unique_lock lock(park_mu);
-  park_cv.wait(lock, [this] { return busy_polls.load() == 0 || closed.load(); });
+  ++parked;
+  while (!closed.load() && (busy_polls.load() > 0 || lingering())) {
+    // Timed: a holder that lets go with linger does not notify; the wait sees the linger end.
+    park_cv.wait_until(lock, std::max(Clock::time_point(Clock::duration(linger_until.load())),
+                                      Clock::now() + std::chrono::milliseconds(1)));
+  }
+  --parked;
 }
 
 void Context::Impl::unpark() {
@@ -420,18 +430,32 @@ void Context::Impl::unpark() {
   park_cv.notify_all();
 }
 
-Context::BusyPoll::BusyPoll(Context& ctx) : impl_(ctx.impl_) {
-  // Wakes every io thread (the one in the reactor and the idle ones), so that each parks and
-  // leaves the reactor to the holder.
+Context::BusyPoll::BusyPoll(Context& ctx, std::chrono::microseconds linger)
+    : impl_(ctx.impl_), linger_(linger) {
+  // Wakes every io thread not parked yet (the one in the reactor and the idle ones), so that
+  // each parks and leaves the reactor to the holder. Threads still parked from an earlier
+  // holder's linger stay so (they check busy_polls under park_mu before they leave).
   if (impl_->busy_polls.fetch_add(1) == 0) {
-    for (size_t i = 0; i < impl_->threads.size(); ++i) asio::post(impl_->io, [] {});
+    int parked;
+    {
+      std::lock_guard lock(impl_->park_mu);
+      parked = impl_->parked;
+    }
+    for (size_t i = parked; i < impl_->threads.size(); ++i) asio::post(impl_->io, [] {});
   }
 }
 
 Context::BusyPoll::~BusyPoll() { end(); }
 
 void Context::BusyPoll::end() {
-  if (impl_ && impl_->busy_polls.fetch_sub(1) == 1) impl_->unpark();
+  if (!impl_) return;
+  if (linger_.count() > 0) {
+    const auto until = (std::chrono::steady_clock::now() + linger_).time_since_epoch().count();
+    auto prev = impl_->linger_until.load();
+    while (prev < until && !impl_->linger_until.compare_exchange_weak(prev, until)) {
+    }
+  }
+  if (impl_->busy_polls.fetch_sub(1) == 1 && linger_.count() == 0) impl_->unpark();
   impl_.reset();
 }
 
@@ -439,6 +463,7 @@ Context::BusyPoll& Context::BusyPoll::operator=(BusyPoll&& other) noexcept {
   if (this != &other) {
     end();
     impl_ = std::move(other.impl_);
+    linger_ = other.linger_;
   }
   return *this;
 }

@@ -190,12 +190,18 @@ class Context {
   // (other threads' fetches included); completion handlers, user callbacks among them, run on the
   // holder's thread. Several holders (threads) may poll at once. Move-only; any thread but an io
   // thread.
+  //
+  // `linger`: when the last holder lets go, the io threads stay parked for up to this long more
+  // (0: they resume at once), so that a holder that takes another BusyPoll soon (back-to-back
+  // collective calls) finds them parked and wakes nothing: no thread leaves the reactor or
+  // returns to it per call. Meanwhile nothing runs the context: a fetch another thread waits for
+  // is delayed up to `linger`. close() ends it at once.
   class BusyPoll {
    public:
     BusyPoll() = default;
-    explicit BusyPoll(Context& ctx);
+    explicit BusyPoll(Context& ctx, std::chrono::microseconds linger = {});
     ~BusyPoll();
-    BusyPoll(BusyPoll&& other) noexcept : impl_(std::move(other.impl_)) {}
+    BusyPoll(BusyPoll&& other) noexcept : impl_(std::move(other.impl_)), linger_(other.linger_) {}
     BusyPoll& operator=(BusyPoll&& other) noexcept;
     explicit operator bool() const { return impl_ != nullptr; }
 
@@ -207,6 +213,7 @@ class Context {
    private:
     void end();
     std::shared_ptr<Impl> impl_;
+    std::chrono::microseconds linger_{};
   };
 
  private:

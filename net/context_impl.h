@@ -68,10 +68,13 @@ struct Context::Impl : std::enable_shared_from_this<Context::Impl> {
   std::atomic<uint64_t> next_session_id{1};
   std::atomic<bool> closed{false};
   std::atomic<int> busy_polls{0};  // Context::BusyPoll held
-  // While a BusyPoll is held the io threads park here (the holders run the io_context);
-  // notified when the last one ends and on close.
+  // While a BusyPoll is held, and until `linger_until` after the last one ended (BusyPoll's
+  // linger), the io threads park here (the holders run the io_context); notified when the last
+  // holder without linger ends and on close. `parked` (under park_mu): io threads parked.
   std::mutex park_mu;
   std::condition_variable park_cv;
+  int parked = 0;
+  std::atomic<std::chrono::steady_clock::rep> linger_until{0};  // steady_clock ticks
   void park_while_busy();
   void unpark();
   std::map<std::string, uint64_t> negotiated;  // under mu

@@ -163,6 +163,31 @@ TEST_F(Loopback, ABusyPollHolderRunsTheContextOnItsOwnThreadUntilItLetsGo) {
   EXPECT_TRUE(same_bytes(req.result().tensors[0], *bytes));
 }
 
+// With linger, the io threads stay parked after the holder lets go: a holder that comes back
+// within it finds them parked (its poll() runs the context), and once it has passed they run
+// the context again by themselves.
+TEST_F(Loopback, ABusyPollWithLingerKeepsTheIoThreadsParkedForThatLong) {
+  auto bytes = make_pattern(1 << 16, 6);
+  auto ref = server.put(bytes);
+  { Context::BusyPoll busy(client, 400ms); }
+  auto early = peer.fetch(ref);
+  std::this_thread::sleep_for(100ms);
+  EXPECT_FALSE(early.done()) << "the io threads ran the context while lingering";
+  {
+    Context::BusyPoll busy(client, 400ms);
+    const auto deadline = std::chrono::steady_clock::now() + 10s;
+    while (!early.done() && std::chrono::steady_clock::now() < deadline) busy.poll();
+    ASSERT_TRUE(early.done()) << "the second holder's poll() did not run the context";
+    EXPECT_FALSE(early.wait(0ms));
+  }
+  // Lingering again; after it the io threads take over.
+  const auto let_go = std::chrono::steady_clock::now();
+  auto late = peer.fetch(ref);
+  ASSERT_FALSE(late.wait(10s));
+  EXPECT_GE(std::chrono::steady_clock::now() - let_go, 300ms);
+  EXPECT_TRUE(same_bytes(late.result().tensors[0], *bytes));
+}
+
 TEST_F(Loopback, FutureStyleDeliversValueOrThrows) {
   auto bytes = make_pattern(1 << 16, 4);
   auto ref = server.put(bytes);
