@@ -50,7 +50,7 @@ struct GroupOptions {
   // During a call, poll instead of sleeping: the calling thread runs the context itself
   // (Context::BusyPoll; its io threads park) and yields the core when nothing was ready, like
   // Open MPI's progress engine, so each step costs no wake-up and no thread hand-off. Costs up
-  // to a core per rank while a call runs; between calls the io threads sleep.
+  // to a core per rank while a call runs; between calls (after busy_linger) the io threads sleep.
   bool busy_wait = true;
   // With busy_wait, how long the io threads stay parked after a call (BusyPoll's linger): a call
   // that follows within it starts and ends without waking them (two wake-ups and a thread
