@@ -343,6 +343,7 @@ struct Group::Op {
           scope_of(*oec) == Scope::peer && g.peers_[it->rank].is_open() && it->restarts < 8;
       if (*oec == errc::timed_out || broke) {
         it->restarts += broke;
+        g.refetches_ += broke;  // a watch is a fetch started again too (Group::refetches)
         it->req = g.start_watch(it->rank);
         ++it;
         continue;
