@@ -185,8 +185,7 @@ struct Group::Op {
     int retries = 0;
   };
   FetchRequest start(int from, const std::string& object, std::span<std::byte> into) {
-    auto ref = ObjectRef::named(g.addresses_[from], object, {TensorMeta::bytes(into.size())});
-    return g.peers_[from].fetch(std::move(ref), {into}, {.timeout = left_until(deadline)});
+    return g.fetch_named(from, object, into, left_until(deadline));
   }
   // Starts fetching what rank `from` offers this rank as `tag` into `into` (exactly its size);
   // with `marker`, the marker it offers to anyone.
@@ -403,8 +402,15 @@ Group::Group(Context& ctx, std::vector<std::string> addresses, int rank, GroupOp
 
 Group::~Group() {
   for (auto& w : watches_) w.req.abort();
-  for (auto& w : watches_) w.req.wait(ctx_.options().lease_timeout + milliseconds(1000));
+  const auto until = Clock::now() + ctx_.options().lease_timeout + milliseconds(1000);
+  for (auto& w : watches_) w.req.wait(left_until(until));
   for (const auto& ref : markers_) ctx_.release(ref);
+}
+
+FetchRequest Group::fetch_named(int q, const std::string& object, std::span<std::byte> into,
+                                milliseconds timeout) {
+  auto ref = ObjectRef::named(addresses_[q], object, {TensorMeta::bytes(into.size())});
+  return peers_[q].fetch(std::move(ref), {into}, {.timeout = timeout});
 }
 
 std::string Group::fail_marker(int q) const {
@@ -412,8 +418,7 @@ std::string Group::fail_marker(int q) const {
 }
 
 FetchRequest Group::start_watch(int q) {
-  auto ref = ObjectRef::named(addresses_[q], fail_marker(q), {TensorMeta::bytes(1)});
-  return peers_[q].fetch(std::move(ref), {{&watch_sink_, 1}}, {.timeout = options_.timeout});
+  return fetch_named(q, fail_marker(q), {&watch_sink_, 1}, options_.timeout);
 }
 
 Status Group::connect_all(Clock::time_point deadline) {

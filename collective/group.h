@@ -124,6 +124,9 @@ class Group {
                  ReduceOp op);
   // Chunk q's segments as (byte offset in the tensor, bytes), at most segment_bytes each.
   std::vector<std::pair<size_t, size_t>> segments(size_t count, size_t esize, int q) const;
+  // Starts a fetch of what rank q offers under the name `object` into `into` (exactly its size).
+  FetchRequest fetch_named(int q, const std::string& object, std::span<std::byte> into,
+                           std::chrono::milliseconds timeout);
   // The name of rank q's fail marker, offered once that rank's Group has failed (for good).
   std::string fail_marker(int q) const;
   // Starts a fetch of rank q's fail marker, parked on that rank until it fails.
