@@ -145,8 +145,10 @@ void Session::start_server(const wire::Hello& hello) {
           if (!ec && self->state_ == State::handshaking) self->do_close(errc::auth_failed);
         }));
   } else {
-    send(env);
+    // Open before the answer leaves: the initiator attaches its data channel as soon as it reads
+    // the answer, and the acceptor checks that this session is open on another thread.
     open_server();
+    send(env);
   }
 }
 
@@ -167,8 +169,8 @@ void Session::on_auth(const wire::Auth& msg) {
   handshake_timer_.cancel();
   wire::Envelope ack;
   ack.mutable_ack();
+  open_server();  // before the Ack leaves, as in start_server()
   send(ack);
-  open_server();
 }
 
 std::error_code Session::on_hello_answer(const wire::HelloAnswer& answer) {
