@@ -204,16 +204,29 @@ std::shared_ptr<Session> Context::Impl::find_session(uint64_t local_id) {
 void Context::Impl::accept_next() {
   std::lock_guard lock(mu);
   if (!acceptor || closed) return;
-  acceptor->async_accept(
-      [self = shared_from_this()](boost::system::error_code ec, tcp::socket socket) {
-        if (ec == asio::error::operation_aborted || self->closed) return;
-        if (!ec) {
-          self->on_accepted(std::move(socket));
-        } else {
-          FERRY_LOG_WARN("accept failed: {}", ec.message());
-        }
-        self->accept_next();
-      });
+  acceptor->async_accept([self = shared_from_this()](boost::system::error_code ec,
+                                                     tcp::socket socket) {
+    if (ec == asio::error::operation_aborted || self->closed) return;
+    if (!ec) {
+      uint64_t failed = 0;
+      {
+        std::lock_guard lock(self->mu);
+        failed = std::exchange(self->accept_failures, 0);
+      }
+      if (failed) FERRY_LOG_WARN("accepting again after {} failed accepts", failed);
+      self->on_accepted(std::move(socket));
+      return self->accept_next();
+    }
+    std::lock_guard lock(self->mu);
+    if (!self->acceptor || self->closed) return;
+    if (self->accept_failures++ == 0) {
+      FERRY_LOG_WARN("accept failed: {}; retrying every {} ms", ec.message(), kAcceptRetry.count());
+    }
+    self->accept_retry.emplace(self->io, kAcceptRetry);
+    self->accept_retry->async_wait([self](boost::system::error_code tec) {
+      if (!tec) self->accept_next();
+    });
+  });
 }
 
 void Context::Impl::on_accepted(tcp::socket socket) {
@@ -493,6 +506,7 @@ void Context::close() {
       boost::system::error_code ignored;
       impl_->acceptor->close(ignored);
     }
+    if (impl_->accept_retry) impl_->accept_retry->cancel();
   }
   std::vector<std::shared_ptr<Session>> sessions;
   {

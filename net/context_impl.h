@@ -107,7 +107,13 @@ struct Context::Impl : std::enable_shared_from_this<Context::Impl> {
       timer.cancel();
     }
   };
+  // Accepts the next connection. After a failed accept (out of file descriptors: EMFILE, ENFILE,
+  // ENOBUFS) it waits kAcceptRetry before trying again, instead of spinning on a listen queue it
+  // cannot empty; the first failure of a run is logged, and the count when accepting works again.
   void accept_next();
+  static constexpr std::chrono::milliseconds kAcceptRetry{50};
+  std::optional<boost::asio::steady_timer> accept_retry;  // under mu
+  uint64_t accept_failures = 0;                           // in a row; under mu
   void on_accepted(boost::asio::ip::tcp::socket socket);
   void read_greeting(const std::shared_ptr<Greeting>& g);
   void reject_greeting(const std::shared_ptr<Greeting>& g, std::error_code ec,

@@ -1,13 +1,18 @@
 // Bad input on the metadata port: every case gets a clear error (or the connection is closed
 // with one), and an honest client fetching throughout never sees an error.
+#include <arpa/inet.h>
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <poll.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include <boost/asio/connect.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/read.hpp>
 #include <boost/asio/write.hpp>
+#include <filesystem>
 #include <optional>
 #include <thread>
 
@@ -301,6 +306,63 @@ TEST_F(BadInput, LiarsAndFloodersAreRefusedAndBounded) {
       "(%.2f x)\n",
       quiet, attacked, quiet > 0 ? attacked / quiet : 0.0);
   EXPECT_GT(attacked, 0.2 * quiet) << "the honest client is starved under attack";
+}
+
+// Out of file descriptors, the listener cannot accept what waits in its queue: it tries again
+// every 50 ms and says so once (before, it spun on the queue and wrote the warning thousands of
+// times a second, filling the CI log), the honest client carries on, and once descriptors are
+// free the waiting connection and new ones are accepted.
+TEST_F(BadInput, OutOfDescriptorsTheListenerBacksOffAndAcceptsAgainAfter) {
+  testing::internal::CaptureStderr();  // opens its file before the descriptors run out
+  rlimit old{};
+  ASSERT_EQ(::getrlimit(RLIMIT_NOFILE, &old), 0);
+  size_t open_now = 0;
+  for ([[maybe_unused]] const auto& e : std::filesystem::directory_iterator("/proc/self/fd")) {
+    ++open_now;
+  }
+  rlimit low = old;
+  low.rlim_cur = std::min<rlim_t>(old.rlim_cur, open_now + 64);
+  ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &low), 0);
+  std::vector<int> fill;
+  for (int fd; (fd = ::open("/dev/null", O_RDONLY | O_CLOEXEC)) >= 0;) fill.push_back(fd);
+  ASSERT_EQ(errno, EMFILE);
+  // One descriptor for a client socket; none left for the server's accept.
+  ::close(fill.back());
+  fill.pop_back();
+  const int waiting = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  ASSERT_GE(waiting, 0);
+  sockaddr_in to{};
+  to.sin_family = AF_INET;
+  to.sin_port = htons(server.port);
+  ASSERT_EQ(::inet_pton(AF_INET, test_host().c_str(), &to.sin_addr), 1);
+  const int connected = ::connect(waiting, reinterpret_cast<sockaddr*>(&to), sizeof(to));
+  const int connect_errno = errno;
+  std::this_thread::sleep_for(1s);  // the listener meets EMFILE
+  for (int fd : fill) ::close(fd);
+  ::setrlimit(RLIMIT_NOFILE, &old);
+  ASSERT_EQ(connected, 0) << std::strerror(connect_errno);
+  // The waiting connection is accepted now: it gets the server's answer to a Hello.
+  {
+    wire::Envelope env;
+    auto* hello = env.mutable_hello();
+    hello->set_protocol_version(kProtocolVersion);
+    hello->set_name("waited");
+    const std::string frame = encode_frame(env);
+    ASSERT_EQ(::send(waiting, frame.data(), frame.size(), MSG_NOSIGNAL),
+              static_cast<ssize_t>(frame.size()));
+    pollfd p{waiting, POLLIN, 0};
+    EXPECT_EQ(::poll(&p, 1, 10000), 1) << "the waiting connection was not answered in 10 s";
+  }
+  ::close(waiting);
+  RawClient fresh(server.port);
+  auto answer = fresh.handshake();
+  ASSERT_TRUE(answer.has_value());
+  EXPECT_TRUE(answer->has_hello_answer());
+  const std::string log = testing::internal::GetCapturedStderr();
+  size_t warnings = 0;
+  for (size_t at = 0; (at = log.find("accept failed", at)) != std::string::npos; ++at) ++warnings;
+  EXPECT_EQ(warnings, 1u) << log.substr(0, 2000);
+  EXPECT_NE(log.find("accepting again after"), std::string::npos) << log.substr(0, 2000);
 }
 
 TEST_F(BadInput, HelloTwiceIsAProtocolError) {
