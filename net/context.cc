@@ -331,13 +331,15 @@ void Context::Impl::read_greeting(const std::shared_ptr<Greeting>& g) {
           return reject(errc::transport_unknown, "no transport '" + a.transport() + "'");
         }
         g->timer.cancel();
-        wire::Envelope ack;
-        ack.mutable_ack();
-        // The socket is fresh and the frame tiny: this write completes at once.
-        boost::system::error_code wec;
-        asio::write(g->stream.socket(), asio::buffer(encode_frame(ack)), wec);
-        if (wec) return g->finish();
+        // On the session's strand, the Ack and then the attach: the peer fetches as soon as it
+        // reads the Ack, and its Fetch, handled on the same strand, must find the channel.
         asio::post(session->strand(), [session, g, transport = a.transport()] {
+          wire::Envelope ack;
+          ack.mutable_ack();
+          // The socket is fresh and the frame tiny: this write completes at once.
+          boost::system::error_code wec;
+          asio::write(g->stream.socket(), asio::buffer(encode_frame(ack)), wec);
+          if (wec) return g->finish();
           session->attach_side_connection(transport, g->stream.release_plain());
         });
         return;

@@ -507,7 +507,8 @@ TEST(CollectiveDeclarative, ResultsAreIdenticalToTheImperativeCalls) {
     for (int r = 0; r < n; ++r) {
       auto peer = connect_or_fail(driver_ctx, addresses[r]);
       auto req = peer.fetch(s.results[r]);
-      EXPECT_FALSE(req.wait(std::chrono::seconds(60)));
+      const auto ec = req.wait(std::chrono::seconds(60));
+      EXPECT_FALSE(ec) << "rank " << r << ": " << ec.message();
       if (req.done() && !req.wait(std::chrono::milliseconds(0))) {
         auto t = req.result().tensors.at(0);
         out[r].assign(t.begin(), t.end());

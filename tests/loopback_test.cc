@@ -858,6 +858,8 @@ TEST(Connect, RefusedAndClosedContextsFailPromptly) {
 // data channel the moment it reads the answer is never refused as "unknown session" by another of
 // the acceptor's threads (it was, now and then, before: the declarative collective test's extra
 // connections failed so in CI). With and without a shared secret (its Ack ends the handshake).
+// And the data channel is attached before its Ack leaves: a fetch sent the moment connect()
+// returns finds it (it failed with transport_unavailable, now and then, before).
 TEST(Connect, EveryHandshakeOfManyInARowSucceedsOnAServerWithSeveralThreads) {
   for (const char* secret : {"", "correct horse battery staple"}) {
     SCOPED_TRACE(secret);
@@ -866,6 +868,8 @@ TEST(Connect, EveryHandshakeOfManyInARowSucceedsOnAServerWithSeveralThreads) {
     so.threads = 4;
     so.secret = secret;
     Server server(so);
+    auto bytes = make_pattern(100, 7);
+    auto ref = server.put(bytes);
     ContextOptions co = client_options("client");
     co.transport = "TCP";  // the race was in attaching TCP's data channel (RDMA attaches none)
     co.threads = 2;
@@ -878,6 +882,11 @@ TEST(Connect, EveryHandshakeOfManyInARowSucceedsOnAServerWithSeveralThreads) {
         ADD_FAILURE() << "connect " << i << ": " << p.error().message();
         if (++failed == 3) break;
       } else {
+        auto req = p->fetch(ref);
+        if (auto ec = req.wait(30s)) {
+          ADD_FAILURE() << "fetch right after connect " << i << ": " << ec.message();
+          if (++failed == 3) break;
+        }
         p->close();  // 300 sessions at once would be 1200 descriptors
       }
     }
