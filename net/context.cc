@@ -222,8 +222,8 @@ void Context::Impl::accept_next() {
     if (self->accept_failures++ == 0) {
       FERRY_LOG_WARN("accept failed: {}; retrying every {} ms", ec.message(), kAcceptRetry.count());
     }
-    self->accept_retry.emplace(self->io, kAcceptRetry);
-    self->accept_retry->async_wait([self](boost::system::error_code tec) {
+    self->accept_retry.expires_after(kAcceptRetry);
+    self->accept_retry.async_wait([self](boost::system::error_code tec) {
       if (!tec) self->accept_next();
     });
   });
@@ -426,16 +426,13 @@ Result<std::unique_ptr<Context>> Context::create(ContextOptions options) {
 
 void Context::Impl::park_while_busy() {
   using Clock = std::chrono::steady_clock;
-  const auto lingering = [this] {
-    return Clock::now() < Clock::time_point(Clock::duration(linger_until.load()));
-  };
+  const auto lingering = [this] { return Clock::now() < linger_end(); };
   if (busy_polls.load() == 0 && !lingering()) return;
   std::unique_lock lock(park_mu);
   ++parked;
   while (!closed.load() && (busy_polls.load() > 0 || lingering())) {
     // Timed: a holder that lets go with linger does not notify; the wait sees the linger end.
-    park_cv.wait_until(lock, std::max(Clock::time_point(Clock::duration(linger_until.load())),
-                                      Clock::now() + std::chrono::milliseconds(1)));
+    park_cv.wait_until(lock, std::max(linger_end(), Clock::now() + std::chrono::milliseconds(1)));
   }
   --parked;
 }
@@ -508,7 +505,7 @@ void Context::close() {
       boost::system::error_code ignored;
       impl_->acceptor->close(ignored);
     }
-    if (impl_->accept_retry) impl_->accept_retry->cancel();
+    impl_->accept_retry.cancel();
   }
   std::vector<std::shared_ptr<Session>> sessions;
   {

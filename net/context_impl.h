@@ -75,6 +75,10 @@ struct Context::Impl : std::enable_shared_from_this<Context::Impl> {
   std::condition_variable park_cv;
   int parked = 0;
   std::atomic<std::chrono::steady_clock::rep> linger_until{0};  // steady_clock ticks
+  std::chrono::steady_clock::time_point linger_end() const {
+    return std::chrono::steady_clock::time_point(
+        std::chrono::steady_clock::duration(linger_until.load()));
+  }
   void park_while_busy();
   void unpark();
   std::map<std::string, uint64_t> negotiated;  // under mu
@@ -112,8 +116,8 @@ struct Context::Impl : std::enable_shared_from_this<Context::Impl> {
   // cannot empty; the first failure of a run is logged, and the count when accepting works again.
   void accept_next();
   static constexpr std::chrono::milliseconds kAcceptRetry{50};
-  std::optional<boost::asio::steady_timer> accept_retry;  // under mu
-  uint64_t accept_failures = 0;                           // in a row; under mu
+  boost::asio::steady_timer accept_retry{io};  // under mu
+  uint64_t accept_failures = 0;                // in a row; under mu
   void on_accepted(boost::asio::ip::tcp::socket socket);
   void read_greeting(const std::shared_ptr<Greeting>& g);
   void reject_greeting(const std::shared_ptr<Greeting>& g, std::error_code ec,
