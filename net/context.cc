@@ -380,6 +380,11 @@ std::string ContextOptions::default_secret() {
   return v ? v : "";
 }
 
+std::string ContextOptions::default_tcp_congestion() {
+  const char* v = std::getenv("FERRY_TCP_CONGESTION");
+  return v ? v : "";
+}
+
 std::string ContextOptions::default_transport() {
   const char* v = std::getenv("FERRY_TRANSPORT");
   if (!v || !*v) return "auto";

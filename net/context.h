@@ -73,8 +73,15 @@ struct ContextOptions {
   std::chrono::milliseconds connect_timeout{10000};
   std::chrono::milliseconds handshake_timeout{5000};
   std::chrono::milliseconds heartbeat_interval{1000};
-  std::chrono::milliseconds peer_timeout{10000};   // silence after which a peer is declared dead
-  size_t tcp_chunk_bytes = 1u << 20;               // TCP data channel: bytes per chunk
+  std::chrono::milliseconds peer_timeout{10000};  // silence after which a peer is declared dead
+  size_t tcp_chunk_bytes = 1u << 20;              // TCP data channel: bytes per chunk
+  // TCP data channels' congestion control (default: $FERRY_TCP_CONGESTION, else ""). "":
+  // automatic: a data channel between two endpoints of this host whose system default paces
+  // (BBR) uses cubic instead, since pacing there only delays the bytes; every other one keeps
+  // the system's default. "system": always the system's default. Any other text: that algorithm
+  // (e.g. "cubic", "reno") for every data channel; one the kernel refuses is logged and the
+  // default stays. Metadata channels always keep the system's default.
+  std::string tcp_congestion = default_tcp_congestion();
   std::chrono::milliseconds lease_timeout{60000};  // one-sided grants: pin held at most this long
   // RDMA: poll the completion queue instead of sleeping on its channel.
   bool busy_poll = false;
@@ -94,6 +101,7 @@ struct ContextOptions {
   // built-in "RDMA" and "TCP").
   static std::string default_transport();
   static std::string default_secret();
+  static std::string default_tcp_congestion();
   static RdmaGrants default_rdma_grants();
 };
 

@@ -3,12 +3,14 @@
 #include "net/context.h"
 #include "net/errors.h"
 #include "net/log.h"
+#include "tcp/congestion.h"
 #include "tcp/tcp_channel.h"
 
 namespace ferry::tcp {
 
 TcpTransport::TcpTransport(const TransportEnv& env)
-    : chunk_bytes_(env.options.tcp_chunk_bytes ? env.options.tcp_chunk_bytes : (1u << 20)) {}
+    : chunk_bytes_(env.options.tcp_chunk_bytes ? env.options.tcp_chunk_bytes : (1u << 20)),
+      congestion_(env.options.tcp_congestion) {}
 
 TransportInfo TcpTransport::local_info() const {
   TransportInfo info;
@@ -21,9 +23,10 @@ TransportInfo TcpTransport::local_info() const {
 void TcpTransport::async_open_channel(std::shared_ptr<PeerLink> link, ChannelOpenHandler done) {
   auto chunk = chunk_bytes_;
   link->async_open_side_connection(
-      kTransportName, [link, done = std::move(done), chunk](std::error_code ec,
-                                                            boost::asio::ip::tcp::socket socket) {
+      kTransportName, [link, done = std::move(done), chunk, congestion = congestion_](
+                          std::error_code ec, boost::asio::ip::tcp::socket socket) {
         if (ec) return done(ec, nullptr);
+        tune_congestion(socket, congestion);
         auto channel = std::make_shared<TcpChannel>(link, std::move(socket), chunk);
         channel->start();
         done({}, channel);
@@ -33,6 +36,7 @@ void TcpTransport::async_open_channel(std::shared_ptr<PeerLink> link, ChannelOpe
 std::error_code TcpTransport::accept_side_connection(std::shared_ptr<PeerLink> link,
                                                      boost::asio::ip::tcp::socket socket,
                                                      std::shared_ptr<TransportChannel>& channel) {
+  tune_congestion(socket, congestion_);
   auto ch = std::make_shared<TcpChannel>(link, std::move(socket), chunk_bytes_);
   ch->start();
   channel = ch;

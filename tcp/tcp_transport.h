@@ -40,6 +40,7 @@ class TcpTransport final : public TransportManager {
 
  private:
   size_t chunk_bytes_;
+  std::string congestion_;  // ContextOptions::tcp_congestion (tcp/congestion.h)
   std::atomic<uint64_t> collected_{0};
 };
 
