@@ -222,6 +222,10 @@ class Bench:
         # iperf3 writes at most 1 MiB at a time; above that the stream is the same.
         cli = ["iperf3", "-c", "127.0.0.1", "-p", str(port), "-l", str(min(size, MIB)), "-t",
                str(max(1, round(self.secs))), "-J"]
+        # The algorithm ferry's loopback data channels use (ContextOptions::tcp_congestion):
+        # where the system's default paces, both stream under cubic.
+        if paces(system_congestion()):
+            cli += ["-C", "cubic"]
         out, _, _ = run_pair(srv, cli, timeout=60 + 4 * self.secs, port=port)
         d = json.loads(out)
         end = d["end"]
@@ -842,6 +846,19 @@ def plots(samples, out_dir):
     return made
 
 
+def system_congestion():
+    """The system's default TCP congestion control ("" if unknown)."""
+    try:
+        return open("/proc/sys/net/ipv4/tcp_congestion_control").read().strip()
+    except OSError:
+        return ""
+
+
+def paces(algorithm):
+    """Whether an algorithm paces its sends (tcp/congestion.h: BBR in any version)."""
+    return algorithm.startswith("bbr")
+
+
 def machine():
     cpu = ""
     try:
@@ -852,8 +869,12 @@ def machine():
     except OSError:
         pass
     mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / (1 << 30)
+    cc = system_congestion() or "unknown"
+    if paces(cc):
+        cc += (" (ferry's loopback data channels and iperf3 -C: cubic; Open MPI, Gloo, UCX, "
+               "qperf, sockperf: " + cc + ")")
     return (f"{os.cpu_count()} CPUs ({cpu}), {mem:.0f} GiB RAM, Linux {platform.release()}, "
-            f"load average at start {os.getloadavg()[0]:.2f}")
+            f"TCP congestion control {cc}, load average at start {os.getloadavg()[0]:.2f}")
 
 
 def cpu_busy():
