@@ -12,6 +12,8 @@
 #include <vector>
 
 #include "bench/measure.h"
+#include "net/context.h"
+#include "tcp/congestion.h"
 
 namespace ferry::bench {
 namespace {
@@ -51,9 +53,12 @@ bool write_all(int fd, const void* p, size_t n) {
   return true;
 }
 
-void no_delay(int fd) {
+// A connected socket set up as ferry sets up its data channels: TCP_NODELAY, and the congestion
+// control ContextOptions::tcp_congestion would give it ($FERRY_TCP_CONGESTION as ferry reads it).
+void like_a_data_channel(int fd) {
   int one = 1;
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  tcp::tune_congestion(fd, ContextOptions::default_tcp_congestion());
 }
 
 }  // namespace
@@ -84,7 +89,7 @@ int run_pingpong_serve(const PingPongArgs& args) {
       if (errno == EINTR) continue;
       return 1;
     }
-    no_delay(fd);
+    like_a_data_channel(fd);
     uint64_t want = 0;
     while (read_all(fd, &want, sizeof(want)) && want <= kMaxSize) {
       if (data.size() < want) data.resize(want, 'x');
@@ -105,7 +110,7 @@ int run_pingpong(const PingPongArgs& args) {
     std::perror("pingpong: connect");
     return 1;
   }
-  no_delay(fd);
+  like_a_data_channel(fd);
   std::vector<char> buf(args.size);
   std::vector<double> rtts;
   const auto start = Clock::now();

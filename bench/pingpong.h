@@ -1,7 +1,8 @@
 // `ferry-bench pingpong-serve` / `ferry-bench pingpong`: the raw-socket baseline of a small
 // fetch. The client sends an 8-byte request naming a size; the server answers with that many
-// bytes from memory; blocking sockets, TCP_NODELAY, one request in flight. What a fetch over
-// TCP costs beyond this is ferry's overhead.
+// bytes from memory; blocking sockets, TCP_NODELAY and the congestion control ferry's data
+// channels get (tcp/congestion.h), one request in flight. What a fetch over TCP costs beyond
+// this is ferry's overhead.
 #pragma once
 
 #include <cstdint>

@@ -7,6 +7,7 @@
 #include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <optional>
 #include <system_error>
 
 #include "net/log.h"
@@ -43,6 +44,24 @@ void report_refusal(const std::string& algorithm, int err) {
   }
 }
 
+// The address getsockname or getpeername gives `fd`, if it is IPv4 or IPv6.
+std::optional<boost::asio::ip::address> address_of(int fd, int (*get)(int, sockaddr*, socklen_t*)) {
+  sockaddr_storage s{};
+  socklen_t len = sizeof(s);
+  if (get(fd, reinterpret_cast<sockaddr*>(&s), &len) != 0) return std::nullopt;
+  if (s.ss_family == AF_INET) {
+    const auto& in = reinterpret_cast<const sockaddr_in&>(s);
+    return boost::asio::ip::address_v4(ntohl(in.sin_addr.s_addr));
+  }
+  if (s.ss_family == AF_INET6) {
+    const auto& in6 = reinterpret_cast<const sockaddr_in6&>(s);
+    boost::asio::ip::address_v6::bytes_type bytes;
+    std::memcpy(bytes.data(), in6.sin6_addr.s6_addr, bytes.size());
+    return boost::asio::ip::address_v6(bytes);
+  }
+  return std::nullopt;
+}
+
 }  // namespace
 
 bool same_host(const boost::asio::ip::address& local, const boost::asio::ip::address& remote) {
@@ -51,8 +70,7 @@ bool same_host(const boost::asio::ip::address& local, const boost::asio::ip::add
 
 bool paces(const std::string& algorithm) { return algorithm.rfind("bbr", 0) == 0; }
 
-std::string tune_congestion(boost::asio::ip::tcp::socket& socket, const std::string& option) {
-  const int fd = socket.native_handle();
+std::string tune_congestion(int fd, const std::string& option) {
   const std::string had = current(fd);
   if (option == "system") return had;
   if (!option.empty()) {
@@ -63,15 +81,14 @@ std::string tune_congestion(boost::asio::ip::tcp::socket& socket, const std::str
     }
     return current(fd);
   }
-  boost::system::error_code ec1, ec2;
-  const auto local = socket.local_endpoint(ec1);
-  const auto remote = socket.remote_endpoint(ec2);
-  if (ec1 || ec2 || !paces(had) || !same_host(local.address(), remote.address())) return had;
+  const auto local = address_of(fd, ::getsockname);
+  const auto remote = address_of(fd, ::getpeername);
+  if (!local || !remote || !paces(had) || !same_host(*local, *remote)) return had;
   int err = 0;
   for (const char* algorithm : {"cubic", "reno"}) {
     if ((err = set(fd, algorithm)) == 0) {
       FERRY_LOG_DEBUG("TCP data channel to {}: congestion control {} instead of {} (one host)",
-                      remote.address().to_string(), algorithm, had);
+                      remote->to_string(), algorithm, had);
       return current(fd);
     }
   }

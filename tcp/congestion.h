@@ -10,7 +10,6 @@
 #pragma once
 
 #include <boost/asio/ip/address.hpp>
-#include <boost/asio/ip/tcp.hpp>
 #include <string>
 
 namespace ferry::tcp {
@@ -22,14 +21,14 @@ bool same_host(const boost::asio::ip::address& local, const boost::asio::ip::add
 // Whether `algorithm` paces its sends (BBR in any version).
 bool paces(const std::string& algorithm);
 
-// Applies `option` to a data channel's socket and returns the algorithm it uses afterwards (""
-// if the kernel does not say). `option`: "" (automatic) switches a same_host() connection whose
-// algorithm paces to cubic (reno where cubic is refused) and leaves every other one alone;
-// "system" leaves every socket alone; any other text names the algorithm for every data channel.
-// Never fails the connection: an algorithm the kernel refuses (unknown, or not in
+// Applies `option` to a data channel's connected socket `fd` and returns the algorithm it uses
+// afterwards ("" if the kernel does not say). `option`: "" (automatic) switches a same_host()
+// connection whose algorithm paces to cubic (reno where cubic is refused) and leaves every other
+// one alone; "system" leaves every socket alone; any other text names the algorithm for every data
+// channel. Never fails the connection: an algorithm the kernel refuses (unknown, or not in
 // net.ipv4.tcp_allowed_congestion_control for an unprivileged process) is logged, a warning
 // the first time in a process, and the socket keeps what it had. Any thread; the caller owns the
-// socket.
-std::string tune_congestion(boost::asio::ip::tcp::socket& socket, const std::string& option);
+// socket. (`ferry-bench pingpong`, the raw-socket baseline, applies it too.)
+std::string tune_congestion(int fd, const std::string& option);
 
 }  // namespace ferry::tcp

@@ -26,7 +26,7 @@ void TcpTransport::async_open_channel(std::shared_ptr<PeerLink> link, ChannelOpe
       kTransportName, [link, done = std::move(done), chunk, congestion = congestion_](
                           std::error_code ec, boost::asio::ip::tcp::socket socket) {
         if (ec) return done(ec, nullptr);
-        tune_congestion(socket, congestion);
+        tune_congestion(socket.native_handle(), congestion);
         auto channel = std::make_shared<TcpChannel>(link, std::move(socket), chunk);
         channel->start();
         done({}, channel);
@@ -36,7 +36,7 @@ void TcpTransport::async_open_channel(std::shared_ptr<PeerLink> link, ChannelOpe
 std::error_code TcpTransport::accept_side_connection(std::shared_ptr<PeerLink> link,
                                                      boost::asio::ip::tcp::socket socket,
                                                      std::shared_ptr<TransportChannel>& channel) {
-  tune_congestion(socket, congestion_);
+  tune_congestion(socket.native_handle(), congestion_);
   auto ch = std::make_shared<TcpChannel>(link, std::move(socket), chunk_bytes_);
   ch->start();
   channel = ch;

@@ -8,9 +8,9 @@
 
 #include <algorithm>
 #include <boost/asio/connect.hpp>
+#include <boost/asio/io_context.hpp>
 #include <boost/asio/read.hpp>
 #include <boost/asio/write.hpp>
-#include <boost/asio/io_context.hpp>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -55,10 +55,10 @@ std::string set_directly(Socket& s, const std::string& algorithm) {
   return std::strerror(errno);
 }
 
-#define REQUIRE_ALGORITHM(socket, name)                                                       \
-  if (auto why = set_directly(socket, name); !why.empty()) {                                  \
+#define REQUIRE_ALGORITHM(socket, name)                                                     \
+  if (auto why = set_directly(socket, name); !why.empty()) {                                \
     GTEST_SKIP() << "SKIPPED: this kernel does not give a socket '" << name << "' (" << why \
-                 << "), which the test starts from";                                          \
+                 << "), which the test starts from";                                        \
   }
 
 TEST(TcpCongestion, SameHostMeansALoopbackPeerOrTheSameAddressAtBothEnds) {
@@ -81,7 +81,7 @@ TEST(TcpCongestion, OnlyBbrPaces) {
 TEST(TcpCongestion, AutomaticSwitchesAPacingChannelOnOneHost) {
   LoopbackPair p;
   REQUIRE_ALGORITHM(p.server, "bbr");
-  const std::string after = tune_congestion(p.server, "");
+  const std::string after = tune_congestion(p.server.native_handle(), "");
   EXPECT_TRUE(after == "cubic" || after == "reno") << after;
   EXPECT_EQ(algorithm_of(p.server), after);
 }
@@ -89,21 +89,21 @@ TEST(TcpCongestion, AutomaticSwitchesAPacingChannelOnOneHost) {
 TEST(TcpCongestion, AutomaticKeepsAnAlgorithmThatDoesNotPace) {
   LoopbackPair p;
   REQUIRE_ALGORITHM(p.server, "reno");
-  EXPECT_EQ(tune_congestion(p.server, ""), "reno");
+  EXPECT_EQ(tune_congestion(p.server.native_handle(), ""), "reno");
   EXPECT_EQ(algorithm_of(p.server), "reno");
 }
 
 TEST(TcpCongestion, SystemKeepsEvenAPacingAlgorithm) {
   LoopbackPair p;
   REQUIRE_ALGORITHM(p.server, "bbr");
-  EXPECT_EQ(tune_congestion(p.server, "system"), "bbr");
+  EXPECT_EQ(tune_congestion(p.server.native_handle(), "system"), "bbr");
   EXPECT_EQ(algorithm_of(p.server), "bbr");
 }
 
 TEST(TcpCongestion, ANamedAlgorithmIsSetWhateverTheSocketHad) {
   LoopbackPair p;
   REQUIRE_ALGORITHM(p.client, "cubic");
-  EXPECT_EQ(tune_congestion(p.client, "reno"), "reno");
+  EXPECT_EQ(tune_congestion(p.client.native_handle(), "reno"), "reno");
   EXPECT_EQ(algorithm_of(p.client), "reno");
 }
 
@@ -111,7 +111,7 @@ TEST(TcpCongestion, AnAlgorithmTheKernelRefusesLeavesTheSocketAsItWas) {
   LoopbackPair p;
   const std::string before = algorithm_of(p.server);
   ASSERT_NE(before, "?");
-  EXPECT_EQ(tune_congestion(p.server, "no-such-algorithm"), before);
+  EXPECT_EQ(tune_congestion(p.server.native_handle(), "no-such-algorithm"), before);
   EXPECT_EQ(algorithm_of(p.server), before);
   // The connection still carries bytes.
   const char out[] = "still connected";
