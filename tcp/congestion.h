@@ -1,12 +1,12 @@
-// Congestion control for TCP data channels (ContextOptions::tcp_congestion). Internal to the TCP
-// transport.
+// Congestion control for TCP data channels (ContextOptions::tcp_congestion). Internal: the TCP
+// transport and ferry-bench's raw-socket ping-pong use it.
 //
 // Between two endpoints of one host there is no network for congestion control to share, but a
 // pacing algorithm still paces: with BBR (a common system default), the kernel spreads each
 // chunk over its bandwidth estimate with high-resolution timers, and a fetch pattern (a burst,
 // then idle until the next request) keeps that estimate low. On the 2-core development VM,
-// loopback fetches of 1 MiB moved 6.1-6.6 GB/s under BBR and 9.9-10.3 GB/s under cubic
-// (bench/README.md, "Congestion control on one host").
+// loopback fetches of 1 MiB moved 5.6-6.1 GB/s under BBR and 10.0-11.1 GB/s under cubic
+// (bench/README.md, "TCP congestion control on one host").
 #pragma once
 
 #include <boost/asio/ip/address.hpp>
@@ -28,7 +28,7 @@ bool paces(const std::string& algorithm);
 // channel. Never fails the connection: an algorithm the kernel refuses (unknown, or not in
 // net.ipv4.tcp_allowed_congestion_control for an unprivileged process) is logged, a warning
 // the first time in a process, and the socket keeps what it had. Any thread; the caller owns the
-// socket. (`ferry-bench pingpong`, the raw-socket baseline, applies it too.)
+// socket.
 std::string tune_congestion(int fd, const std::string& option);
 
 }  // namespace ferry::tcp
