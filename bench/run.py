@@ -23,6 +23,7 @@ registration and misc).
 """
 
 import argparse
+import functools
 import json
 import os
 import platform
@@ -846,6 +847,7 @@ def plots(samples, out_dir):
     return made
 
 
+@functools.lru_cache(maxsize=None)
 def system_congestion():
     """The system's default TCP congestion control ("" if unknown)."""
     try:

@@ -358,6 +358,12 @@ constexpr std::pair<RdmaGrants, const char*> kGrantNames[] = {
     {RdmaGrants::registrations, "registrations"},
     {RdmaGrants::regions, "regions"},
 };
+
+// The environment variable's text, "" when unset.
+std::string env_text(const char* name) {
+  const char* v = std::getenv(name);
+  return v ? v : "";
+}
 }  // namespace
 
 std::optional<RdmaGrants> parse_rdma_grants(std::string_view text) {
@@ -375,15 +381,9 @@ RdmaGrants ContextOptions::default_rdma_grants() {
   return RdmaGrants::automatic;
 }
 
-std::string ContextOptions::default_secret() {
-  const char* v = std::getenv("FERRY_SECRET");
-  return v ? v : "";
-}
+std::string ContextOptions::default_secret() { return env_text("FERRY_SECRET"); }
 
-std::string ContextOptions::default_tcp_congestion() {
-  const char* v = std::getenv("FERRY_TCP_CONGESTION");
-  return v ? v : "";
-}
+std::string ContextOptions::default_tcp_congestion() { return env_text("FERRY_TCP_CONGESTION"); }
 
 std::string ContextOptions::default_transport() {
   const char* v = std::getenv("FERRY_TRANSPORT");

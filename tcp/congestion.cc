@@ -1,6 +1,5 @@
 #include "tcp/congestion.h"
 
-#include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sys/socket.h>
 
@@ -9,6 +8,8 @@
 #include <cstring>
 #include <optional>
 #include <system_error>
+
+#include <boost/asio/ip/tcp.hpp>
 
 #include "net/log.h"
 
@@ -44,22 +45,14 @@ void report_refusal(const std::string& algorithm, int err) {
   }
 }
 
-// The address getsockname or getpeername gives `fd`, if it is IPv4 or IPv6.
+// The address getsockname or getpeername gives `fd` (Asio's endpoint decodes the sockaddr).
 std::optional<boost::asio::ip::address> address_of(int fd, int (*get)(int, sockaddr*, socklen_t*)) {
-  sockaddr_storage s{};
-  socklen_t len = sizeof(s);
-  if (get(fd, reinterpret_cast<sockaddr*>(&s), &len) != 0) return std::nullopt;
-  if (s.ss_family == AF_INET) {
-    const auto& in = reinterpret_cast<const sockaddr_in&>(s);
-    return boost::asio::ip::address_v4(ntohl(in.sin_addr.s_addr));
-  }
-  if (s.ss_family == AF_INET6) {
-    const auto& in6 = reinterpret_cast<const sockaddr_in6&>(s);
-    boost::asio::ip::address_v6::bytes_type bytes;
-    std::memcpy(bytes.data(), in6.sin6_addr.s6_addr, bytes.size());
-    return boost::asio::ip::address_v6(bytes);
-  }
-  return std::nullopt;
+  boost::asio::ip::tcp::endpoint endpoint;
+  socklen_t len = static_cast<socklen_t>(endpoint.capacity());
+  if (get(fd, endpoint.data(), &len) != 0) return std::nullopt;
+  if (len > endpoint.capacity()) return std::nullopt;  // not IPv4 or IPv6
+  endpoint.resize(len);
+  return endpoint.address();
 }
 
 }  // namespace
@@ -81,9 +74,10 @@ std::string tune_congestion(int fd, const std::string& option) {
     }
     return current(fd);
   }
+  if (!paces(had)) return had;  // the common case: no address to look up
   const auto local = address_of(fd, ::getsockname);
   const auto remote = address_of(fd, ::getpeername);
-  if (!local || !remote || !paces(had) || !same_host(*local, *remote)) return had;
+  if (!local || !remote || !same_host(*local, *remote)) return had;
   int err = 0;
   for (const char* algorithm : {"cubic", "reno"}) {
     if ((err = set(fd, algorithm)) == 0) {
