@@ -10,8 +10,10 @@
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/read.hpp>
 #include <boost/asio/write.hpp>
+#include <cstdio>
 #include <cstdlib>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "ferry.h"
@@ -64,6 +66,12 @@ void drain(tcp::socket& s) {
   }
 }
 
+// Ends the run, saying why on a line `make fuzz` shows (it keeps lines with "ERROR").
+[[noreturn]] void fail(const std::string& what) {
+  std::fprintf(stderr, "ERROR: fuzz_control: %s\n", what.c_str());
+  std::abort();
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -73,7 +81,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     tcp::socket s(io);
     boost::system::error_code ec;
     s.connect({asio::ip::make_address("127.0.0.1"), f.port}, ec);
-    if (ec) std::abort();
+    if (ec) fail("connect for the input: " + ec.message());
     if (size == 0) return 0;
     // First byte: send a valid Hello first (odd) or not; the rest goes on the wire as is.
     std::string out = (data[0] & 1) ? hello_frame() : std::string();
@@ -88,8 +96,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     return std::make_unique<ferry::Context>(o);
   }();
   static ferry::Peer peer;
-  if (!peer.is_open()) peer = *client->connect("127.0.0.1:" + std::to_string(f.port));
+  if (!peer.is_open()) {
+    auto p = client->connect("127.0.0.1:" + std::to_string(f.port));
+    if (!p) fail("the honest client's connect: " + p.error().message());
+    peer = *p;
+  }
   auto req = peer.fetch(f.ref);
-  if (req.wait(std::chrono::seconds(10))) std::abort();
+  if (auto ec = req.wait(std::chrono::seconds(10))) fail("the honest fetch: " + ec.message());
   return 0;
 }
