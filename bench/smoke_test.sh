@@ -64,7 +64,7 @@ line=$("$fb" pingpong --to "$ppaddr" --size 4K --seconds 0.3 --warmup 0.1)
 echo "$line"
 positive "$line" gbps p50_us
 
-# Four ranks of the allreduce suite's ferry side (both algorithms: direct at 4 KiB, ring at 1 MiB);
+# Four ranks of the allreduce suite's ferry side (direct at 4 KiB, recursive halving at 1 MiB);
 # every result is checked by the ranks themselves.
 mkdir "$work/rdv"
 for r in 1 2 3; do
