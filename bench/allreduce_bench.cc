@@ -108,6 +108,7 @@ int run_allreduce(const AllreduceArgs& args) {
   loop.ranks = args.ranks;
   loop.sizes = args.sizes;
   loop.reps = args.reps;
+  loop.calls = args.calls;
   loop.warmup = args.warmup;
   const int rc = run_allreduce_loop(loop, ops);
   group->reset();  // before the Context it uses

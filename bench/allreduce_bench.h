@@ -5,7 +5,7 @@
 // run.py starts `ranks` of these processes. Each listens on `host`:0 (any port), publishes its
 // address as the file `rendezvous`/ferry-RANK (written whole, then renamed into place), waits
 // for every other rank's file (bounded by join_timeout_s), joins the group and runs the sweep.
-// Rank 0 prints one JSON line per size. The barrier before each timed call is a one-byte
+// Rank 0 prints one JSON line per size. The barrier before each timed sample is a one-byte
 // broadcast from rank 0 (which, like every ferry collective, ends with a barrier of markers).
 #pragma once
 
@@ -21,7 +21,8 @@ struct AllreduceArgs {
   std::string rendezvous;  // a directory every rank can write
   std::string host = "127.0.0.1";
   std::vector<uint64_t> sizes;
-  int reps = 20;
+  int reps = 5;    // timed samples per size (AllreduceLoopArgs)
+  int calls = 10;  // back-to-back calls per sample
   int warmup = 3;
   int threads = 1;                // io_context threads of the rank's Context
   double join_timeout_s = 30;     // rendezvous + Group::join

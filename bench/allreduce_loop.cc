@@ -1,6 +1,7 @@
 #include "bench/allreduce_loop.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -13,22 +14,32 @@ namespace {
 
 // Rank r's element i, and the sum over n ranks: small integers, exact in float32 in any order.
 float value(int rank, size_t i) { return static_cast<float>(rank + 1 + static_cast<int>(i & 7)); }
-float expected(int n, size_t i) {
+float sum_of_inputs(int n, size_t i) {
   return static_cast<float>(n * (n + 1) / 2 + n * static_cast<int>(i & 7));
 }
 
-// A rank's input and every rank's expected output repeat every 8 elements: one block of each,
-// copied over the tensor (fill) and compared with it (check) by memcpy and memcmp, which are
-// vectorised, touch no memory beyond the block (64 KiB, cached) and the tensor, and keep the
-// untimed work of each call small. Loops computing each element per call took a third of the
-// machine's CPU at 1 MiB (the check, which stopped at the first mismatch, did not vectorise):
-// a rank that had finished its call then held the core that a rank sharing it needed to finish.
+bool power_of_two(int n) { return n > 0 && (n & (n - 1)) == 0; }
+
+// A rank's input and the expected outputs repeat every 8 elements: one block of each, copied
+// over the tensor (fill) and compared with it (check) by memcpy and memcmp, which are
+// vectorised, touch no memory beyond the blocks (64 KiB each, cached) and the tensor, and keep
+// the untimed work small. (Loops computing each element took a third of the machine's CPU at
+// 1 MiB: a rank that had finished held the core that a rank sharing it needed to finish.)
+//
+// After one call every element is the sum of the inputs; after `calls` back-to-back calls on
+// the same tensor, that sum times n^(calls-1). With n a power of two every partial sum of every
+// call has a few significant bits, so each is exact (any order) and the check is bit for bit;
+// otherwise values pass 2^24 and are rounded, and the check allows a relative 1e-5.
 class Pattern {
  public:
-  Pattern(int rank, int n) : in_(kBlock), out_(kBlock) {
+  Pattern(int rank, int n, int calls)
+      : in_(kBlock), one_(kBlock), sample_(kBlock), exact_(power_of_two(n)) {
+    float scale = 1;
+    for (int c = 1; c < calls; ++c) scale *= static_cast<float>(n);
     for (size_t i = 0; i < kBlock; ++i) {
       in_[i] = value(rank, i);
-      out_[i] = expected(n, i);
+      one_[i] = sum_of_inputs(n, i);
+      sample_[i] = one_[i] * scale;
     }
   }
   void fill(std::span<float> data) const {
@@ -36,15 +47,20 @@ class Pattern {
       std::memcpy(data.data() + at, in_.data(), block_bytes(data, at));
     }
   }
-  // The first wrong element, or -1. Bit for bit: every sum is a small integer, exact in float32.
-  long long first_wrong(std::span<const float> data) const {
+  // The expected element i after one call, or after a sample's back-to-back calls.
+  float expected(size_t i, bool sample) const { return (sample ? sample_ : one_)[i % kBlock]; }
+  // The first wrong element, or -1.
+  long long first_wrong(std::span<const float> data, bool sample) const {
+    const auto& want = sample ? sample_ : one_;
     for (size_t at = 0; at < data.size(); at += kBlock) {
       const size_t bytes = block_bytes(data, at);
-      if (std::memcmp(data.data() + at, out_.data(), bytes) == 0) continue;
-      const auto got = std::as_bytes(data.subspan(at));
-      const auto want = std::as_bytes(std::span(out_));
-      const auto byte = std::mismatch(got.begin(), got.begin() + bytes, want.begin()).first;
-      return static_cast<long long>(at + (byte - got.begin()) / sizeof(float));
+      if (std::memcmp(data.data() + at, want.data(), bytes) == 0) continue;
+      for (size_t i = 0; i < bytes / sizeof(float); ++i) {
+        const float got = data[at + i], w = want[i];
+        if (exact_ ? got != w : !(std::fabs(got - w) <= 1e-5f * std::fabs(w))) {
+          return static_cast<long long>(at + i);
+        }
+      }
     }
     return -1;
   }
@@ -54,7 +70,8 @@ class Pattern {
   static size_t block_bytes(std::span<const float> data, size_t at) {
     return std::min(kBlock, data.size() - at) * sizeof(float);
   }
-  std::vector<float> in_, out_;
+  std::vector<float> in_, one_, sample_;
+  bool exact_;
 };
 
 std::string json_array(const std::vector<double>& v) {
@@ -70,57 +87,76 @@ std::string json_array(const std::vector<double>& v) {
 }  // namespace
 
 int run_allreduce_loop(const AllreduceLoopArgs& args, const AllreduceOps& ops) {
-  if (args.sizes.empty() || args.reps < 1 || args.ranks < 1) {
-    std::fprintf(stderr, "%s allreduce: bad sizes, reps or ranks\n", args.tool.c_str());
+  const char* tool = args.tool.c_str();
+  if (args.sizes.empty() || args.reps < 1 || args.ranks < 1 || args.calls < 1 ||
+      args.calls > kMaxCallsPerSample || args.warmup < 0) {
+    std::fprintf(stderr, "%s allreduce: bad sizes, reps, calls (1-%d), warmup or ranks\n", tool,
+                 kMaxCallsPerSample);
+    return 2;
+  }
+  const int n = args.ranks;
+  if (std::pow(static_cast<double>(n), args.calls) * sum_of_inputs(n, 7) > 1e37) {
+    std::fprintf(stderr, "%s allreduce: %d calls on %d ranks would overflow float32\n", tool,
+                 args.calls, n);
     return 2;
   }
   uint64_t largest = 0;
   for (uint64_t s : args.sizes) {
     if (s % sizeof(float)) {
-      std::fprintf(stderr, "%s allreduce: size %llu is not whole float32 elements\n",
-                   args.tool.c_str(), static_cast<unsigned long long>(s));
+      std::fprintf(stderr, "%s allreduce: size %llu is not whole float32 elements\n", tool,
+                   static_cast<unsigned long long>(s));
       return 2;
     }
     largest = std::max(largest, s);
   }
   std::vector<float> buffer(largest / sizeof(float));
-  const int n = args.ranks;
-  const Pattern pattern(args.rank, n);
+  const Pattern pattern(args.rank, n, args.calls);
   const double bus_factor = n > 1 ? 2.0 * (n - 1) / n : 0.0;
 
   for (uint64_t size : args.sizes) {
+    const auto bytes = static_cast<unsigned long long>(size);
     std::span<float> data(buffer.data(), size / sizeof(float));
-    // One call: fill, (barrier,) allreduce, check. Returns the seconds of the allreduce, or -1.
-    auto one = [&]() -> double {
+    // Fill, barrier, `calls` calls back to back, check. Returns this rank's seconds, or -1.
+    auto run = [&](int calls) -> double {
       pattern.fill(data);
       if (auto e = ops.barrier(); !e.empty()) {
-        std::fprintf(stderr, "%s rank %d: barrier: %s\n", args.tool.c_str(), args.rank, e.c_str());
+        std::fprintf(stderr, "%s rank %d: barrier: %s\n", tool, args.rank, e.c_str());
         return -1;
       }
       const auto t0 = Clock::now();
-      auto e = ops.allreduce(data);
-      const double secs = seconds_between(t0, Clock::now());
-      if (!e.empty()) {
-        std::fprintf(stderr, "%s rank %d: allreduce of %llu B: %s\n", args.tool.c_str(), args.rank,
-                     static_cast<unsigned long long>(size), e.c_str());
-        return -1;
+      for (int c = 0; c < calls; ++c) {
+        if (auto e = ops.allreduce(data); !e.empty()) {
+          std::fprintf(stderr, "%s rank %d: allreduce of %llu B: %s\n", tool, args.rank, bytes,
+                       e.c_str());
+          return -1;
+        }
       }
-      if (auto i = pattern.first_wrong(data); i >= 0) {
-        std::fprintf(stderr, "%s rank %d: allreduce of %llu B: element %lld is %g, not %g\n",
-                     args.tool.c_str(), args.rank, static_cast<unsigned long long>(size), i,
-                     static_cast<double>(data[i]), static_cast<double>(expected(n, i)));
+      const double secs = seconds_between(t0, Clock::now());
+      const bool sample = calls > 1;
+      if (auto i = pattern.first_wrong(data, sample); i >= 0) {
+        std::fprintf(
+            stderr, "%s rank %d: allreduce of %llu B, %d call(s): element %lld is %.9g, not %.9g\n",
+            tool, args.rank, bytes, calls, i, static_cast<double>(data[i]),
+            static_cast<double>(pattern.expected(i, sample)));
         return -1;
       }
       return secs;
     };
     for (int w = 0; w < args.warmup; ++w) {
-      if (one() < 0) return 1;
+      if (run(1) < 0) return 1;
     }
     std::vector<double> samples;
     for (int r = 0; r < args.reps; ++r) {
-      const double s = one();
-      if (s < 0) return 1;
-      samples.push_back(s);
+      const double secs = run(args.calls);
+      if (secs < 0) return 1;
+      // The mean over ranks (nccl-tests' default), by an allreduce of one float.
+      std::vector<float> mean{static_cast<float>(secs)};
+      if (auto e = ops.allreduce(mean); !e.empty()) {
+        std::fprintf(stderr, "%s rank %d: allreduce of the times: %s\n", tool, args.rank,
+                     e.c_str());
+        return 1;
+      }
+      samples.push_back(static_cast<double>(mean[0]) / n / args.calls);
     }
     if (args.rank != 0) continue;
     std::vector<double> sorted = samples;
@@ -134,13 +170,15 @@ int run_allreduce_loop(const AllreduceLoopArgs& args, const AllreduceOps& ops) {
         .add("dtype", "float32")
         .add("op", "sum")
         .add("reps", args.reps)
+        .add("calls", args.calls)
         .add("warmup", args.warmup)
+        .add("timing", "back to back, mean over ranks")
         .add("median_s", median)
         .add("min_s", sorted.front())
         .add("max_s", sorted.back())
         .add("algbw_gbps", algbw)
         .add("busbw_gbps", algbw * bus_factor)
-        .add("verified", "every call")
+        .add("verified", "every warm-up call and every sample")
         .add_raw("samples_s", json_array(samples));
     std::printf("%s\n", out.str().c_str());
     std::fflush(stdout);

@@ -1,10 +1,12 @@
 // The allreduce benchmark loop that ferry-bench's `allreduce` and the peer programs
 // (bench/peers/gloo_allreduce.cc, bench/peers/mpi_allreduce.cc) share, so that every tool is
-// measured the same way: float32 sum, in place, for each size; the buffer refilled before every
-// call (outside the clock) and checked after it; a barrier, then one timed call per sample.
-// Rank 0 prints one JSON line per size: every sample and the median of seconds per allreduce,
-// and algbw / busbw as NCCL's tests define them (algbw = bytes / time, busbw = algbw *
-// 2(n-1)/n), in GB/s (10^9 B/s). Nothing in here depends on ferry.
+// measured the same way: float32 sum, in place, for each size. Timed as NCCL's tests time them:
+// each sample is `calls` calls back to back (after a refill of the buffer and a barrier, outside
+// the clock), its time per call the mean over the ranks of each rank's time over `calls`. The
+// buffer is checked after every warm-up call and every sample. Rank 0 prints one JSON line per
+// size: every sample and the median of seconds per allreduce, and algbw / busbw as NCCL's tests
+// define them (algbw = bytes / time, busbw = algbw * 2(n-1)/n), in GB/s (10^9 B/s). Nothing in
+// here depends on ferry.
 #pragma once
 
 #include <cstdint>
@@ -15,13 +17,17 @@
 
 namespace ferry::bench {
 
+// Back-to-back calls sum the tensor again and again (in place): values grow by n per call.
+inline constexpr int kMaxCallsPerSample = 32;
+
 struct AllreduceLoopArgs {
   std::string tool;  // "ferry", "gloo", "mpi": the JSON lines' "tool"
   int rank = 0;
   int ranks = 1;
   std::vector<uint64_t> sizes;  // bytes; each a multiple of 4 (float32 elements)
-  int reps = 20;                // timed calls per size (samples)
-  int warmup = 3;               // untimed calls per size before them
+  int reps = 5;                 // timed samples per size
+  int calls = 10;               // back-to-back calls per sample, 1..kMaxCallsPerSample
+  int warmup = 3;               // untimed single calls per size before them
 };
 
 // What a tool provides. Each returns "" on success, else a message (the loop then stops and

@@ -110,7 +110,8 @@ int main(int argc, char** argv) {
       ->required();
   a->add_option("--host", ar.host, "Address to listen on (any port)")->capture_default_str();
   a->add_option("--sizes", ar_sizes, "Bytes per allreduce (float32)")->capture_default_str();
-  a->add_option("--reps", ar.reps, "Timed calls per size")->capture_default_str();
+  a->add_option("--reps", ar.reps, "Timed samples per size")->capture_default_str();
+  a->add_option("--calls", ar.calls, "Back-to-back calls per sample")->capture_default_str();
   a->add_option("--warmup", ar.warmup, "Untimed calls per size first")->capture_default_str();
   a->add_option("--threads", ar.threads, "io_context threads")->capture_default_str();
   a->add_option("--join-timeout", ar.join_timeout_s, "Seconds for rendezvous + join")

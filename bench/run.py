@@ -13,8 +13,9 @@ Suites
   misc          single-core memcpy (the loopback bound), idle CPU with a peer connected
   allreduce     4 local ranks over loopback TCP: ferry's Group::allreduce (ferry-bench allreduce)
                 vs Gloo's ring allreduce (gloo-allreduce) and Open MPI's MPI_Allreduce over its
-                TCP BTL (mpi-allreduce under mpirun); float32 sum; algbw and busbw as NCCL's
-                tests define them (busbw = algbw * 2(n-1)/n)
+                TCP BTL (mpi-allreduce under mpirun); float32 sum; timed as NCCL's tests
+                time them (calls back to back, the mean over ranks), algbw and busbw as they
+                define them (busbw = algbw * 2(n-1)/n)
 
 Output (in --out): samples.json (every sample), report.txt (the table printed on stdout),
 *.png (gnuplot), and rdma-samples.json from the guest. Only the standard library is used.
@@ -488,15 +489,16 @@ def run_ranks(argvs, timeout, env=None):
     return results
 
 
-def allreduce_tool(b, tool, sizes, calls, warmup):
+def allreduce_tool(b, tool, sizes, samples, calls, warmup):
     """One run of `tool` over every size: ALLREDUCE_RANKS local ranks; returns rank 0's JSON
     lines. Raises SkipTool when the tool is not built / not installed."""
     n = ALLREDUCE_RANKS
     size_arg = ",".join(map(str, sizes))
-    common = ["--sizes", size_arg, "--reps", str(calls), "--warmup", str(warmup)]
+    common = ["--sizes", size_arg, "--reps", str(samples), "--calls", str(calls),
+              "--warmup", str(warmup)]
     # Bound: 60 s to start and join, and ~2 s per size per call at most (far above the slowest
     # tool's 64 MiB allreduce on the 2-core VM, ~0.3 s).
-    timeout = 60 + len(sizes) * (calls + warmup) * 2
+    timeout = 60 + len(sizes) * (samples * (calls + 1) + warmup) * 2
     here = os.path.dirname(b.fb)
     if tool == "mpi":
         exe = os.path.join(here, "mpi-allreduce")
@@ -542,7 +544,7 @@ class SkipTool(Exception):
     pass
 
 
-def suite_allreduce(b, sizes, reps, calls, warmup):
+def suite_allreduce(b, sizes, reps, samples, calls, warmup):
     """ferry, Gloo and Open MPI, alternating (the order rotates by repetition); each run is
     ALLREDUCE_RANKS fresh processes that sweep every size."""
     skipped = {}
@@ -554,7 +556,7 @@ def suite_allreduce(b, sizes, reps, calls, warmup):
 
             def one(tool=tool, rep=rep):
                 try:
-                    lines = allreduce_tool(b, tool, sizes, calls, warmup)
+                    lines = allreduce_tool(b, tool, sizes, samples, calls, warmup)
                 except SkipTool as e:
                     skipped[tool] = str(e)
                     log(f"SKIPPED: allreduce {tool}: {e}")
@@ -725,7 +727,8 @@ def allreduce_table(samples):
         return lines
     peers = [p for p in ALLREDUCE_PEERS if medians(samples, "allreduce", "bw", p, "busbw_gbps")]
     lines.append(f"\nAllreduce, {ALLREDUCE_RANKS} local ranks over loopback TCP, float32 sum "
-                 "(busbw GB/s = size / time * 2(n-1)/n, NCCL tests' definition; median [min-max] "
+                 "(time per call: calls back to back, the mean over ranks, as NCCL's tests time "
+                 "them; busbw GB/s = size / time * 2(n-1)/n, their definition; median [min-max] "
                  "of the runs' medians; ratio = ferry / peer within each run, median [min-max])")
     head = f"{'size':>6} {'ferry ms':>10} {'ferry busbw':>22}"
     for p in peers:
@@ -973,8 +976,10 @@ def main():
                     help="comma-separated sizes in bytes (tcp and rdma suites)")
     ap.add_argument("--allreduce-sizes", default=None,
                     help="comma-separated bytes per allreduce (multiples of 4)")
+    ap.add_argument("--allreduce-samples", type=int, default=None,
+                    help="timed allreduce samples per size in each run (default 5, quick 3)")
     ap.add_argument("--allreduce-calls", type=int, default=None,
-                    help="timed allreduce calls per size in each run (default 20, quick 10)")
+                    help="back-to-back allreduce calls per sample (default 10, quick 5)")
     ap.add_argument("--guest-mem", type=int, default=6144, help="MiB for the soft-RoCE guest")
     ap.add_argument("--registration-grants", default="auto,regions",
                     help="owner's grant modes for the RDMA registration benchmark, comma-separated "
@@ -987,8 +992,10 @@ def main():
     args.sizes = [int(x) for x in args.sizes.split(",")] if args.sizes else None
     args.allreduce_sizes = ([int(x) for x in args.allreduce_sizes.split(",")]
                             if args.allreduce_sizes else None)
+    if args.allreduce_samples is None:
+        args.allreduce_samples = 3 if args.quick else 5
     if args.allreduce_calls is None:
-        args.allreduce_calls = 10 if args.quick else 20
+        args.allreduce_calls = 5 if args.quick else 10
     if args.reps is None:
         args.reps = 2 if args.quick else 3
     if args.seconds is None:
@@ -1029,7 +1036,8 @@ def main():
     if "allreduce" in args.suites:
         suite_allreduce(b, args.allreduce_sizes or (QUICK_ALLREDUCE_SIZES if args.quick else
                                                     FULL_ALLREDUCE_SIZES),
-                        args.reps, args.allreduce_calls, 2 if args.quick else 3)
+                        args.reps, args.allreduce_samples, args.allreduce_calls,
+                        2 if args.quick else 3)
     if args.suites & {"rdma", "registration", "misc"}:
         vm = os.path.join(ROOT, "tests", "softroce", "ferry-vm")
         argv = [vm, "--cwd", ROOT, "--rw", out_dir, "--mem", str(args.guest_mem),

@@ -7,7 +7,7 @@
 // --host, and each call is gloo::allreduce with AllreduceOptions::Algorithm::RING (the
 // reduce-scatter + allgather ring of libgloo 0.0~git20220518, segments of at most 1 MiB, two in
 // flight; what PyTorch's ProcessGroupGloo calls) and gloo::sum<float>. The barrier before each
-// timed call is gloo::barrier. Every Gloo wait is bounded by --timeout.
+// timed sample is gloo::barrier. Every Gloo wait is bounded by --timeout.
 #include <gloo/allreduce.h>
 #include <gloo/barrier.h>
 #include <gloo/math.h>
@@ -51,7 +51,8 @@ int main(int argc, char** argv) {
   app.add_option("--rendezvous", rendezvous, "Directory for Gloo's FileStore")->required();
   app.add_option("--host", host, "Address the TCP transport binds")->capture_default_str();
   app.add_option("--sizes", sizes, "Bytes per allreduce (float32)")->capture_default_str();
-  app.add_option("--reps", loop.reps, "Timed calls per size")->capture_default_str();
+  app.add_option("--reps", loop.reps, "Timed samples per size")->capture_default_str();
+  app.add_option("--calls", loop.calls, "Back-to-back calls per sample")->capture_default_str();
   app.add_option("--warmup", loop.warmup, "Untimed calls per size first")->capture_default_str();
   app.add_option("--timeout", timeout_s, "Seconds: rendezvous and each call")
       ->capture_default_str();

@@ -8,7 +8,7 @@
 // so that it moves its bytes over loopback TCP like ferry and Gloo: the shared-memory BTL (vader)
 // and UCX are left out on purpose (with them MPI would not be measured on the same transport).
 // Open MPI picks the allreduce algorithm by size (its "tuned" collective component). The barrier
-// before each timed call is MPI_Barrier. MPI calls have no timeout of their own: run.py bounds
+// before each timed sample is MPI_Barrier. MPI calls have no timeout of their own: run.py bounds
 // the whole mpirun.
 #include <mpi.h>
 
@@ -27,7 +27,8 @@ int main(int argc, char** argv) {
   loop.tool = "mpi";
   std::string sizes = "4K,16K,64K,256K,1M,4M,16M,64M";
   app.add_option("--sizes", sizes, "Bytes per allreduce (float32)")->capture_default_str();
-  app.add_option("--reps", loop.reps, "Timed calls per size")->capture_default_str();
+  app.add_option("--reps", loop.reps, "Timed samples per size")->capture_default_str();
+  app.add_option("--calls", loop.calls, "Back-to-back calls per sample")->capture_default_str();
   app.add_option("--warmup", loop.warmup, "Untimed calls per size first")->capture_default_str();
   try {
     app.parse(argc, argv);
