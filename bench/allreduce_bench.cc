@@ -92,14 +92,18 @@ int run_allreduce(const AllreduceArgs& args) {
   }
   collective::Group& g = **group;
 
+  // The barrier: an allgather of one byte per rank, which no rank leaves before every rank has
+  // entered it (it needs every rank's byte). A broadcast from rank 0 would let the others leave
+  // once rank 0 had entered.
   std::byte token{0};
+  std::vector<std::byte> tokens(static_cast<size_t>(args.ranks));
   AllreduceOps ops;
   ops.allreduce = [&](std::span<float> data) -> std::string {
     auto s = g.allreduce(std::as_writable_bytes(data), DType::kFloat32, collective::ReduceOp::kSum);
     return s ? std::string() : status_text(s);
   };
   ops.barrier = [&]() -> std::string {
-    auto s = g.broadcast(std::span<std::byte>(&token, 1), 0);
+    auto s = g.allgather(std::span<const std::byte>(&token, 1), tokens);
     return s ? std::string() : status_text(s);
   };
   AllreduceLoopArgs loop;

@@ -5,8 +5,8 @@
 // run.py starts `ranks` of these processes. Each listens on `host`:0 (any port), publishes its
 // address as the file `rendezvous`/ferry-RANK (written whole, then renamed into place), waits
 // for every other rank's file (bounded by join_timeout_s), joins the group and runs the sweep.
-// Rank 0 prints one JSON line per size. The barrier before each timed sample is a one-byte
-// broadcast from rank 0 (which, like every ferry collective, ends with a barrier of markers).
+// Rank 0 prints one JSON line per size. The barrier before each timed sample is an allgather of
+// one byte per rank.
 #pragma once
 
 #include <cstdint>
