@@ -48,6 +48,10 @@ Service::Service(Context& ctx, Group& group, std::string driver_address, std::st
 
 Service::~Service() {
   stop_ = true;
+  {
+    std::lock_guard lock(poll_mu_);
+    if (poll_.valid()) poll_.abort();
+  }
   thread_.join();
   for (const auto& [id, ref] : results_) ctx_.release(ref);
 }
@@ -60,7 +64,7 @@ void Service::run() {
     if (!driver.valid() || !driver.is_open()) {
       auto p = ctx_.connect(driver_);
       if (!p) {
-        std::this_thread::sleep_for(milliseconds(200));
+        for (int i = 0; i < 20 && !stop_; ++i) std::this_thread::sleep_for(milliseconds(10));
         continue;
       }
       driver = *p;
@@ -71,7 +75,16 @@ void Service::run() {
                                 {TensorMeta::bytes(sizeof(Command))});
     auto req = driver.fetch(ref, {std::as_writable_bytes(std::span(cmd.get(), 1))},
                             {.timeout = milliseconds(1000)});
+    {
+      std::lock_guard lock(poll_mu_);
+      poll_ = req;
+    }
+    if (stop_) req.abort();  // the destructor may have looked before poll_ was set
     req.wait(milliseconds(5000));
+    {
+      std::lock_guard lock(poll_mu_);
+      poll_ = {};
+    }
     if (auto outcome = req.outcome(); !outcome || *outcome) {
       if (!outcome) req.abort();
       continue;  // not submitted yet, or the driver is gone (reconnect above)

@@ -32,7 +32,9 @@ class Service {
   // Serves the commands of the driver listening at `driver_address` for this rank of `group`
   // (both outlive the Service). `name` tells several drivers of the same ranks apart.
   Service(Context& ctx, Group& group, std::string driver_address, std::string name = "default");
-  // Stops after the command in progress, within about a second; results it holds are released.
+  // Stops after the command in progress (a collective call: bounded by the Group's timeout); an
+  // idle Service, waiting for its driver's next command, stops at once (its long poll is
+  // aborted). Results it holds are released.
   ~Service();
   Service(const Service&) = delete;
   Service& operator=(const Service&) = delete;
@@ -44,6 +46,8 @@ class Service {
   std::string driver_;
   std::string name_;
   std::atomic<bool> stop_{false};
+  std::mutex poll_mu_;
+  FetchRequest poll_;                      // the long poll for the next command, while in flight
   std::map<uint64_t, ObjectRef> results_;  // by command, until released
   std::thread thread_;
 };

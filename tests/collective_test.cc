@@ -542,6 +542,26 @@ TEST(CollectiveDeclarative, ResultsAreIdenticalToTheImperativeCalls) {
   services.clear();
 }
 
+// A Service waiting for its driver's next command (a long poll the driver holds for up to a
+// second) stops at once when destroyed: its poll is aborted, not waited out.
+TEST(CollectiveDeclarative, AnIdleServiceStopsAtOnce) {
+  FERRY_REQUIRE_TEST_HOST();
+  Ranks ranks(2);
+  Context driver_ctx(client_options("driver"));
+  auto port = driver_ctx.listen(test_host() + ":0");
+  ASSERT_TRUE(port.ok());
+  const std::string driver_address = test_host() + ":" + std::to_string(*port);
+  auto service =
+      std::make_unique<collective::Service>(ranks.context(0), ranks.group(0), driver_address);
+  // Into its first long poll: no command is ever submitted.
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  const auto start = std::chrono::steady_clock::now();
+  service.reset();
+  const auto took = std::chrono::steady_clock::now() - start;
+  EXPECT_LT(took, std::chrono::milliseconds(400))
+      << std::chrono::duration_cast<std::chrono::milliseconds>(took).count() << " ms";
+}
+
 // 64 MiB tensors (the ring in its default 512 KiB segments; the count does not divide by 4).
 TEST(CollectiveLarge, EveryCollectiveOf64MiBOnFourRanks) {
   FERRY_REQUIRE_TEST_HOST();
