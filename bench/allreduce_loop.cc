@@ -52,15 +52,15 @@ class Pattern {
     }
   }
   // The expected element i after one call, or after a sample's back-to-back calls.
-  float expected(size_t i, bool sample) const { return (sample ? sample_ : one_)[i % kBlock]; }
+  float expected(size_t i, bool sample) const { return want(sample)[i % kBlock]; }
   // The first wrong element, or -1.
   long long first_wrong(std::span<const float> data, bool sample) const {
-    const auto& want = sample ? sample_ : one_;
+    const auto& block = want(sample);
     for (size_t at = 0; at < data.size(); at += kBlock) {
       const size_t bytes = block_bytes(data, at);
-      if (std::memcmp(data.data() + at, want.data(), bytes) == 0) continue;
+      if (std::memcmp(data.data() + at, block.data(), bytes) == 0) continue;
       for (size_t i = 0; i < bytes / sizeof(float); ++i) {
-        const float got = data[at + i], w = want[i];
+        const float got = data[at + i], w = block[i];
         if (!(std::fabs(got - w) <= tolerance_ * std::fabs(w))) {
           return static_cast<long long>(at + i);
         }
@@ -71,6 +71,7 @@ class Pattern {
 
  private:
   static constexpr size_t kBlock = 16384;  // elements: a multiple of the period, 8
+  const std::vector<float>& want(bool sample) const { return sample ? sample_ : one_; }
   static size_t block_bytes(std::span<const float> data, size_t at) {
     return std::min(kBlock, data.size() - at) * sizeof(float);
   }

@@ -17,6 +17,7 @@
 #include "net/address.h"
 #include "net/completion.h"
 #include "net/context_impl.h"
+#include "net/env.h"
 #include "net/errors.h"
 #include "net/log.h"
 #include "net/registry.h"
@@ -358,12 +359,6 @@ constexpr std::pair<RdmaGrants, const char*> kGrantNames[] = {
     {RdmaGrants::registrations, "registrations"},
     {RdmaGrants::regions, "regions"},
 };
-
-// The environment variable's text, "" when unset.
-std::string env_text(const char* name) {
-  const char* v = std::getenv(name);
-  return v ? v : "";
-}
 }  // namespace
 
 std::optional<RdmaGrants> parse_rdma_grants(std::string_view text) {
@@ -374,8 +369,8 @@ std::optional<RdmaGrants> parse_rdma_grants(std::string_view text) {
 }
 
 RdmaGrants ContextOptions::default_rdma_grants() {
-  const char* v = std::getenv("FERRY_RDMA_GRANTS");
-  if (!v || !*v) return RdmaGrants::automatic;
+  const std::string v = env_text("FERRY_RDMA_GRANTS");
+  if (v.empty()) return RdmaGrants::automatic;
   if (auto g = parse_rdma_grants(v)) return *g;
   FERRY_LOG_WARN("FERRY_RDMA_GRANTS={} is not auto, windows, registrations or regions: auto", v);
   return RdmaGrants::automatic;
@@ -386,12 +381,10 @@ std::string ContextOptions::default_secret() { return env_text("FERRY_SECRET"); 
 std::string ContextOptions::default_tcp_congestion() { return env_text("FERRY_TCP_CONGESTION"); }
 
 std::string ContextOptions::default_transport() {
-  const char* v = std::getenv("FERRY_TRANSPORT");
-  if (!v || !*v) return "auto";
+  const std::string v = env_text("FERRY_TRANSPORT");
+  if (v.empty()) return "auto";
   std::string upper;
-  for (const char* c = v; *c; ++c) {
-    upper.push_back(static_cast<char>(std::toupper(static_cast<unsigned char>(*c))));
-  }
+  for (char c : v) upper.push_back(static_cast<char>(std::toupper(static_cast<unsigned char>(c))));
   if (upper == "AUTO") return "auto";
   if (upper == "RDMA" || upper == "TCP") return upper;
   return v;

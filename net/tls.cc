@@ -4,6 +4,7 @@
 #include <string>
 #include <system_error>
 
+#include "net/env.h"
 #include "net/errors.h"
 
 namespace ferry {
@@ -49,11 +50,7 @@ bool TlsOptions::enabled() const {
 }
 
 TlsOptions TlsOptions::from_environment() {
-  auto env = [](const char* name) {
-    const char* v = std::getenv(name);
-    return std::string(v ? v : "");
-  };
-  return {env("FERRY_TLS_CERT"), env("FERRY_TLS_KEY"), env("FERRY_TLS_CA")};
+  return {env_text("FERRY_TLS_CERT"), env_text("FERRY_TLS_KEY"), env_text("FERRY_TLS_CA")};
 }
 
 TlsContexts make_tls_contexts(const TlsOptions& o) {
