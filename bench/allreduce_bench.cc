@@ -83,6 +83,8 @@ int run_allreduce(const AllreduceArgs& args) {
   if (args.direct_threshold) group_options.direct_threshold = args.direct_threshold;
   if (args.segment_bytes) group_options.segment_bytes = args.segment_bytes;
   if (args.ring_threshold) group_options.ring_threshold = args.ring_threshold;
+  if (args.busy_spin_us >= 0)
+    group_options.busy_spin = std::chrono::microseconds(args.busy_spin_us);
   collective::Status why;
   auto group = collective::Group::join(**ctx, addresses, args.rank, group_options, &why);
   if (!group) {

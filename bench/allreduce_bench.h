@@ -30,6 +30,7 @@ struct AllreduceArgs {
   uint64_t direct_threshold = 0;  // 0: GroupOptions' default
   uint64_t segment_bytes = 0;     // 0: GroupOptions' default
   uint64_t ring_threshold = 0;    // 0: GroupOptions' default
+  int64_t busy_spin_us = -1;      // GroupOptions::busy_spin (-1: its default)
 };
 
 // Returns an exit code; rank 0's result lines go to stdout.

@@ -124,6 +124,8 @@ int main(int argc, char** argv) {
   a->add_option("--ring-threshold", ar_ring, "GroupOptions::ring_threshold (0: default)");
   std::string ar_segment = "0";
   a->add_option("--segment", ar_segment, "GroupOptions::segment_bytes (0: default)");
+  a->add_option("--busy-spin", ar.busy_spin_us, "GroupOptions::busy_spin in us (-1: default)")
+      ->capture_default_str();
 
   try {
     app.parse(argc, argv);

@@ -33,16 +33,17 @@ milliseconds left_until(Clock::time_point deadline) {
 }  // namespace
 
 // What one call offered, shared with the store's hooks (which can run after the call). Every
-// offer is for one rank, which fetches it once: the call ends when every offer has been served
-// (PutOptions::on_served) and no rank needs anything more from this one. Then the offers are
-// withdrawn, and the call returns once the store has collected them: memory that an offer views
-// must not be freed or reused before, or a registration cache could hand the stale registration
-// (old pages) to the next object at the same address.
+// offer is for one rank, which fetches it once: the call ends when every offer has been sent
+// (PutOptions::on_sent: over TCP written, over RDMA read and released) and no rank needs
+// anything more from this one. Then the offers are withdrawn, and the call returns once the
+// store has collected them: memory that an offer views must not be freed or reused before, or a
+// registration cache could hand the stale registration (old pages) to the next object at the
+// same address.
 struct Offers {
   struct Entry {
     std::string tag;
     int rank;  // who fetches it
-    bool served = false;
+    bool sent = false;
   };
   std::mutex mu;
   std::condition_variable cv;
@@ -73,14 +74,25 @@ struct Group::Op {
   }
 
   // Waits until `ready` or for up to 5 ms. With busy waiting this thread runs the context
-  // between checks (Context::BusyPoll: its io threads are parked) and yields the core when
-  // nothing was ready; otherwise it calls `sleep`, which returns early when woken.
+  // between checks (Context::BusyPoll: its io threads are parked): it polls, yielding the core
+  // when nothing was ready, and once busy_spin has passed with nothing, sleeps in the reactor
+  // until the next event (at most 1 ms: an io thread that had not parked yet can run a handler
+  // that makes `ready` true without waking this one). Otherwise it calls `sleep`, which returns
+  // early when woken.
   template <typename Ready, typename Sleep>
   void pause(Ready ready, Sleep sleep) {
     if (!busy) return sleep(milliseconds(5));
-    const auto until = Clock::now() + milliseconds(5);
-    while (!ready() && Clock::now() < until) {
-      if (busy.poll() == 0) sched_yield();
+    auto now = Clock::now();
+    const auto until = now + milliseconds(5);
+    auto spin_until = now + g.options_.busy_spin;
+    while (!ready() && (now = Clock::now()) < until) {
+      if (now < spin_until) {
+        if (busy.poll() == 0) sched_yield();
+      } else if (busy.poll_or_wait(
+                     std::min(std::chrono::duration_cast<std::chrono::microseconds>(until - now),
+                              std::chrono::microseconds(1000))) > 0) {
+        spin_until = Clock::now() + g.options_.busy_spin;  // something happened: spin again
+      }
     }
   }
   // Whether `ready()`, a condition on the offers, holds (read under their lock).
@@ -124,9 +136,9 @@ struct Group::Op {
         ++offers->live;
         entry = &offers->entries.emplace_back(Offers::Entry{tag, to});
       }
-      o.on_served = [s = offers, entry] {
+      o.on_sent = [s = offers, entry] {
         std::lock_guard lock(s->mu);
-        if (std::exchange(entry->served, true)) return;  // fetched again after a failure
+        if (std::exchange(entry->sent, true)) return;  // fetched again after a failure
         s->cv.notify_all();
       };
       auto owner = std::shared_ptr<void>(nullptr, [s = offers, memory](void*) {
@@ -195,9 +207,10 @@ struct Group::Op {
   }
   // A fetch that failed with its peer's connection still open (the data channel broke: a queue
   // pair flushed or stalled, a data socket reset) is fetched again, at most 3 times, within the
-  // deadline: the owner still offers it (an offer lasts until the rank it is for has been
-  // served), a new channel is set up for the new fetch, and reading it again is harmless. True if
-  // restarted.
+  // deadline: the owner still offers it (an offer lasts until it has been sent to the rank it is
+  // for: over RDMA, until that rank's READs succeeded and it said so), a new channel is set up
+  // for the new fetch, and reading it again is harmless. (Over TCP a broken data connection
+  // closes the peer's session: nothing is fetched again.) True if restarted.
   bool restarted(Pending& p, std::error_code ec, int max_retries = 3) {
     if (p.retries >= max_retries || scope_of(ec) != Scope::peer || !g.peers_[p.from].is_open() ||
         Clock::now() >= deadline) {
@@ -284,33 +297,33 @@ struct Group::Op {
     pending.clear();
     return {};
   }
-  // Ends the call once this rank's fetches are done: waits until every offer has been served to
+  // Ends the call once this rank's fetches are done: waits until every offer has been sent to
   // every rank that fetches it, so that no rank needs anything more from this one (~Op then
   // withdraws them). No barrier: a rank that is done goes on while the others still fetch
   // from each other. A rank that closes while it still has to fetch an offer, or a watched
   // rank's failure, fails the call at once; a rank that never fetches, at the deadline.
   Status finish() {
     if (auto s = wait_all(); !s) return s;
-    const auto served = [&] {
+    const auto sent = [&] {
       return std::all_of(offers->entries.begin(), offers->entries.end(),
-                         [](const Offers::Entry& e) { return e.served; });
+                         [](const Offers::Entry& e) { return e.sent; });
     };
-    while (!offers_are(served)) {
-      pause_on_offers(served);
+    while (!offers_are(sent)) {
+      pause_on_offers(sent);
       // An offer still owed, preferably to a rank that has closed.
       int q = -1;
       std::string tag;
       {
         std::lock_guard lock(offers->mu);
         for (const auto& e : offers->entries) {
-          if (e.served) continue;
+          if (e.sent) continue;
           if (q < 0 || (g.peers_[q].is_open() && !g.peers_[e.rank].is_open())) {
             q = e.rank;
             tag = e.tag;
           }
         }
       }
-      if (q < 0) break;  // all served meanwhile
+      if (q < 0) break;  // all sent meanwhile
       const std::string doing = "waiting for rank " + std::to_string(q) + " to fetch " + tag;
       if (!g.peers_[q].is_open()) return fail(q, errc::peer_closed, doing);
       if (auto s = check_watches(); !s) return s;

@@ -14,9 +14,9 @@
 // each one round of direct fetches); above it, a ring (the same two phases around the ring,
 // 2(N-1)/N of the tensor per rank either way), pipelined in segments of `segment_bytes` reduced and
 // passed on as they land. Every rank gets bit-identical results. Each offer is for one rank, which
-// fetches it once; a call ends when this rank's fetches are done and every offer has been served
-// (no barrier), and returns once its offers are collected: the caller may reuse its buffers at
-// once.
+// fetches it once; a call ends when this rank's fetches are done and every offer has been sent
+// (PutOptions::on_sent; no barrier, no acknowledgement), and returns once its offers are
+// collected: the caller may reuse its buffers at once.
 //
 // Threading: a Group is used by one thread at a time; every rank calls the same collectives in
 // the same order (like MPI). Calls block until done, never longer than `timeout`.
@@ -55,6 +55,12 @@ struct GroupOptions {
   // Open MPI's progress engine, so each step costs no wake-up and no thread hand-off. Costs up
   // to a core per rank while a call runs; between calls (after busy_linger) the io threads sleep.
   bool busy_wait = true;
+  // With busy_wait, how long a waiting rank polls with nothing arriving before it sleeps in the
+  // reactor until the next event (and then polls again). Spinning for good keeps every core
+  // busy, so the scheduler never finds one idle and more ranks than cores can stay crowded on
+  // one core for a whole run: 4 ranks on 2 cores stuck 3 + 1 took 1.3 ms per 1 MiB allreduce
+  // instead of 0.7 (bench/README.md). 200 us covers a step's usual gaps there.
+  std::chrono::microseconds busy_spin{200};
   // With busy_wait, how long the io threads stay parked after a call (BusyPoll's linger): a call
   // that follows within it starts and ends without waking them (two wake-ups and a thread
   // hand-off of the reactor saved per call: a fifth of a 1 MiB allreduce of 4 ranks on 2 cores).

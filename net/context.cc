@@ -488,6 +488,17 @@ size_t Context::BusyPoll::poll() {
   }
 }
 
+size_t Context::BusyPoll::poll_or_wait(std::chrono::microseconds timeout) {
+  if (!impl_) return 0;
+  try {
+    if (size_t n = impl_->io.poll()) return n;
+    return impl_->io.run_one_for(timeout);
+  } catch (const std::exception& e) {
+    FERRY_LOG_ERROR("exception escaped a completion handler: {}", e.what());
+    return 1;
+  }
+}
+
 Context::~Context() {
   close();
   impl_.reset();
@@ -707,7 +718,9 @@ Result<ObjectRef> Context::put(std::vector<Tensor> tensors, std::shared_ptr<void
     }
   }
   if (!md.extension.empty()) store.set_extension(id, md.extension);
-  if (options.on_served) store.set_on_served(id, std::move(options.on_served));
+  if (options.on_sent || options.on_served) {
+    store.set_serve_hooks(id, std::move(options.on_sent), std::move(options.on_served));
+  }
   if (options.exclusive) {
     if (options.transport.empty()) {
       store.release(id);

@@ -117,10 +117,21 @@ struct PutOptions {
   // errc::invalid_argument); freed when the object is collected.
   std::string name;
   // Runs on a thread running the context (an io thread, or a Context::BusyPoll holder) each time
-  // a fetch of this object has been served: once the fetcher has every byte (over TCP its
-  // acknowledgement, over RDMA its release saying the reads succeeded). Not for failed or aborted
-  // serves. Must not block (the collectives count their offers' serves with it, to know when every
-  // rank has what it needs).
+  // a serve of this object has ended well on this side: the transport is done with the bytes
+  // (over TCP they are all written to the data socket; over RDMA the fetcher's release says its
+  // reads succeeded), so a caller that reuses the memory once every expected serve has run is
+  // safe. Over TCP written bytes can still be lost with the connection: the fetcher then fails
+  // (its fetch of an object collected meanwhile cannot be made again). Asks for no
+  // acknowledgement: it costs no message. Not for failed or aborted serves. Must not block (the
+  // collectives count their offers' sends with it: a call ends when its sends are done, as an
+  // MPI send completes).
+  std::function<void()> on_sent;
+  // Runs like on_sent, after it, each time a fetch of this object has been served: once the
+  // fetcher has every byte (over TCP its acknowledgement, a message on the metadata channel the
+  // fetcher sends only for objects with this hook; over RDMA its release saying the reads
+  // succeeded). Also runs, late, when the fetcher confirms every byte of a serve that failed on
+  // this side (the data channel broke after the last write). Not for failed or aborted serves.
+  // Must not block.
   std::function<void()> on_served;
 };
 
@@ -217,6 +228,10 @@ class Context {
     // how many ran (0: nothing was ready, or this one is empty). Never blocks. An exception from a
     // handler is logged, as on the io threads. The holder's thread.
     size_t poll();
+    // Like poll(), but when nothing is ready blocks in the context's reactor until a handler has
+    // run or `timeout` has passed (the thread sleeps meanwhile: its core is free for others).
+    // Returns how many ran. The holder's thread.
+    size_t poll_or_wait(std::chrono::microseconds timeout);
 
    private:
     void end();

@@ -46,7 +46,8 @@ Session::Session(std::shared_ptr<Context::Impl> ctx, MetaStream stream, bool ini
       stream_(std::move(stream)),
       decoder_(ctx_->options.max_frame_bytes),
       handshake_timer_(ctx_->io),
-      heartbeat_timer_(ctx_->io) {
+      heartbeat_timer_(ctx_->io),
+      drain_timer_(ctx_->io) {
   info_.address = std::move(address);
   info_.initiator = initiator;
   next_request_id_ = initiator ? 1 : 2;
@@ -231,6 +232,19 @@ void Session::start_reading() {
 
 void Session::on_read(const boost::system::error_code& ec, size_t n) {
   if (state_ == State::closed) return;
+  if (ec == asio::error::eof && state_ == State::open && awaits_peer_bytes()) {
+    // A peer that ends right after sending (a collective rank leaving after its last call)
+    // closes this connection and its data channel alike: what it wrote before is still
+    // delivered on the data channel, ahead of that channel's end.
+    state_ = State::draining;
+    FERRY_LOG_DEBUG("peer '{}' closed its connection; draining its data channel", info_.name);
+    drain_timer_.expires_after(kDrainBound);
+    drain_timer_.async_wait(
+        asio::bind_executor(strand_, [self = shared_from_this()](boost::system::error_code e) {
+          if (!e) self->do_close(errc::peer_closed);
+        }));
+    return;
+  }
   if (ec) {
     do_close(ec == asio::error::eof ? std::error_code(errc::peer_closed) : std::error_code(ec));
     return;
@@ -431,17 +445,25 @@ void Session::handle_fetch(uint64_t rid, const wire::Fetch& msg) {
   serving_.emplace(rid, transport);
   FERRY_LOG_DEBUG("peer '{}': request {} served: object {} '{}' over {}", info_.name, rid, id,
                   msg.name(), transport->name());
-  auto served = pin.object().on_served;
+  // The object's hooks, in the order PutOptions promises: on_sent, then on_served.
+  std::function<void()> served;
+  if (pin.object().on_sent || pin.object().on_served) {
+    served = [sent = pin.object().on_sent, done = pin.object().on_served] {
+      if (sent) sent();
+      if (done) done();
+    };
+  }
+  const bool settles = static_cast<bool>(pin.object().on_served);
   transport->send_multiple(
       *this, rid, std::move(pin),
-      [self = shared_from_this(), rid, served = std::move(served)](std::error_code ec) {
+      [self = shared_from_this(), rid, served = std::move(served), settles](std::error_code ec) {
         self->serving_.erase(rid);
         if (!ec) {
           if (served) served();
           return;
         }
         if (ec == errc::aborted || !self->is_open()) return;
-        if (served) {
+        if (settles) {
           if (self->unsettled_.size() >= self->ctx_->options.max_requests_per_peer) {
             self->unsettled_.pop_front();
           }
@@ -782,6 +804,16 @@ void Session::complete_fetch(uint64_t request_id, std::error_code ec) {
   if (pending.timer) pending.timer->cancel();
   pending.state->result().elapsed = Clock::now() - pending.started;
   pending.state->complete(ec);
+  if (state_ == State::draining && !awaits_peer_bytes()) {
+    // Not from inside the channel's handler that completed it: it may go on reading.
+    asio::post(strand_, [self = shared_from_this()] { self->do_close(errc::peer_closed); });
+  }
+}
+
+bool Session::awaits_peer_bytes() const {
+  return std::any_of(fetches_.begin(), fetches_.end(), [this](const auto& f) {
+    return !f.second.transport->is_one_sided() && channel(f.second.transport->name());
+  });
 }
 
 void Session::ensure_channel(const std::shared_ptr<TransportManager>& transport,
@@ -967,7 +999,7 @@ void Session::rpc(wire::Envelope request, std::chrono::milliseconds timeout, Rpc
 // ---------------------------------------------------------------- writing
 
 void Session::send(const wire::Envelope& env) {
-  if (state_ == State::closed || close_after_write_) return;
+  if (state_ == State::closed || state_ == State::draining || close_after_write_) return;
   auto frame = encode_frame(env);
   queued_bytes_ += frame.size();
   write_queue_.push_back(std::move(frame));
@@ -1017,7 +1049,8 @@ void Session::write_more() {
                      self->writing_.clear();
                      if (self->state_ == State::closed) return;
                      if (ec) {
-                       self->do_close(errc::peer_closed);
+                       // Draining: the peer is gone already; its data channel decides.
+                       if (self->state_ != State::draining) self->do_close(errc::peer_closed);
                        return;
                      }
                      if (self->close_after_write_ && self->write_queue_.empty()) {
@@ -1081,7 +1114,7 @@ void Session::close(std::error_code ec) {
 
 void Session::do_close(std::error_code ec) {
   if (state_ == State::closed) return;
-  const bool was_open = state_ == State::open;
+  const bool was_open = state_ == State::open || state_ == State::draining;
   state_ = State::closed;
   close_reason_ = ec ? ec : std::error_code(errc::peer_closed);
   if (was_open) {
@@ -1089,6 +1122,7 @@ void Session::do_close(std::error_code ec) {
   }
   handshake_timer_.cancel();
   heartbeat_timer_.cancel();
+  drain_timer_.cancel();
   boost::system::error_code ignored;
   stream_.close();
   // Channels first: they drop their hold on every target buffer and pinned object.

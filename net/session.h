@@ -79,7 +79,14 @@ class Session final : public PeerLink, public std::enable_shared_from_this<Sessi
   void drop_channel(std::string_view transport, std::error_code ec) override;
 
  private:
-  enum class State { handshaking, open, closed };
+  // draining: the peer closed its metadata connection while fetches of ours over a two-sided
+  // transport were pending; their bytes may still be on the way over the data channel, which
+  // the peer closes after its last byte. Nothing is sent or started; the session closes when
+  // they have completed, when that channel ends, or after kDrainBound.
+  enum class State { handshaking, open, draining, closed };
+  static constexpr std::chrono::milliseconds kDrainBound{1000};
+  // Whether a pending fetch of ours waits for bytes the peer sends (a two-sided transport).
+  bool awaits_peer_bytes() const;
 
   struct PendingFetch {
     std::shared_ptr<detail::FetchState> state;
@@ -164,6 +171,7 @@ class Session final : public PeerLink, public std::enable_shared_from_this<Sessi
 
   boost::asio::steady_timer handshake_timer_;
   boost::asio::steady_timer heartbeat_timer_;
+  boost::asio::steady_timer drain_timer_;
   Clock::time_point last_rx_;
   std::function<void(std::error_code)> on_ready_;
 

@@ -102,7 +102,8 @@ class PeerLink {
 
   // Owner side: the fetcher says every byte of `request_id` arrived, after the transport had
   // already ended that serve with an error (its channel broke after the bytes had gone): the
-  // object counts it as served now (StoredObject::on_served). Unknown ids are ignored. Strand.
+  // object counts it as served now (StoredObject::on_sent, then on_served). Unknown ids are
+  // ignored. Strand.
   virtual void settle(uint64_t request_id) = 0;
 
   // Sends a transport-private control message on the metadata channel.
@@ -163,9 +164,10 @@ class TransportManager {
 
   // Owner side, two-sided transports: send the pinned object for `request_id`; the pin keeps it
   // alive until `done` runs (exactly once, on the strand). One-sided transports grant access here.
-  // `done` with success means the fetcher has the bytes when the object counts its serves
-  // (StoredObject::on_served, which ferry then runs): a two-sided transport waits for the
-  // fetcher's word, a one-sided one for the release that says its reads succeeded.
+  // `done` with success means the transport is done with the bytes (StoredObject::on_sent, which
+  // ferry then runs), and the fetcher has them when the object counts its serves
+  // (StoredObject::on_served, run next): a two-sided transport then waits for the fetcher's word,
+  // a one-sided one always waits for the release that says its reads succeeded.
   virtual void send_multiple(PeerLink& link, uint64_t request_id, ObjectStore::Pin object,
                              SendDone done) = 0;
 

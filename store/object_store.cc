@@ -217,10 +217,12 @@ bool ObjectStore::set_extension(ObjectId id, std::string extension) {
   return true;
 }
 
-bool ObjectStore::set_on_served(ObjectId id, std::function<void()> on_served) {
+bool ObjectStore::set_serve_hooks(ObjectId id, std::function<void()> on_sent,
+                                  std::function<void()> on_served) {
   std::lock_guard lock(state_->mu);
   auto it = state_->objects.find(id);
   if (it == state_->objects.end()) return false;
+  it->second.object->on_sent = std::move(on_sent);
   it->second.object->on_served = std::move(on_served);
   return true;
 }

@@ -37,6 +37,7 @@ struct StoredObject {
   // The allocation the tensors live in, when known: a transport registers it once for all the
   // views inside.
   std::span<const std::byte> region;
+  std::function<void()> on_sent;    // PutOptions::on_sent: after each serve this side ended well
   std::function<void()> on_served;  // PutOptions::on_served: after each successful serve
 
   uint64_t total_bytes() const;
@@ -110,8 +111,9 @@ class ObjectStore {
 
   // Sets the transport-defined metadata after put (for transports that learn it late).
   bool set_extension(ObjectId id, std::string extension);
-  // Sets StoredObject::on_served; before anyone can fetch the object (it is read unlocked).
-  bool set_on_served(ObjectId id, std::function<void()> on_served);
+  // Sets StoredObject::on_sent and on_served; before anyone can fetch the object (they are read
+  // unlocked).
+  bool set_serve_hooks(ObjectId id, std::function<void()> on_sent, std::function<void()> on_served);
   // Marks the object as movable only by its transport.
   bool set_exclusive(ObjectId id);
 

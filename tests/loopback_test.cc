@@ -69,6 +69,56 @@ TEST_F(Loopback, ByteExactForEdgeSizesIntoAllocatedAndGivenBuffers) {
   }
 }
 
+// PutOptions::on_sent and on_served run once per successful serve, on_sent first (over TCP an
+// object with on_sent alone asks for no acknowledgement; over RDMA both wait for the release). A
+// serve refused (sizes that do not match) runs neither.
+TEST_F(Loopback, ServeHooksRunOncePerServeAndSentComesFirst) {
+  auto bytes = make_pattern(300000, 31);
+  std::mutex mu;
+  std::string both_seen, sent_seen;  // 's': on_sent ran, 'd': on_served ran
+  const auto note = [&](std::string& seen, char c) {
+    return [&seen, &mu, c] {
+      std::lock_guard lock(mu);
+      seen += c;
+    };
+  };
+  PutOptions both;
+  both.name = "hooks/both";
+  both.on_sent = note(both_seen, 's');
+  both.on_served = note(both_seen, 'd');
+  PutOptions sent_only;
+  sent_only.on_sent = note(sent_seen, 's');
+  auto ref_both = server.ctx.put({Tensor::bytes(*bytes)}, bytes, both);
+  auto ref_sent = server.ctx.put({Tensor::bytes(*bytes)}, bytes, sent_only);
+  ASSERT_TRUE(ref_both.ok() && ref_sent.ok());
+  for (int i = 0; i < 3; ++i) {
+    for (const auto& ref : {*ref_both, *ref_sent}) {
+      std::vector<std::byte> into(bytes->size());
+      ASSERT_FALSE(peer.fetch(ref, {MutableBuffer(into)}).wait(30s));
+      EXPECT_TRUE(same_bytes(into, *bytes));
+    }
+  }
+  // The hooks run on the owner's side, possibly after the fetcher has completed.
+  const auto seen = [&](const std::string& s) {
+    std::lock_guard lock(mu);
+    return s;
+  };
+  EXPECT_TRUE(eventually([&] {
+    return seen(both_seen).size() == 6 && seen(sent_seen).size() == 3;
+  })) << "both: '"
+      << seen(both_seen) << "', sent only: '" << seen(sent_seen) << "'";
+  EXPECT_EQ(seen(both_seen), "sdsdsd");
+  EXPECT_EQ(seen(sent_seen), "sss");
+  // Refused by the owner: no hook runs.
+  std::vector<std::byte> wrong(bytes->size() + 1);
+  auto refused = peer.fetch(
+      ObjectRef::named(server.address(), "hooks/both", {TensorMeta::bytes(wrong.size())}),
+      {MutableBuffer(wrong)});
+  EXPECT_EQ(refused.wait(30s), errc::size_mismatch);
+  std::this_thread::sleep_for(100ms);
+  EXPECT_EQ(seen(both_seen), "sdsdsd");
+}
+
 TEST_F(Loopback, MultiTensorObjectsKeepShapesAndBytes) {
   auto a = make_pattern(3 * 4 * 4, 1);
   auto b = make_pattern(0, 2);
@@ -518,13 +568,13 @@ TEST(Auth, SharedSecretIsRequiredAndChecked) {
 }
 
 // Relays TCP connections to `target` (the metadata channel and the data channel) and records
-// every byte in both directions.
+// every byte in both directions. hold_data() makes the data channel lag behind.
 class RecordingRelay {
  public:
   explicit RecordingRelay(uint16_t target)
       : acceptor_(io_, {asio::ip::make_address("127.0.0.1"), 0}), target_(target) {
     threads_.emplace_back([this] {
-      for (;;) {
+      for (int accepted = 0;; ++accepted) {
         auto in = std::make_shared<asio::ip::tcp::socket>(io_);
         boost::system::error_code ec;
         acceptor_.accept(*in, ec);
@@ -535,8 +585,8 @@ class RecordingRelay {
         std::lock_guard lock(mu_);
         sockets_.push_back(in);
         sockets_.push_back(out);
-        threads_.emplace_back([this, in, out] { pump(*in, *out); });
-        threads_.emplace_back([this, in, out] { pump(*out, *in); });
+        threads_.emplace_back([this, in, out] { pump(*in, *out, false); });
+        threads_.emplace_back([this, in, out, data = accepted > 0] { pump(*out, *in, data); });
       }
     });
   }
@@ -545,26 +595,32 @@ class RecordingRelay {
     ::shutdown(acceptor_.native_handle(), SHUT_RDWR);  // wakes the blocked accept (Linux)
     threads_.front().join();  // the accept loop is over before the acceptor is closed
     acceptor_.close(ec);
+    std::vector<std::thread> pumps;  // no new ones now; joined unlocked (they take mu_)
     {
       std::lock_guard lock(mu_);
       for (auto& s : sockets_) s->shutdown(asio::ip::tcp::socket::shutdown_both, ec);
+      pumps.assign(std::make_move_iterator(threads_.begin() + 1),
+                   std::make_move_iterator(threads_.end()));
     }
-    std::lock_guard lock(mu_);  // no new threads now
-    for (size_t i = 1; i < threads_.size(); ++i) threads_[i].join();
+    for (auto& t : pumps) t.join();
   }
   uint16_t port() const { return acceptor_.local_endpoint().port(); }
+  // From now on, each read of what the target sends on a connection but the first (the
+  // metadata one) is passed on `hold` later.
+  void hold_data(std::chrono::milliseconds hold) { hold_ms_ = hold.count(); }
   std::string seen() {
     std::lock_guard lock(mu_);
     return seen_;
   }
 
  private:
-  void pump(asio::ip::tcp::socket& from, asio::ip::tcp::socket& to) {
+  void pump(asio::ip::tcp::socket& from, asio::ip::tcp::socket& to, bool data_from_target) {
     char buf[65536];
     boost::system::error_code e;
     for (;;) {
       size_t n = from.read_some(asio::buffer(buf), e);
       if (e) break;
+      if (data_from_target) std::this_thread::sleep_for(std::chrono::milliseconds(hold_ms_.load()));
       {
         std::lock_guard lock(mu_);
         seen_.append(buf, n);
@@ -578,6 +634,7 @@ class RecordingRelay {
   asio::io_context io_;
   asio::ip::tcp::acceptor acceptor_;
   uint16_t target_;
+  std::atomic<int64_t> hold_ms_{0};
   std::mutex mu_;
   std::vector<std::shared_ptr<asio::ip::tcp::socket>> sockets_;
   std::vector<std::thread> threads_;
@@ -910,6 +967,61 @@ TEST(Close, ClosingTheServerFailsPendingFetchesWithPeerScope) {
   for (int i = 0; i < 400 && peer.is_open(); ++i) std::this_thread::sleep_for(5ms);
   EXPECT_FALSE(peer.is_open());
   EXPECT_EQ(scope_of(peer.fetch(ref).wait(5s)), Scope::peer);
+}
+
+// An owner that closes the moment its send is done (PutOptions::on_sent: over TCP, written to
+// the data socket) has still delivered. Its bytes can reach the fetcher after the end of its
+// metadata connection (here a relay holds the data channel back 200 ms a read): the fetcher drains
+// the data channel before it counts the peer as closed (at most 1 s), and its fetch completes
+// byte-exact. Then the peer is closed, and a fetch fails at once.
+TEST(Close, AnOwnerThatClosesRightAfterItsSendStillDelivers) {
+  if (test_transport() != "TCP") GTEST_SKIP() << "SKIPPED: the relay is for the TCP suite";
+  auto server = std::make_unique<Server>();
+  RecordingRelay relay(server->port);
+  Context client(client_options("client"));
+  auto peer = connect_or_fail(client, "127.0.0.1:" + std::to_string(relay.port()));
+  relay.hold_data(200ms);
+  auto bytes = make_pattern(60000, 2);  // in flight at once: socket buffers hold it
+  std::promise<void> sent;
+  PutOptions o;
+  o.on_sent = [&sent] { sent.set_value(); };  // fetched once: runs once
+  auto ref = server->ctx.put({Tensor::bytes(*bytes)}, bytes, o);
+  ASSERT_TRUE(ref.ok());
+  std::vector<std::byte> into(bytes->size());
+  auto req = peer.fetch(*ref, {MutableBuffer(into)}, {.timeout = 30s});
+  ASSERT_EQ(sent.get_future().wait_for(30s), std::future_status::ready);
+  server.reset();  // closes its peers: the metadata connection and the data channel
+  ASSERT_FALSE(req.wait(30s)) << req.wait(0ms).message();
+  EXPECT_TRUE(same_bytes(into, *bytes));
+  EXPECT_TRUE(eventually([&] { return !peer.is_open(); }));
+  EXPECT_EQ(scope_of(peer.fetch(*ref).wait(5s)), Scope::peer);
+}
+
+// The drain is bounded: bytes that lag more than 1 s behind the end of the owner's metadata
+// connection (a relay holding the data channel 3 s a read) fail the fetch then, with peer scope.
+TEST(Close, TheDrainOfAClosedOwnersDataChannelIsBounded) {
+  if (test_transport() != "TCP") GTEST_SKIP() << "SKIPPED: the relay is for the TCP suite";
+  auto server = std::make_unique<Server>();
+  RecordingRelay relay(server->port);
+  Context client(client_options("client"));
+  auto peer = connect_or_fail(client, "127.0.0.1:" + std::to_string(relay.port()));
+  relay.hold_data(3000ms);
+  auto bytes = make_pattern(60000, 3);
+  std::promise<void> sent;
+  PutOptions o;
+  o.on_sent = [&sent] { sent.set_value(); };
+  auto ref = server->ctx.put({Tensor::bytes(*bytes)}, bytes, o);
+  ASSERT_TRUE(ref.ok());
+  std::vector<std::byte> into(bytes->size());
+  auto req = peer.fetch(*ref, {MutableBuffer(into)}, {.timeout = 30s});
+  ASSERT_EQ(sent.get_future().wait_for(30s), std::future_status::ready);
+  const auto t0 = std::chrono::steady_clock::now();
+  server.reset();
+  const auto ec = req.wait(30s);
+  const auto took = std::chrono::steady_clock::now() - t0;
+  EXPECT_EQ(scope_of(ec), Scope::peer) << ec.message();
+  EXPECT_GE(took, 900ms);
+  EXPECT_LT(took, 2500ms) << "the drain ran past its bound";
 }
 
 }  // namespace
