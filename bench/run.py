@@ -546,7 +546,18 @@ class SkipTool(Exception):
 
 def suite_allreduce(b, sizes, reps, samples, calls, warmup):
     """ferry, Gloo and Open MPI, alternating (the order rotates by repetition); each run is
-    ALLREDUCE_RANKS fresh processes that sweep every size."""
+    ALLREDUCE_RANKS fresh processes that sweep every size. First one discarded run of each tool
+    (one sample per size): on the 2-vCPU VM the first seconds of load after an idle spell are
+    slower for whichever tool runs then (four trials each after 8 s idle: Open MPI's 1 MiB
+    0.81-1.01 ms in the first run against 0.67-0.69 warm; ferry's first run of an invocation was
+    slow in three of four suites, 0.97-1.39 against 0.69-0.72 in its later runs), and the
+    rotation would hand that to the tool that goes first."""
+    log("allreduce warm-up: one discarded run of each tool")
+    for tool in ["ferry"] + ALLREDUCE_PEERS:
+        try:
+            allreduce_tool(b, tool, sizes, 1, calls, warmup)
+        except Exception as e:  # the measured runs report it (SKIPPED or a failure)
+            log(f"allreduce warm-up {tool}: {e}")
     skipped = {}
     for rep in range(reps):
         for tool in rotate(["ferry"] + ALLREDUCE_PEERS, rep):
