@@ -122,7 +122,10 @@ struct PutOptions {
   // reads succeeded), so a caller that reuses the memory once every expected serve has run is
   // safe. Over TCP written bytes can still be lost with the connection: the fetcher then fails
   // (its fetch of an object collected meanwhile cannot be made again). Asks for no
-  // acknowledgement: it costs no message. Not for failed or aborted serves. Must not block (the
+  // acknowledgement: it costs no message. Also runs, late, for a serve that failed on this side
+  // when the fetcher then confirms every byte (over RDMA: its release saying the reads succeeded
+  // arrives after this side's queue pair broke). Not for failed or aborted serves (the fetcher
+  // fetches those again: the object must stay until it has). Must not block (the
   // collectives count their offers' sends with it: a call ends when its sends are done, as an
   // MPI send completes).
   std::function<void()> on_sent;

@@ -446,28 +446,27 @@ void Session::handle_fetch(uint64_t rid, const wire::Fetch& msg) {
   FERRY_LOG_DEBUG("peer '{}': request {} served: object {} '{}' over {}", info_.name, rid, id,
                   msg.name(), transport->name());
   // The object's hooks, in the order PutOptions promises: on_sent, then on_served.
-  std::function<void()> served;
+  std::function<void()> hooks;
   if (pin.object().on_sent || pin.object().on_served) {
-    served = [sent = pin.object().on_sent, done = pin.object().on_served] {
+    hooks = [sent = pin.object().on_sent, done = pin.object().on_served] {
       if (sent) sent();
       if (done) done();
     };
   }
-  const bool settles = static_cast<bool>(pin.object().on_served);
   transport->send_multiple(
       *this, rid, std::move(pin),
-      [self = shared_from_this(), rid, served = std::move(served), settles](std::error_code ec) {
+      [self = shared_from_this(), rid, hooks = std::move(hooks)](std::error_code ec) {
         self->serving_.erase(rid);
         if (!ec) {
-          if (served) served();
+          if (hooks) hooks();
           return;
         }
         if (ec == errc::aborted || !self->is_open()) return;
-        if (settles) {
+        if (hooks) {  // the fetcher may confirm every byte yet (PeerLink::settle)
           if (self->unsettled_.size() >= self->ctx_->options.max_requests_per_peer) {
             self->unsettled_.pop_front();
           }
-          self->unsettled_.emplace_back(rid, served);
+          self->unsettled_.emplace_back(rid, hooks);
         }
         self->send_error(rid, ec, "send failed", false);
       });
