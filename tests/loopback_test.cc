@@ -969,56 +969,61 @@ TEST(Close, ClosingTheServerFailsPendingFetchesWithPeerScope) {
   EXPECT_EQ(scope_of(peer.fetch(ref).wait(5s)), Scope::peer);
 }
 
-// An owner that closes the moment its send is done (PutOptions::on_sent: over TCP, written to
-// the data socket) has still delivered. Its bytes can reach the fetcher after the end of its
-// metadata connection (here a relay holds the data channel back 200 ms a read): the fetcher drains
-// the data channel before it counts the peer as closed (at most 1 s), and its fetch completes
+// An owner that closes the moment its send of one object is done (PutOptions::on_sent: over TCP,
+// written to the data socket; 60,000 bytes, in flight at once: socket buffers hold them), reached
+// through a relay that holds each read of the data channel back `hold`: its bytes reach the
+// fetcher after the end of its metadata connection.
+struct OwnerThatClosesAfterItsSend {
+  explicit OwnerThatClosesAfterItsSend(std::chrono::milliseconds hold) {
+    peer = connect_or_fail(client, "127.0.0.1:" + std::to_string(relay.port()));
+    relay.hold_data(hold);
+  }
+  // Starts the fetch and closes the owner once its send is done. False if it never was.
+  bool fetch_then_close() {
+    std::promise<void> sent;
+    PutOptions o;
+    o.on_sent = [&sent] { sent.set_value(); };  // fetched once: runs once
+    auto put = server->ctx.put({Tensor::bytes(*bytes)}, bytes, o);
+    if (!put.ok()) return false;
+    ref = *put;
+    req = peer.fetch(ref, {MutableBuffer(into)}, {.timeout = 30s});
+    if (sent.get_future().wait_for(30s) != std::future_status::ready) return false;
+    closed_at = std::chrono::steady_clock::now();
+    server.reset();  // closes its peers: the metadata connection and the data channel
+    return true;
+  }
+  std::unique_ptr<Server> server = std::make_unique<Server>();
+  RecordingRelay relay{server->port};
+  Context client{client_options("client")};
+  Peer peer;
+  std::shared_ptr<std::vector<std::byte>> bytes = make_pattern(60000, 2);
+  std::vector<std::byte> into = std::vector<std::byte>(60000);
+  ObjectRef ref;
+  FetchRequest req;
+  std::chrono::steady_clock::time_point closed_at;
+};
+
+// Such an owner has still delivered: the fetcher drains the data channel before it counts the
+// peer as closed (at most 1 s; here the relay holds it 200 ms a read), and its fetch completes
 // byte-exact. Then the peer is closed, and a fetch fails at once.
 TEST(Close, AnOwnerThatClosesRightAfterItsSendStillDelivers) {
   if (test_transport() != "TCP") GTEST_SKIP() << "SKIPPED: the relay is for the TCP suite";
-  auto server = std::make_unique<Server>();
-  RecordingRelay relay(server->port);
-  Context client(client_options("client"));
-  auto peer = connect_or_fail(client, "127.0.0.1:" + std::to_string(relay.port()));
-  relay.hold_data(200ms);
-  auto bytes = make_pattern(60000, 2);  // in flight at once: socket buffers hold it
-  std::promise<void> sent;
-  PutOptions o;
-  o.on_sent = [&sent] { sent.set_value(); };  // fetched once: runs once
-  auto ref = server->ctx.put({Tensor::bytes(*bytes)}, bytes, o);
-  ASSERT_TRUE(ref.ok());
-  std::vector<std::byte> into(bytes->size());
-  auto req = peer.fetch(*ref, {MutableBuffer(into)}, {.timeout = 30s});
-  ASSERT_EQ(sent.get_future().wait_for(30s), std::future_status::ready);
-  server.reset();  // closes its peers: the metadata connection and the data channel
-  ASSERT_FALSE(req.wait(30s)) << req.wait(0ms).message();
-  EXPECT_TRUE(same_bytes(into, *bytes));
-  EXPECT_TRUE(eventually([&] { return !peer.is_open(); }));
-  EXPECT_EQ(scope_of(peer.fetch(*ref).wait(5s)), Scope::peer);
+  OwnerThatClosesAfterItsSend owner(200ms);
+  ASSERT_TRUE(owner.fetch_then_close());
+  ASSERT_FALSE(owner.req.wait(30s)) << owner.req.wait(0ms).message();
+  EXPECT_TRUE(same_bytes(owner.into, *owner.bytes));
+  EXPECT_TRUE(eventually([&] { return !owner.peer.is_open(); }));
+  EXPECT_EQ(scope_of(owner.peer.fetch(owner.ref).wait(5s)), Scope::peer);
 }
 
 // The drain is bounded: bytes that lag more than 1 s behind the end of the owner's metadata
-// connection (a relay holding the data channel 3 s a read) fail the fetch then, with peer scope.
+// connection (the relay holds the data channel 3 s a read) fail the fetch then, with peer scope.
 TEST(Close, TheDrainOfAClosedOwnersDataChannelIsBounded) {
   if (test_transport() != "TCP") GTEST_SKIP() << "SKIPPED: the relay is for the TCP suite";
-  auto server = std::make_unique<Server>();
-  RecordingRelay relay(server->port);
-  Context client(client_options("client"));
-  auto peer = connect_or_fail(client, "127.0.0.1:" + std::to_string(relay.port()));
-  relay.hold_data(3000ms);
-  auto bytes = make_pattern(60000, 3);
-  std::promise<void> sent;
-  PutOptions o;
-  o.on_sent = [&sent] { sent.set_value(); };
-  auto ref = server->ctx.put({Tensor::bytes(*bytes)}, bytes, o);
-  ASSERT_TRUE(ref.ok());
-  std::vector<std::byte> into(bytes->size());
-  auto req = peer.fetch(*ref, {MutableBuffer(into)}, {.timeout = 30s});
-  ASSERT_EQ(sent.get_future().wait_for(30s), std::future_status::ready);
-  const auto t0 = std::chrono::steady_clock::now();
-  server.reset();
-  const auto ec = req.wait(30s);
-  const auto took = std::chrono::steady_clock::now() - t0;
+  OwnerThatClosesAfterItsSend owner(3000ms);
+  ASSERT_TRUE(owner.fetch_then_close());
+  const auto ec = owner.req.wait(30s);
+  const auto took = std::chrono::steady_clock::now() - owner.closed_at;
   EXPECT_EQ(scope_of(ec), Scope::peer) << ec.message();
   EXPECT_GE(took, 900ms);
   EXPECT_LT(took, 2500ms) << "the drain ran past its bound";
