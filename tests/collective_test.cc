@@ -415,7 +415,9 @@ TEST_P(Collective, OffersAreCollectedWhenACallReturns) {
 
 // Queue pairs broken while READs are in flight (every queue pair of rank 1, 100 ms into each
 // call): the fetches that fail while their peer's connection lives are fetched again over a
-// new queue pair, and the results are still exact. The exchange, then the ring; a call whose
+// new queue pair, and the results are still exact; an owner whose serve ended with its queue pair
+// still counts it as sent when the fetcher's release says the READs succeeded (PeerLink::settle;
+// without it the owner waits out its deadline). Recursive halving, then the ring; a call whose
 // break met no fetch in flight (it can end first) is made again, up to 5 times, the break
 // sooner each time.
 TEST(CollectiveFaults, FetchesOverABrokenQueuePairAreFetchedAgain) {
@@ -431,7 +433,7 @@ TEST(CollectiveFaults, FetchesOverABrokenQueuePairAreFetchedAgain) {
     for (int r = 0; r < ranks.size(); ++r) n += ranks.group(r).refetches();
     return n;
   };
-  for (size_t count : {size_t{1} << 17, size_t{1} << 18}) {  // int64: 1 MiB exchange, 2 MiB ring
+  for (size_t count : {size_t{1} << 17, size_t{1} << 18}) {  // int64: 1 MiB halving, 2 MiB ring
     const uint64_t before = refetches();
     for (int attempt = 0; attempt < 5 && refetches() == before; ++attempt) {
       std::atomic<bool> running{true};
