@@ -88,10 +88,11 @@ struct Group::Op {
     while (!ready() && (now = Clock::now()) < until) {
       if (now < spin_until) {
         if (busy.poll() == 0) sched_yield();
-      } else if (busy.poll_or_wait(
-                     std::min(std::chrono::duration_cast<std::chrono::microseconds>(until - now),
-                              std::chrono::microseconds(1000))) > 0) {
-        spin_until = Clock::now() + g.options_.busy_spin;  // something happened: spin again
+      } else {
+        const auto nap = std::min<Clock::duration>(until - now, milliseconds(1));
+        if (busy.poll_or_wait(std::chrono::duration_cast<std::chrono::microseconds>(nap)) > 0) {
+          spin_until = Clock::now() + g.options_.busy_spin;  // something happened: spin again
+        }
       }
     }
   }

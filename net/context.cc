@@ -478,20 +478,12 @@ Context::BusyPoll& Context::BusyPoll::operator=(BusyPoll&& other) noexcept {
   return *this;
 }
 
-size_t Context::BusyPoll::poll() {
-  if (!impl_) return 0;
-  try {
-    return impl_->io.poll();
-  } catch (const std::exception& e) {
-    FERRY_LOG_ERROR("exception escaped a completion handler: {}", e.what());
-    return 1;
-  }
-}
+size_t Context::BusyPoll::poll() { return poll_or_wait(std::chrono::microseconds(0)); }
 
 size_t Context::BusyPoll::poll_or_wait(std::chrono::microseconds timeout) {
   if (!impl_) return 0;
   try {
-    if (size_t n = impl_->io.poll()) return n;
+    if (size_t n = impl_->io.poll(); n > 0 || timeout.count() <= 0) return n;
     return impl_->io.run_one_for(timeout);
   } catch (const std::exception& e) {
     FERRY_LOG_ERROR("exception escaped a completion handler: {}", e.what());

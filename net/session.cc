@@ -445,14 +445,7 @@ void Session::handle_fetch(uint64_t rid, const wire::Fetch& msg) {
   serving_.emplace(rid, transport);
   FERRY_LOG_DEBUG("peer '{}': request {} served: object {} '{}' over {}", info_.name, rid, id,
                   msg.name(), transport->name());
-  // The object's hooks, in the order PutOptions promises: on_sent, then on_served.
-  std::function<void()> hooks;
-  if (pin.object().on_sent || pin.object().on_served) {
-    hooks = [sent = pin.object().on_sent, done = pin.object().on_served] {
-      if (sent) sent();
-      if (done) done();
-    };
-  }
+  ServeHooks hooks{pin.object().on_sent, pin.object().on_served};
   transport->send_multiple(
       *this, rid, std::move(pin),
       [self = shared_from_this(), rid, hooks = std::move(hooks)](std::error_code ec) {
@@ -476,11 +469,11 @@ void Session::settle(uint64_t request_id) {
   auto it = std::find_if(unsettled_.begin(), unsettled_.end(),
                          [&](const auto& u) { return u.first == request_id; });
   if (it == unsettled_.end()) return;
-  auto served = std::move(it->second);
+  auto hooks = std::move(it->second);
   unsettled_.erase(it);
   FERRY_LOG_DEBUG("peer '{}': request {} served after all (the fetcher has every byte)", info_.name,
                   request_id);
-  served();
+  hooks();
 }
 
 void Session::on_named(const std::string& name) {

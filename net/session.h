@@ -100,6 +100,15 @@ class Session final : public PeerLink, public std::enable_shared_from_this<Sessi
     bool opening = false;
     std::vector<std::function<void(std::error_code)>> waiters;
   };
+  // A served object's hooks (PutOptions::on_sent, on_served), run in that order.
+  struct ServeHooks {
+    std::function<void()> sent, served;
+    explicit operator bool() const { return sent || served; }
+    void operator()() const {
+      if (sent) sent();
+      if (served) served();
+    }
+  };
   // A fetch by name that arrived before the name was put (ObjectRef::named).
   struct Parked {
     wire::Fetch msg;
@@ -183,7 +192,7 @@ class Session final : public PeerLink, public std::enable_shared_from_this<Sessi
   // Serves of objects that count them which failed on this side while the peer lives: the
   // fetcher may have every byte all the same, and its word (settle) counts them. At most
   // max_requests_per_peer, oldest dropped first (rare: only after a channel broke).
-  std::deque<std::pair<uint64_t, std::function<void()>>> unsettled_;
+  std::deque<std::pair<uint64_t, ServeHooks>> unsettled_;
   std::unordered_map<uint64_t, Parked> parked_;
   std::unordered_map<uint64_t, PendingRpc> rpcs_;
   std::unordered_map<std::string, ChannelSlot> channels_;
