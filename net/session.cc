@@ -47,7 +47,8 @@ Session::Session(std::shared_ptr<Context::Impl> ctx, MetaStream stream, bool ini
       decoder_(ctx_->options.max_frame_bytes),
       handshake_timer_(ctx_->io),
       heartbeat_timer_(ctx_->io),
-      drain_timer_(ctx_->io) {
+      drain_timer_(ctx_->io),
+      deadline_timer_(ctx_->io) {
   info_.address = std::move(address);
   info_.initiator = initiator;
   next_request_id_ = initiator ? 1 : 2;
@@ -400,14 +401,9 @@ void Session::handle_fetch(uint64_t rid, const wire::Fetch& msg) {
     if (id == 0) {
       // Not put yet: wait for it, at most what the fetcher allows and our lease timeout.
       const auto wait = std::min<uint64_t>(msg.wait_ms(), ctx_->options.lease_timeout.count());
-      auto timer = std::make_unique<asio::steady_timer>(ctx_->io, std::chrono::milliseconds(wait));
-      timer->async_wait(asio::bind_executor(
-          strand_, [self = shared_from_this(), rid](boost::system::error_code ec) {
-            if (ec || !self->parked_.erase(rid) || !self->is_open()) return;
-            self->send_error(rid, errc::object_not_found,
-                             "no object was put under that name in time", false);
-          }));
-      parked_[rid] = Parked{msg, std::move(timer)};
+      const auto deadline = Clock::now() + std::chrono::milliseconds(wait);
+      parked_[rid] = Parked{msg, deadline};
+      arm_deadline(deadline);
       FERRY_LOG_DEBUG("peer '{}': request {} waits for the name '{}'", info_.name, rid, msg.name());
       return;
     }
@@ -481,7 +477,6 @@ void Session::on_named(const std::string& name) {
     std::vector<std::pair<uint64_t, wire::Fetch>> ready;
     for (auto it = self->parked_.begin(); it != self->parked_.end();) {
       if (it->second.msg.name() == name) {
-        it->second.timer->cancel();
         ready.emplace_back(it->first, std::move(it->second.msg));
         it = self->parked_.erase(it);
       } else {
@@ -733,13 +728,10 @@ void Session::start_transfer(std::shared_ptr<detail::FetchState> state,
   }
   const uint64_t id = state->id();
   const auto& ref = state->result().ref;
-  PendingFetch pending{state, transport, nullptr, Clock::now()};
+  PendingFetch pending{state, transport, Clock::now()};
   if (timeout.count() > 0) {
-    pending.timer = std::make_unique<asio::steady_timer>(ctx_->io, timeout);
-    pending.timer->async_wait(
-        asio::bind_executor(strand_, [self = shared_from_this(), id](boost::system::error_code ec) {
-          if (!ec) self->complete_fetch(id, errc::timed_out);
-        }));
+    pending.deadline = pending.started + timeout;
+    arm_deadline(pending.deadline);
   }
   fetches_.emplace(id, std::move(pending));
   FetchOp op{id, ref, std::move(targets), FetchRequest(state)};
@@ -773,10 +765,10 @@ void Session::complete_fetch(uint64_t request_id, std::error_code ec) {
     // The transport has drained what it had posted for an aborted fetch: report the abort now.
     ec = it->second.releasing;
   } else if (ec) {
-    if (it->second.timer) it->second.timer->cancel();
     // The transport lets go of the targets before the caller hears of the failure.
     if (!it->second.transport->abort(*this, request_id)) {
       it->second.releasing = ec;  // it calls complete_fetch() again once they are free
+      it->second.deadline = Clock::time_point::max();
       return;
     }
   }
@@ -793,13 +785,52 @@ void Session::complete_fetch(uint64_t request_id, std::error_code ec) {
                   ec ? ec.message() : "ok");
   auto pending = std::move(it->second);
   fetches_.erase(it);
-  if (pending.timer) pending.timer->cancel();
   pending.state->result().elapsed = Clock::now() - pending.started;
   pending.state->complete(ec);
   if (state_ == State::draining && !awaits_peer_bytes()) {
     // Not from inside the channel's handler that completed it: it may go on reading.
     asio::post(strand_, [self = shared_from_this()] { self->do_close(errc::peer_closed); });
   }
+}
+
+void Session::arm_deadline(Clock::time_point at) {
+  if (at >= deadline_armed_ || state_ == State::closed) return;
+  deadline_armed_ = at;
+  deadline_timer_.expires_at(at);  // a wait armed for later ends as cancelled
+  deadline_timer_.async_wait(
+      asio::bind_executor(strand_, [self = shared_from_this()](boost::system::error_code ec) {
+        if (!ec) self->on_deadline();
+      }));
+}
+
+void Session::on_deadline() {
+  deadline_armed_ = Clock::time_point::max();
+  if (state_ == State::closed) return;
+  const auto now = Clock::now();
+  std::vector<uint64_t> due;
+  for (const auto& [id, f] : fetches_) {
+    if (f.deadline <= now) due.push_back(id);
+  }
+  for (uint64_t id : due) complete_fetch(id, errc::timed_out);
+  due.clear();
+  for (auto it = parked_.begin(); it != parked_.end();) {
+    if (it->second.deadline <= now) {
+      due.push_back(it->first);
+      it = parked_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  for (uint64_t rid : due) {
+    if (is_open()) {
+      send_error(rid, errc::object_not_found, "no object was put under that name in time", false);
+    }
+  }
+  // Whatever is left is due later (completing the due ones may have started more).
+  auto next = Clock::time_point::max();
+  for (const auto& [id, f] : fetches_) next = std::min(next, f.deadline);
+  for (const auto& [rid, p] : parked_) next = std::min(next, p.deadline);
+  if (next != Clock::time_point::max()) arm_deadline(next);
 }
 
 bool Session::awaits_peer_bytes() const {
@@ -1115,10 +1146,11 @@ void Session::do_close(std::error_code ec) {
   handshake_timer_.cancel();
   heartbeat_timer_.cancel();
   drain_timer_.cancel();
+  deadline_timer_.cancel();
   boost::system::error_code ignored;
   stream_.close();
   // Channels first: they drop their hold on every target buffer and pinned object.
-  parked_.clear();  // their timers go with them
+  parked_.clear();
   auto channels = std::move(channels_);
   channels_.clear();
   for (auto& [name, slot] : channels) {
@@ -1128,7 +1160,6 @@ void Session::do_close(std::error_code ec) {
   auto fetches = std::move(fetches_);
   fetches_.clear();
   for (auto& [id, pending] : fetches) {
-    if (pending.timer) pending.timer->cancel();
     pending.state->result().elapsed = Clock::now() - pending.started;
     pending.state->complete(close_reason_);
   }

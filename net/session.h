@@ -91,8 +91,8 @@ class Session final : public PeerLink, public std::enable_shared_from_this<Sessi
   struct PendingFetch {
     std::shared_ptr<detail::FetchState> state;
     std::shared_ptr<TransportManager> transport;
-    std::unique_ptr<boost::asio::steady_timer> timer;
     Clock::time_point started;
+    Clock::time_point deadline = Clock::time_point::max();  // none while releasing
     std::error_code releasing;  // set while the transport drains hardware work of an abort
   };
   struct ChannelSlot {
@@ -112,7 +112,7 @@ class Session final : public PeerLink, public std::enable_shared_from_this<Sessi
   // A fetch by name that arrived before the name was put (ObjectRef::named).
   struct Parked {
     wire::Fetch msg;
-    std::unique_ptr<boost::asio::steady_timer> timer;
+    Clock::time_point deadline;
   };
   struct PendingRpc {
     RpcHandler done;
@@ -148,6 +148,12 @@ class Session final : public PeerLink, public std::enable_shared_from_this<Sessi
                                                    const std::string& ref_transport,
                                                    std::error_code& ec) const;
 
+  // One timer serves every deadline of fetches_ and parked_ (not one timer per request, which
+  // cost an allocation, a timer-queue insertion and a cancelled handler per fetch): armed for
+  // the earliest, on_deadline() ends what is due when it fires and arms it for the next.
+  void arm_deadline(Clock::time_point at);
+  void on_deadline();
+
   void send(const wire::Envelope& env);
   void send_error(uint64_t rid, std::error_code ec, const std::string& message, bool fatal);
   void write_more();
@@ -181,6 +187,8 @@ class Session final : public PeerLink, public std::enable_shared_from_this<Sessi
   boost::asio::steady_timer handshake_timer_;
   boost::asio::steady_timer heartbeat_timer_;
   boost::asio::steady_timer drain_timer_;
+  boost::asio::steady_timer deadline_timer_;
+  Clock::time_point deadline_armed_ = Clock::time_point::max();  // max: not armed
   Clock::time_point last_rx_;
   std::function<void(std::error_code)> on_ready_;
 

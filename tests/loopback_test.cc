@@ -717,6 +717,34 @@ TEST(Named, ANameNeverPutFailsByTheDeadlineAndAbortsFreeTheOwner) {
   EXPECT_TRUE(same_bytes(into, *bytes));
 }
 
+// A session keeps one timer for the deadlines of its fetches and of the requests parked at it
+// (Session::arm_deadline): a short deadline set after a long one fires first and on time, on
+// either side (the fetcher's timeout, the owner's wait for the name), and the long one after.
+TEST(Named, AShortDeadlineSetAfterALongOneFiresFirstAndOnTime) {
+  Server server;
+  Context client(client_options("client"));
+  auto peer = connect_or_fail(client, server.address());
+  std::vector<std::byte> a(10), b(10);
+  auto ref = ObjectRef::named(server.address(), "never", {TensorMeta::bytes(10)});
+  const auto expired = [](std::error_code ec) {
+    return ec == errc::timed_out || ec == errc::object_not_found;
+  };
+  const auto t0 = std::chrono::steady_clock::now();
+  auto slow = peer.fetch(ref, {a}, {.timeout = 3s});
+  auto fast = peer.fetch(ref, {b}, {.timeout = 300ms});
+  auto ec = fast.wait(10s);
+  const auto fast_took = std::chrono::steady_clock::now() - t0;
+  EXPECT_TRUE(expired(ec)) << ec.message();
+  EXPECT_GE(fast_took, 250ms);
+  EXPECT_LT(fast_took, 2s);
+  EXPECT_FALSE(slow.done());
+  ec = slow.wait(10s);
+  const auto slow_took = std::chrono::steady_clock::now() - t0;
+  EXPECT_TRUE(expired(ec)) << ec.message();
+  EXPECT_GE(slow_took, 2900ms);
+  EXPECT_LT(slow_took, 6s);
+}
+
 // ---------------------------------------------------------------- TLS on the metadata channel
 
 // Certificates made fresh per test run by tests/tls/make_certs.sh (the openssl command).
