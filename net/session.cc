@@ -1033,7 +1033,15 @@ void Session::send(const wire::Envelope& env) {
     do_close(errc::peer_unresponsive);
     return;
   }
-  write_more();
+  // Not at once: the frames this strand queues before it runs the flush go out together, in
+  // one system call and one read at the peer (a collective's fetches of one call, posted back
+  // to back, cost one request write per peer instead of one per fetch).
+  if (!writing_.empty() || flush_posted_) return;
+  flush_posted_ = true;
+  asio::post(strand_, [self = shared_from_this()] {
+    self->flush_posted_ = false;
+    self->write_more();
+  });
 }
 
 void Session::send_error(uint64_t rid, std::error_code ec, const std::string& message, bool fatal) {
@@ -1045,6 +1053,7 @@ void Session::send_error(uint64_t rid, std::error_code ec, const std::string& me
   err->set_fatal(fatal);
   send(env);
   if (fatal) {
+    write_more();  // now: the connection ends once this frame is out
     close_after_write_ = true;
     close_after_write_ec_ = ec;
     // Bounded: a peer that never reads the error does not keep the connection.

@@ -154,6 +154,8 @@ class Session final : public PeerLink, public std::enable_shared_from_this<Sessi
   void arm_deadline(Clock::time_point at);
   void on_deadline();
 
+  // Queues a frame for the peer. It is written by a write_more() posted to the strand, with
+  // every frame queued by then (send_error() with `fatal` writes at once). Strand.
   void send(const wire::Envelope& env);
   void send_error(uint64_t rid, std::error_code ec, const std::string& message, bool fatal);
   void write_more();
@@ -180,6 +182,7 @@ class Session final : public PeerLink, public std::enable_shared_from_this<Sessi
   std::array<char, 64 * 1024> read_buf_;
   std::deque<std::string> write_queue_;
   std::vector<std::string> writing_;
+  bool flush_posted_ = false;  // a write_more() is posted to the strand (send())
   size_t queued_bytes_ = 0;
   bool close_after_write_ = false;
   std::error_code close_after_write_ec_;
