@@ -224,10 +224,10 @@ class Bench:
         # iperf3 writes at most 1 MiB at a time; above that the stream is the same.
         cli = ["iperf3", "-c", "127.0.0.1", "-p", str(port), "-l", str(min(size, MIB)), "-t",
                str(max(1, round(self.secs))), "-J"]
-        # The algorithm ferry's loopback data channels use (ContextOptions::tcp_congestion):
-        # where the system's default paces, both stream under cubic.
-        if paces(system_congestion()):
-            cli += ["-C", "cubic"]
+        # The algorithm ferry's loopback data channels use (ContextOptions::tcp_congestion,
+        # automatic: tcp/congestion.h), so that both stream under it.
+        if system_congestion() != ONE_HOST_CONGESTION:
+            cli += ["-C", ONE_HOST_CONGESTION]
         out, _, _ = run_pair(srv, cli, timeout=60 + 4 * self.secs, port=port)
         d = json.loads(out)
         end = d["end"]
@@ -870,9 +870,8 @@ def system_congestion():
         return ""
 
 
-def paces(algorithm):
-    """Whether an algorithm paces its sends (tcp/congestion.h: BBR in any version)."""
-    return algorithm.startswith("bbr")
+# What ferry's TCP data channels within one host use (tcp/congestion.h, kOneHostCongestion).
+ONE_HOST_CONGESTION = "reno"
 
 
 def machine():
@@ -886,9 +885,9 @@ def machine():
         pass
     mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / (1 << 30)
     cc = system_congestion() or "unknown"
-    if paces(cc):
-        cc += (" (ferry's loopback data channels and iperf3 -C: cubic; Open MPI, Gloo, UCX, "
-               "qperf, sockperf: " + cc + ")")
+    if cc != ONE_HOST_CONGESTION:
+        cc += (f" (ferry's loopback data channels and iperf3 -C: {ONE_HOST_CONGESTION}; Open MPI, "
+               f"Gloo, UCX, qperf, sockperf: {cc})")
     return (f"{os.cpu_count()} CPUs ({cpu}), {mem:.0f} GiB RAM, Linux {platform.release()}, "
             f"TCP congestion control {cc}, load average at start {os.getloadavg()[0]:.2f}")
 

@@ -61,8 +61,6 @@ bool same_host(const boost::asio::ip::address& local, const boost::asio::ip::add
   return remote.is_loopback() || local == remote;
 }
 
-bool paces(const std::string& algorithm) { return algorithm.rfind("bbr", 0) == 0; }
-
 std::string tune_congestion(int fd, const std::string& option) {
   const std::string had = current(fd);
   if (option == "system") return had;
@@ -74,20 +72,17 @@ std::string tune_congestion(int fd, const std::string& option) {
     }
     return current(fd);
   }
-  if (!paces(had)) return had;  // the common case: no address to look up
+  if (had == kOneHostCongestion) return had;  // no address to look up
   const auto local = address_of(fd, ::getsockname);
   const auto remote = address_of(fd, ::getpeername);
   if (!local || !remote || !same_host(*local, *remote)) return had;
-  int err = 0;
-  for (const char* algorithm : {"cubic", "reno"}) {
-    if ((err = set(fd, algorithm)) == 0) {
-      FERRY_LOG_DEBUG("TCP data channel to {}: congestion control {} instead of {} (one host)",
-                      remote->to_string(), algorithm, had);
-      return current(fd);
-    }
+  if (int err = set(fd, kOneHostCongestion)) {
+    report_refusal(kOneHostCongestion, err);
+    return had;
   }
-  report_refusal("cubic", err);
-  return had;
+  FERRY_LOG_DEBUG("TCP data channel to {}: congestion control {} instead of {} (one host)",
+                  remote->to_string(), kOneHostCongestion, had);
+  return current(fd);
 }
 
 }  // namespace ferry::tcp
