@@ -76,11 +76,12 @@ struct ContextOptions {
   std::chrono::milliseconds peer_timeout{10000};  // silence after which a peer is declared dead
   size_t tcp_chunk_bytes = 1u << 20;              // TCP data channel: bytes per chunk
   // TCP data channels' congestion control (default: $FERRY_TCP_CONGESTION, else ""). "":
-  // automatic: a data channel between two endpoints of this host whose system default paces
-  // (BBR) uses cubic instead, since pacing there only delays the bytes; every other one keeps
-  // the system's default. "system": always the system's default. Any other text: that algorithm
-  // (e.g. "cubic", "reno") for every data channel; one the kernel refuses is logged and the
-  // default stays. Metadata channels always keep the system's default.
+  // automatic: a data channel between two endpoints of this host uses reno (BBR's pacing only
+  // delays the bytes there, and cubic's HyStart leaves slow start early on a busy host:
+  // tcp/congestion.h); every other one keeps the system's default. "system": always the system's
+  // default. Any other text: that algorithm (e.g. "cubic", "reno") for every data channel; one the
+  // kernel refuses is logged and the default stays. Metadata channels always keep the system's
+  // default.
   std::string tcp_congestion = default_tcp_congestion();
   std::chrono::milliseconds lease_timeout{60000};  // one-sided grants: pin held at most this long
   // RDMA: poll the completion queue instead of sleeping on its channel.
