@@ -196,15 +196,18 @@ struct Group::Op {
     std::string name;  // of the object
     std::span<std::byte> into;
     int retries = 0;
+    Combine combine = {};  // FetchOptions::combine: the bytes are reduced into `into`
   };
-  FetchRequest start(int from, const std::string& object, std::span<std::byte> into) {
-    return g.fetch_named(from, object, into, left_until(deadline));
+  FetchRequest start(int from, const std::string& object, std::span<std::byte> into,
+                     Combine combine = {}) {
+    return g.fetch_named(from, object, into, left_until(deadline), std::move(combine));
   }
   // Starts fetching what rank `from` offers this rank as `tag` into `into` (exactly its size);
-  // with `marker`, the marker it offers to anyone.
-  void take(int from, const std::string& tag, std::span<std::byte> into, bool marker = false) {
+  // with `marker`, the marker it offers to anyone; with `combine`, combined into `into`.
+  void take(int from, const std::string& tag, std::span<std::byte> into, bool marker = false,
+            Combine combine = {}) {
     const auto object = name(tag, from, marker ? -1 : g.rank_);
-    pending.push_back({from, start(from, object, into), object, into});
+    pending.push_back({from, start(from, object, into, combine), object, into, 0, combine});
   }
   // A fetch that failed with its peer's connection still open (the data channel broke: a queue
   // pair flushed or stalled, a data socket reset) is fetched again, at most 3 times, within the
@@ -213,8 +216,9 @@ struct Group::Op {
   // for the new fetch, and reading it again is harmless. (Over TCP a broken data connection
   // closes the peer's session: nothing is fetched again.) True if restarted.
   bool restarted(Pending& p, std::error_code ec, int max_retries = 3) {
-    if (p.retries >= max_retries || scope_of(ec) != Scope::peer || !g.peers_[p.from].is_open() ||
-        Clock::now() >= deadline) {
+    // A fetch that combines may have combined part of its bytes already: not again.
+    if (p.combine || p.retries >= max_retries || scope_of(ec) != Scope::peer ||
+        !g.peers_[p.from].is_open() || Clock::now() >= deadline) {
       return false;
     }
     ++p.retries;
@@ -422,9 +426,10 @@ Group::~Group() {
 }
 
 FetchRequest Group::fetch_named(int q, const std::string& object, std::span<std::byte> into,
-                                milliseconds timeout) {
+                                milliseconds timeout, Combine combine) {
   auto ref = ObjectRef::named(addresses_[q], object, {TensorMeta::bytes(into.size())});
-  return peers_[q].fetch(std::move(ref), {into}, {.timeout = timeout});
+  return peers_[q].fetch(std::move(ref), {into},
+                         {.timeout = timeout, .combine = std::move(combine)});
 }
 
 std::string Group::fail_marker(int q) const {
@@ -682,8 +687,17 @@ Status Group::halving(Op& o, std::span<std::byte> data, size_t count, size_t esi
   const auto range = [&](size_t a, size_t b) { return data.subspan(a * esize, (b - a) * esize); };
   const size_t k = steps.size();
   const size_t first = o.pending.size();
+  // The first step's bytes are the first thing added to the kept half: over a transport that
+  // streams them (TCP) they are reduced into it as they arrive, from a small buffer, never
+  // landing whole. Later steps land in scratch_ and are reduced after the step before, which
+  // keeps each element's order of operations fixed.
+  const bool stream = peers_[steps[0].partner].transport() == "TCP";
   for (size_t i = 0; i < k; ++i) {
     const Step& s = steps[i];
+    if (i == 0 && stream) {
+      o.take(s.partner, "hr0", range(s.keep_lo, s.keep_hi), false, reducing_combine(dtype, op));
+      continue;
+    }
     o.take(s.partner, "hr" + std::to_string(i),
            std::span(scratch_).subspan(s.at, (s.keep_hi - s.keep_lo) * esize));
   }
@@ -697,6 +711,7 @@ Status Group::halving(Op& o, std::span<std::byte> data, size_t count, size_t esi
       return st;
     }
     if (auto st = o.wait(first + i); !st) return st;
+    if (i == 0 && stream) continue;  // reduced as it arrived
     const auto kept = range(s.keep_lo, s.keep_hi);
     if (auto ec = reduce_into(dtype, op, kept, std::span(scratch_).subspan(s.at, kept.size()))) {
       return o.fail(-1, ec, "reduce");

@@ -1,9 +1,11 @@
 #include "collective/reduce.h"
 
 #include <algorithm>
+#include <array>
 #include <bit>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 
 #include "net/errors.h"
 
@@ -235,6 +237,43 @@ std::error_code reduce_into(DType dtype, ReduceOp op, std::span<std::byte> acc,
       return errc::invalid_argument;
   }
   return {};
+}
+
+namespace {
+// reducing_combine()'s state: the bytes of an element whose rest has not arrived yet.
+struct ReducingCombine {
+  DType dtype;
+  ReduceOp op;
+  size_t esize;
+  std::array<std::byte, 16> carry{};
+  size_t carried = 0;
+
+  void operator()(std::span<std::byte> into, std::span<const std::byte> arrived) {
+    size_t i = 0;
+    if (carried > 0) {
+      i = std::min(esize - carried, arrived.size());
+      std::memcpy(carry.data() + carried, arrived.data(), i);
+      carried += i;
+      if (carried < esize) return;
+      // The element began esize - i bytes before this piece: at the end of the one before.
+      (void)reduce_into(dtype, op, {into.data() + i - esize, esize}, {carry.data(), esize});
+      carried = 0;
+    }
+    const size_t whole = (arrived.size() - i) / esize * esize;
+    (void)reduce_into(dtype, op, into.subspan(i, whole), arrived.subspan(i, whole));
+    i += whole;
+    carried = arrived.size() - i;
+    std::memcpy(carry.data(), arrived.data() + i, carried);
+  }
+};
+}  // namespace
+
+std::function<void(std::span<std::byte>, std::span<const std::byte>)> reducing_combine(
+    DType dtype, ReduceOp op) {
+  auto state = std::make_shared<ReducingCombine>(ReducingCombine{dtype, op, dtype_size(dtype)});
+  return [state](std::span<std::byte> into, std::span<const std::byte> arrived) {
+    (*state)(into, arrived);
+  };
 }
 
 }  // namespace ferry::collective

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstddef>
+#include <functional>
 #include <span>
 #include <string_view>
 #include <system_error>
@@ -26,6 +27,15 @@ std::string_view reduce_op_name(ReduceOp op);
 // are covered too; bool is not) or mismatched sizes. Any thread; no allocation.
 std::error_code reduce_into(DType dtype, ReduceOp op, std::span<std::byte> acc,
                             std::span<const std::byte> in);
+
+// A FetchOptions::combine that reduces what arrives into the target: target = op(target,
+// arrived), element-wise, whatever the pieces' lengths (an element split between two pieces is
+// reduced when its rest arrives). The pieces must come in order and follow each other in the
+// target, as FetchOptions::combine promises within a tensor. It keeps that state: one per fetch
+// of one tensor. `dtype` must be one reduce_into() covers (the caller checks: the pieces' errors
+// have nowhere to go).
+std::function<void(std::span<std::byte>, std::span<const std::byte>)> reducing_combine(DType dtype,
+                                                                                       ReduceOp op);
 
 // float16 / bfloat16 conversions (round to nearest even; NaN stays NaN), exposed for tests.
 float half_to_float(uint16_t h);

@@ -680,47 +680,48 @@ void Session::do_fetch(std::shared_ptr<detail::FetchState> state, ObjectRef ref,
   result.tensors = targets;
   result.transport = transport->name();
   result.bytes = result.ref.metadata.total_bytes();
-  auto timeout = options.timeout;
   const bool forced = !options.transport.empty() && options.transport != "auto";
-  ensure_channel(transport, [self = shared_from_this(), state, transport, forced,
-                             targets = std::move(targets), timeout](std::error_code ec) mutable {
-    if (!ec) {
-      self->start_transfer(std::move(state), std::move(transport), std::move(targets), timeout);
-      return;
-    }
-    // The transport's channel cannot be (re)built: unless the caller insisted on it, fall back
-    // to the next transport both sides have, and say so.
-    std::shared_ptr<TransportManager> fallback;
-    if (!forced && self->state_ == State::open) {
-      for (const auto& t : *self->ctx_->transport_list()) {
-        if (t != transport && t->peer_has_transport(self->info_)) {
-          fallback = t;
-          break;
+  ensure_channel(
+      transport, [self = shared_from_this(), state, transport, forced, targets = std::move(targets),
+                  options = std::move(options)](std::error_code ec) mutable {
+        if (!ec) {
+          self->start_transfer(std::move(state), std::move(transport), std::move(targets),
+                               std::move(options));
+          return;
         }
-      }
-    }
-    if (!fallback) {
-      state->complete(ec);
-      return;
-    }
-    FERRY_LOG_WARN("peer '{}': no {} channel ({}); this fetch falls back to {}", self->info_.name,
-                   transport->name(), ec.message(), fallback->name());
-    state->result().transport = fallback->name();
-    self->ensure_channel(fallback, [self, state, fallback, targets = std::move(targets),
-                                    timeout](std::error_code ec) mutable {
-      if (ec) {
-        state->complete(ec);
-        return;
-      }
-      self->start_transfer(std::move(state), std::move(fallback), std::move(targets), timeout);
-    });
-  });
+        // The transport's channel cannot be (re)built: unless the caller insisted on it, fall back
+        // to the next transport both sides have, and say so.
+        std::shared_ptr<TransportManager> fallback;
+        if (!forced && self->state_ == State::open) {
+          for (const auto& t : *self->ctx_->transport_list()) {
+            if (t != transport && t->peer_has_transport(self->info_)) {
+              fallback = t;
+              break;
+            }
+          }
+        }
+        if (!fallback) {
+          state->complete(ec);
+          return;
+        }
+        FERRY_LOG_WARN("peer '{}': no {} channel ({}); this fetch falls back to {}",
+                       self->info_.name, transport->name(), ec.message(), fallback->name());
+        state->result().transport = fallback->name();
+        self->ensure_channel(fallback, [self, state, fallback, targets = std::move(targets),
+                                        options = std::move(options)](std::error_code ec) mutable {
+          if (ec) {
+            state->complete(ec);
+            return;
+          }
+          self->start_transfer(std::move(state), std::move(fallback), std::move(targets),
+                               std::move(options));
+        });
+      });
 }
 
 void Session::start_transfer(std::shared_ptr<detail::FetchState> state,
                              std::shared_ptr<TransportManager> transport,
-                             std::vector<MutableBuffer> targets,
-                             std::chrono::milliseconds timeout) {
+                             std::vector<MutableBuffer> targets, FetchOptions options) {
   if (state->done()) return;  // aborted while the channel was opening
   if (state_ != State::open) {
     state->complete(close_reason_ ? close_reason_ : std::error_code(errc::peer_closed));
@@ -728,13 +729,30 @@ void Session::start_transfer(std::shared_ptr<detail::FetchState> state,
   }
   const uint64_t id = state->id();
   const auto& ref = state->result().ref;
+  const auto timeout = options.timeout;
   PendingFetch pending{state, transport, Clock::now()};
   if (timeout.count() > 0) {
     pending.deadline = pending.started + timeout;
     arm_deadline(pending.deadline);
   }
-  fetches_.emplace(id, std::move(pending));
   FetchOp op{id, ref, std::move(targets), FetchRequest(state)};
+  if (options.combine && transport->combines()) {
+    op.combine = std::move(options.combine);
+  } else if (options.combine) {
+    // The transport lands the bytes whole: in a buffer of ours, combined on success.
+    size_t total = 0;
+    for (const auto& t : op.targets) total += t.size();
+    pending.landed.reset(new std::byte[total ? total : 1]);
+    pending.combine = std::move(options.combine);
+    pending.targets = std::move(op.targets);
+    op.targets.clear();
+    size_t at = 0;
+    for (const auto& t : pending.targets) {
+      op.targets.emplace_back(pending.landed.get() + at, t.size());
+      at += t.size();
+    }
+  }
+  fetches_.emplace(id, std::move(pending));
   auto started = transport->is_one_sided() ? transport->fetch_multiple(*this, op)
                                            : transport->recv_multiple(*this, op);
   if (!started) {
@@ -785,6 +803,13 @@ void Session::complete_fetch(uint64_t request_id, std::error_code ec) {
                   ec ? ec.message() : "ok");
   auto pending = std::move(it->second);
   fetches_.erase(it);
+  if (!ec && pending.combine) {
+    size_t at = 0;
+    for (const auto& t : pending.targets) {
+      pending.combine(t, {pending.landed.get() + at, t.size()});
+      at += t.size();
+    }
+  }
   pending.state->result().elapsed = Clock::now() - pending.started;
   pending.state->complete(ec);
   if (state_ == State::draining && !awaits_peer_bytes()) {

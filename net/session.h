@@ -94,6 +94,11 @@ class Session final : public PeerLink, public std::enable_shared_from_this<Sessi
     Clock::time_point started;
     Clock::time_point deadline = Clock::time_point::max();  // none while releasing
     std::error_code releasing;  // set while the transport drains hardware work of an abort
+    // FetchOptions::combine over a transport that does not combine: the bytes land in `landed`
+    // (one slot per target) and are combined into `targets` when the fetch succeeds.
+    std::function<void(std::span<std::byte>, std::span<const std::byte>)> combine;
+    std::vector<MutableBuffer> targets;
+    std::unique_ptr<std::byte[]> landed;
   };
   struct ChannelSlot {
     std::shared_ptr<TransportChannel> channel;
@@ -141,7 +146,7 @@ class Session final : public PeerLink, public std::enable_shared_from_this<Sessi
                 std::vector<MutableBuffer> targets, FetchOptions options);
   void start_transfer(std::shared_ptr<detail::FetchState> state,
                       std::shared_ptr<TransportManager> transport,
-                      std::vector<MutableBuffer> targets, std::chrono::milliseconds timeout);
+                      std::vector<MutableBuffer> targets, FetchOptions options);
   void ensure_channel(const std::shared_ptr<TransportManager>& transport,
                       std::function<void(std::error_code)> done);
   std::shared_ptr<TransportManager> pick_transport(const std::string& requested,

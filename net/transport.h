@@ -67,6 +67,8 @@ struct FetchOp {
   ObjectRef ref;
   std::vector<MutableBuffer> targets;  // one per tensor, sizes already checked against the ref
   FetchRequest request;                // the handle the caller holds; completed by the core
+  // FetchOptions::combine, for a transport that combines() (else empty: the core does it).
+  std::function<void(std::span<std::byte>, std::span<const std::byte>)> combine;
 };
 
 // The core's per-peer session, as a transport sees it. Every method runs on (and is only to be
@@ -131,6 +133,9 @@ class TransportManager {
   // One-sided: the fetcher pulls bytes without the owner's CPU (fetch_multiple); two-sided: the
   // owner sends (send_multiple) into receives the fetcher posted (recv_multiple).
   virtual bool is_one_sided() const = 0;
+  // Whether recv_multiple() honours FetchOp::combine (streams arriving bytes through it). If
+  // not, the core fetches into a buffer of its own and combines on success. Any thread.
+  virtual bool combines() const { return false; }
   // Whether abort() can stop a transfer in flight (otherwise abort waits for the transfer).
   virtual bool can_abort() const = 0;
 

@@ -21,6 +21,9 @@ namespace {
 constexpr size_t kScratchBytes = 256 * 1024;
 // Bytes read at once while a chunk header is expected (small chunks arrive whole in one call).
 constexpr size_t kStageBytes = 16 * 1024;
+// Bytes read at once into combining_ for a request that combines: small enough to stay in the
+// core's cache until they are combined, large enough to keep system calls few.
+constexpr size_t kCombineBytes = 128 * 1024;
 // Bytes one handler may receive before yielding the strand to other work of the peer.
 constexpr size_t kReadBudget = 16u << 20;
 
@@ -46,6 +49,7 @@ void TcpChannel::start() { arm_read(); }
 void TcpChannel::post_recv(const FetchOp& op) {
   Recv r;
   r.targets = op.targets;
+  r.combine = op.combine;
   for (const auto& t : op.targets) r.remaining += t.size();
   recvs_[op.request_id] = std::move(r);
 }
@@ -81,11 +85,19 @@ void TcpChannel::on_readable() {
         if (scratch_.empty()) scratch_.resize(kScratchBytes);
         dst = scratch_.data();
         want = std::min(want, scratch_.size());
+      } else if (combine_) {
+        if (combining_.empty()) combining_.resize(kCombineBytes);
+        dst = combining_.data();
+        want = std::min(want, combining_.size());
       }
       n = ::recv(fd, dst, want, MSG_DONTWAIT);
       if (n > 0) {
         payload_left_ -= static_cast<uint64_t>(n);
-        if (payload_dst_) payload_dst_ += n;
+        if (payload_dst_) {
+          if (combine_)
+            (*combine_)({payload_dst_, static_cast<size_t>(n)}, {dst, static_cast<size_t>(n)});
+          payload_dst_ += n;
+        }
         if (payload_left_ == 0) end_payload();
       }
     }
@@ -118,7 +130,11 @@ bool TcpChannel::consume_stage(size_t n) {
     } else {
       const size_t take = static_cast<size_t>(std::min<uint64_t>(payload_left_, avail));
       if (payload_dst_) {
-        std::memcpy(payload_dst_, p, take);
+        if (combine_) {
+          (*combine_)({payload_dst_, take}, {p, take});
+        } else {
+          std::memcpy(payload_dst_, p, take);
+        }
         payload_dst_ += take;
       }
       payload_left_ -= take;
@@ -142,6 +158,7 @@ bool TcpChannel::on_header() {
     return false;
   }
   payload_dst_ = nullptr;
+  combine_ = nullptr;
   payload_left_ = header_.length;
   auto it = recvs_.find(header_.request_id);
   if (it != recvs_.end()) {
@@ -158,6 +175,7 @@ bool TcpChannel::on_header() {
     }
     r.remaining -= header_.length;
     payload_dst_ = r.targets[header_.tensor].data() + header_.offset;
+    if (r.combine) combine_ = &r.combine;
   }
   // Unknown requests (aborted, timed out) are read into scratch and dropped.
   if (payload_left_ > 0) {
@@ -287,6 +305,7 @@ void TcpChannel::abort(uint64_t request_id) {
   if (recvs_.erase(request_id) && read_state_ == ReadState::payload &&
       header_.request_id == request_id) {
     payload_dst_ = nullptr;
+    combine_ = nullptr;
   }
   if (auto it = awaiting_ack_.find(request_id); it != awaiting_ack_.end()) {
     auto done = std::move(it->second);

@@ -20,6 +20,7 @@ class TcpTransport final : public TransportManager {
 
   std::string name() const override { return kTransportName; }
   bool is_one_sided() const override { return false; }
+  bool combines() const override { return true; }
   bool can_abort() const override { return true; }
   TransportInfo local_info() const override;
 

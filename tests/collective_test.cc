@@ -52,6 +52,36 @@ TEST(Reduce, RejectsBadInput) {
   EXPECT_TRUE(collective::reduce_into(DType::kBool, ReduceOp::kSum, a, a));
 }
 
+// reducing_combine() over pieces of every length, split mid-element too, gives what one
+// reduce_into() over the whole does, bit for bit.
+TEST(Reduce, AReducingCombineReducesPiecesOfAnyLength) {
+  std::mt19937 rng(11);
+  for (DType t : {DType::kFloat32, DType::kFloat64, DType::kInt32, DType::kInt64, DType::kFloat16,
+                  DType::kBFloat16, DType::kUInt8, DType::kInt16}) {
+    SCOPED_TRACE(static_cast<int>(t));
+    const size_t esize = dtype_size(t);
+    const size_t n = 1001 * esize;
+    std::vector<std::byte> acc(n), in(n);
+    for (size_t i = 0; i < n; ++i) {
+      // Small values: a sum or product of two stays finite and exact in every dtype.
+      acc[i] = std::byte((i % esize == esize - 1) ? 0x3f : uint8_t(rng() % 4));
+      in[i] = std::byte((i % esize == esize - 1) ? 0x3f : uint8_t(rng() % 4));
+    }
+    for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMax}) {
+      auto want = acc;
+      ASSERT_FALSE(collective::reduce_into(t, op, want, in));
+      auto got = acc;
+      auto combine = collective::reducing_combine(t, op);
+      for (size_t at = 0; at < n;) {
+        const size_t len = std::min<size_t>(n - at, rng() % (3 * esize + 2));  // 0 too
+        combine(std::span(got).subspan(at, len), std::span(in).subspan(at, len));
+        at += len;
+      }
+      EXPECT_TRUE(got == want);
+    }
+  }
+}
+
 // ---------------------------------------------------------------- data for the ranks
 
 const std::vector<DType> kDtypes = {DType::kFloat32, DType::kFloat64, DType::kInt32,
