@@ -43,8 +43,8 @@ struct FetchOptions {
   // same size) and stores what the piece should hold; it runs on the peer's strand, once per
   // piece, every byte of each target exactly once, in order within a tensor. A transport that
   // streams (TCP) calls it as the bytes arrive, from a small buffer, so the bytes never land
-  // whole anywhere; others land them in a buffer of their own and call it once per tensor when
-  // the fetch succeeds. On failure the targets may hold a partial combination (TCP).
+  // whole anywhere; others land them in a buffer of their own and call it once per non-empty
+  // tensor when the fetch succeeds. On failure the targets may hold a partial combination (TCP).
   std::function<void(std::span<std::byte> target, std::span<const std::byte> arrived)> combine;
 };
 

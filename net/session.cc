@@ -806,7 +806,7 @@ void Session::complete_fetch(uint64_t request_id, std::error_code ec) {
   if (!ec && pending.combine) {
     size_t at = 0;
     for (const auto& t : pending.targets) {
-      pending.combine(t, {pending.landed.get() + at, t.size()});
+      if (!t.empty()) pending.combine(t, {pending.landed.get() + at, t.size()});
       at += t.size();
     }
   }
