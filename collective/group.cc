@@ -689,9 +689,13 @@ Status Group::halving(Op& o, std::span<std::byte> data, size_t count, size_t esi
   const size_t first = o.pending.size();
   // The first step's bytes are the first thing added to the kept half: over a transport that
   // streams them (TCP) they are reduced into it as they arrive, from a small buffer, never
-  // landing whole. Later steps land in scratch_ and are reduced after the step before, which
-  // keeps each element's order of operations fixed.
-  const bool stream = peers_[steps[0].partner].transport() == "TCP";
+  // landing whole, when that half is too large to stay in cache between landing and being
+  // reduced (from 1 MiB: at 4 MiB, 2.95 against 3.03 ms a call; at 1 MiB no gain, and the
+  // smaller reads cost more calls). Later steps land in scratch_ and are reduced after the step
+  // before, which keeps each element's order of operations fixed.
+  constexpr size_t kStreamReduceBytes = 1u << 20;
+  const bool stream = peers_[steps[0].partner].transport() == "TCP" &&
+                      (steps[0].keep_hi - steps[0].keep_lo) * esize >= kStreamReduceBytes;
   for (size_t i = 0; i < k; ++i) {
     const Step& s = steps[i];
     if (i == 0 && stream) {

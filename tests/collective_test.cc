@@ -379,6 +379,17 @@ TEST_P(Collective, AllreduceEveryOpAndDtypeAndSize) {
   }
 }
 
+// Large enough that recursive halving (a power-of-two group) reduces its first step as the
+// bytes arrive over TCP (from a 1 MiB half: FetchOptions::combine), with odd counts, so that
+// elements of 2, 4 and 8 bytes straddle the pieces the data channel reads.
+TEST_P(Collective, AllreduceOfMiBsEveryDtypeReducedAsItArrives) {
+  Ranks ranks(GetParam());
+  for (DType t : kDtypes) {
+    const size_t count = (3u << 20) / dtype_size(t) + 7;
+    for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMax}) check_allreduce(ranks, t, op, count);
+  }
+}
+
 // Rank r gets its chunk of the allreduce: every op and dtype, on both sides of the direct
 // threshold (and the ring, below).
 TEST_P(Collective, ReduceScatterEveryOpAndDtypeAndSize) {
