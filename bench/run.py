@@ -990,6 +990,8 @@ def main():
                     help="timed allreduce samples per size in each run (default 5, quick 3)")
     ap.add_argument("--allreduce-calls", type=int, default=None,
                     help="back-to-back allreduce calls per sample (default 10, quick 5)")
+    ap.add_argument("--allreduce-warmup", type=int, default=None,
+                    help="untimed allreduce calls per size before the samples (default 3, quick 2)")
     ap.add_argument("--guest-mem", type=int, default=6144, help="MiB for the soft-RoCE guest")
     ap.add_argument("--registration-grants", default="auto,regions",
                     help="owner's grant modes for the RDMA registration benchmark, comma-separated "
@@ -1006,6 +1008,8 @@ def main():
         args.allreduce_samples = 3 if args.quick else 5
     if args.allreduce_calls is None:
         args.allreduce_calls = 5 if args.quick else 10
+    if args.allreduce_warmup is None:
+        args.allreduce_warmup = 2 if args.quick else 3
     if args.reps is None:
         args.reps = 2 if args.quick else 3
     if args.seconds is None:
@@ -1047,7 +1051,7 @@ def main():
         suite_allreduce(b, args.allreduce_sizes or (QUICK_ALLREDUCE_SIZES if args.quick else
                                                     FULL_ALLREDUCE_SIZES),
                         args.reps, args.allreduce_samples, args.allreduce_calls,
-                        2 if args.quick else 3)
+                        args.allreduce_warmup)
     if args.suites & {"rdma", "registration", "misc"}:
         vm = os.path.join(ROOT, "tests", "softroce", "ferry-vm")
         argv = [vm, "--cwd", ROOT, "--rw", out_dir, "--mem", str(args.guest_mem),
