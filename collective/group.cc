@@ -196,7 +196,7 @@ struct Group::Op {
     std::string name;  // of the object
     std::span<std::byte> into;
     int retries = 0;
-    Combine combine = {};  // FetchOptions::combine: the bytes are reduced into `into`
+    bool combines = false;  // FetchOptions::combine: the bytes are reduced into `into`
   };
   FetchRequest start(int from, const std::string& object, std::span<std::byte> into,
                      Combine combine = {}) {
@@ -207,7 +207,9 @@ struct Group::Op {
   void take(int from, const std::string& tag, std::span<std::byte> into, bool marker = false,
             Combine combine = {}) {
     const auto object = name(tag, from, marker ? -1 : g.rank_);
-    pending.push_back({from, start(from, object, into, combine), object, into, 0, combine});
+    const bool combines = static_cast<bool>(combine);
+    pending.push_back(
+        {from, start(from, object, into, std::move(combine)), object, into, 0, combines});
   }
   // A fetch that failed with its peer's connection still open (the data channel broke: a queue
   // pair flushed or stalled, a data socket reset) is fetched again, at most 3 times, within the
@@ -217,7 +219,7 @@ struct Group::Op {
   // closes the peer's session: nothing is fetched again.) True if restarted.
   bool restarted(Pending& p, std::error_code ec, int max_retries = 3) {
     // A fetch that combines may have combined part of its bytes already: not again.
-    if (p.combine || p.retries >= max_retries || scope_of(ec) != Scope::peer ||
+    if (p.combines || p.retries >= max_retries || scope_of(ec) != Scope::peer ||
         !g.peers_[p.from].is_open() || Clock::now() >= deadline) {
       return false;
     }
