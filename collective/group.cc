@@ -199,13 +199,13 @@ struct Group::Op {
     bool combines = false;  // FetchOptions::combine: the bytes are reduced into `into`
   };
   FetchRequest start(int from, const std::string& object, std::span<std::byte> into,
-                     Combine combine = {}) {
+                     CombineFn combine = {}) {
     return g.fetch_named(from, object, into, left_until(deadline), std::move(combine));
   }
   // Starts fetching what rank `from` offers this rank as `tag` into `into` (exactly its size);
   // with `marker`, the marker it offers to anyone; with `combine`, combined into `into`.
   void take(int from, const std::string& tag, std::span<std::byte> into, bool marker = false,
-            Combine combine = {}) {
+            CombineFn combine = {}) {
     const auto object = name(tag, from, marker ? -1 : g.rank_);
     const bool combines = static_cast<bool>(combine);
     pending.push_back(
@@ -428,7 +428,7 @@ Group::~Group() {
 }
 
 FetchRequest Group::fetch_named(int q, const std::string& object, std::span<std::byte> into,
-                                milliseconds timeout, Combine combine) {
+                                milliseconds timeout, CombineFn combine) {
   auto ref = ObjectRef::named(addresses_[q], object, {TensorMeta::bytes(into.size())});
   return peers_[q].fetch(std::move(ref), {into},
                          {.timeout = timeout, .combine = std::move(combine)});

@@ -135,9 +135,8 @@ class Group {
   std::vector<std::pair<size_t, size_t>> segments(size_t count, size_t esize, int q) const;
   // Starts a fetch of what rank q offers under the name `object` into `into` (exactly its size),
   // combined into it with `combine` if set (FetchOptions::combine).
-  using Combine = std::function<void(std::span<std::byte>, std::span<const std::byte>)>;
   FetchRequest fetch_named(int q, const std::string& object, std::span<std::byte> into,
-                           std::chrono::milliseconds timeout, Combine combine = {});
+                           std::chrono::milliseconds timeout, CombineFn combine = {});
   // The name of rank q's fail marker, offered once that rank's Group has failed (for good).
   std::string fail_marker(int q) const;
   // Starts a fetch of rank q's fail marker, parked on that rank until it fails.

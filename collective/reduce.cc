@@ -268,8 +268,7 @@ struct ReducingCombine {
 };
 }  // namespace
 
-std::function<void(std::span<std::byte>, std::span<const std::byte>)> reducing_combine(
-    DType dtype, ReduceOp op) {
+CombineFn reducing_combine(DType dtype, ReduceOp op) {
   auto state = std::make_shared<ReducingCombine>(ReducingCombine{dtype, op, dtype_size(dtype)});
   return [state](std::span<std::byte> into, std::span<const std::byte> arrived) {
     (*state)(into, arrived);

@@ -14,6 +14,7 @@
 #include <string_view>
 #include <system_error>
 
+#include "net/fetch.h"
 #include "store/tensor.h"
 
 namespace ferry::collective {
@@ -34,8 +35,7 @@ std::error_code reduce_into(DType dtype, ReduceOp op, std::span<std::byte> acc,
 // target, as FetchOptions::combine promises within a tensor. It keeps that state: one per fetch
 // of one tensor. `dtype` must be one reduce_into() covers (the caller checks: the pieces' errors
 // have nowhere to go).
-std::function<void(std::span<std::byte>, std::span<const std::byte>)> reducing_combine(DType dtype,
-                                                                                       ReduceOp op);
+CombineFn reducing_combine(DType dtype, ReduceOp op);
 
 // float16 / bfloat16 conversions (round to nearest even; NaN stays NaN), exposed for tests.
 float half_to_float(uint16_t h);

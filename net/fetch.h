@@ -34,18 +34,22 @@ struct FetchResult {
   std::chrono::nanoseconds elapsed{0};
 };
 
+// FetchOptions::combine: gets a piece of a target and the bytes that arrived for it (the same
+// size) and stores what the piece should hold.
+using CombineFn =
+    std::function<void(std::span<std::byte> target, std::span<const std::byte> arrived)>;
+
 struct FetchOptions {
   std::string transport;                 // "" = the ref's transport if both sides have it,
                                          // else the one negotiated for the peer
   std::chrono::milliseconds timeout{0};  // fetch deadline; 0 = none (peer liveness still bounds it)
-  // Optional: combine the arriving bytes into the targets instead of overwriting them.
-  // `combine(target, arrived)` gets a piece of a target and the bytes that arrived for it (the
-  // same size) and stores what the piece should hold; it runs on the peer's strand, once per
+  // Optional: combine the arriving bytes into the targets instead of overwriting them (CombineFn);
+  // it runs on the peer's strand, once per
   // piece, every byte of each target exactly once, in order within a tensor. A transport that
   // streams (TCP) calls it as the bytes arrive, from a small buffer, so the bytes never land
   // whole anywhere; others land them in a buffer of their own and call it once per non-empty
   // tensor when the fetch succeeds. On failure the targets may hold a partial combination (TCP).
-  std::function<void(std::span<std::byte> target, std::span<const std::byte> arrived)> combine;
+  CombineFn combine;
 };
 
 // Completion signature of async_fetch. The error_code wraps a std::error_code of ferry's category

@@ -19,6 +19,22 @@ namespace asio = boost::asio;
 
 namespace {
 
+// One allocation with a 64-byte aligned slot of each of `sizes`, in order: the memory (which owns
+// the slots) and the slots.
+std::shared_ptr<std::byte[]> allocate_slots(const std::vector<size_t>& sizes,
+                                            std::vector<MutableBuffer>& slots) {
+  size_t total = 0;
+  std::vector<size_t> offsets;
+  for (size_t n : sizes) {
+    offsets.push_back(total);
+    total += (n + 63) & ~size_t{63};
+  }
+  std::shared_ptr<std::byte[]> memory(new std::byte[total ? total : 1]);
+  slots.clear();
+  for (size_t i = 0; i < sizes.size(); ++i) slots.emplace_back(memory.get() + offsets[i], sizes[i]);
+  return memory;
+}
+
 std::string random_token() {
   std::random_device rd;
   std::string t(16, '\0');
@@ -657,17 +673,9 @@ void Session::do_fetch(std::shared_ptr<detail::FetchState> state, ObjectRef ref,
   }
   const auto& tensors = ref.metadata.tensors;
   if (targets.empty()) {
-    // One allocation, 64-byte aligned slots.
-    size_t total = 0;
-    std::vector<size_t> offsets;
-    for (const auto& t : tensors) {
-      offsets.push_back(total);
-      total += (t.nbytes + 63) & ~uint64_t{63};
-    }
-    result.storage.reset(new std::byte[total ? total : 1]);
-    for (size_t i = 0; i < tensors.size(); ++i) {
-      targets.emplace_back(result.storage.get() + offsets[i], tensors[i].nbytes);
-    }
+    std::vector<size_t> sizes;
+    for (const auto& t : tensors) sizes.push_back(t.nbytes);
+    result.storage = allocate_slots(sizes, targets);
   } else {
     bool ok = targets.size() == tensors.size();
     for (size_t i = 0; ok && i < tensors.size(); ++i) ok = targets[i].size() == tensors[i].nbytes;
@@ -739,18 +747,13 @@ void Session::start_transfer(std::shared_ptr<detail::FetchState> state,
   if (options.combine && transport->combines()) {
     op.combine = std::move(options.combine);
   } else if (options.combine) {
-    // The transport lands the bytes whole: in a buffer of ours, combined on success.
-    size_t total = 0;
-    for (const auto& t : op.targets) total += t.size();
-    pending.landed.reset(new std::byte[total ? total : 1]);
+    // The transport lands the bytes whole: in slots of ours, combined on success.
+    std::vector<size_t> sizes;
+    for (const auto& t : op.targets) sizes.push_back(t.size());
     pending.combine = std::move(options.combine);
     pending.targets = std::move(op.targets);
-    op.targets.clear();
-    size_t at = 0;
-    for (const auto& t : pending.targets) {
-      op.targets.emplace_back(pending.landed.get() + at, t.size());
-      at += t.size();
-    }
+    pending.landed = allocate_slots(sizes, op.targets);
+    pending.slots = op.targets;
   }
   fetches_.emplace(id, std::move(pending));
   auto started = transport->is_one_sided() ? transport->fetch_multiple(*this, op)
@@ -804,10 +807,8 @@ void Session::complete_fetch(uint64_t request_id, std::error_code ec) {
   auto pending = std::move(it->second);
   fetches_.erase(it);
   if (!ec && pending.combine) {
-    size_t at = 0;
-    for (const auto& t : pending.targets) {
-      if (!t.empty()) pending.combine(t, {pending.landed.get() + at, t.size()});
-      at += t.size();
+    for (size_t i = 0; i < pending.targets.size(); ++i) {
+      if (!pending.targets[i].empty()) pending.combine(pending.targets[i], pending.slots[i]);
     }
   }
   pending.state->result().elapsed = Clock::now() - pending.started;

@@ -94,11 +94,11 @@ class Session final : public PeerLink, public std::enable_shared_from_this<Sessi
     Clock::time_point started;
     Clock::time_point deadline = Clock::time_point::max();  // none while releasing
     std::error_code releasing;  // set while the transport drains hardware work of an abort
-    // FetchOptions::combine over a transport that does not combine: the bytes land in `landed`
-    // (one slot per target) and are combined into `targets` when the fetch succeeds.
-    std::function<void(std::span<std::byte>, std::span<const std::byte>)> combine;
-    std::vector<MutableBuffer> targets;
-    std::unique_ptr<std::byte[]> landed;
+    // FetchOptions::combine over a transport that does not combine: the bytes land in `slots`
+    // (memory: `landed`), one per target, and are combined into `targets` on success.
+    CombineFn combine;
+    std::vector<MutableBuffer> targets, slots;
+    std::shared_ptr<std::byte[]> landed;
   };
   struct ChannelSlot {
     std::shared_ptr<TransportChannel> channel;

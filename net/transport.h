@@ -68,7 +68,7 @@ struct FetchOp {
   std::vector<MutableBuffer> targets;  // one per tensor, sizes already checked against the ref
   FetchRequest request;                // the handle the caller holds; completed by the core
   // FetchOptions::combine, for a transport that combines() (else empty: the core does it).
-  std::function<void(std::span<std::byte>, std::span<const std::byte>)> combine;
+  CombineFn combine;
 };
 
 // The core's per-peer session, as a transport sees it. Every method runs on (and is only to be

@@ -5,8 +5,8 @@
 // strand is therefore final: no read is in flight into a buffer once its request is gone. While
 // a header is expected, one recv() takes up to 16 KiB into a staging buffer (a small chunk's
 // header and payload in one call); a large payload's remainder is received straight into its
-// target, or, for a request that combines (FetchOp::combine), into the staging buffer 16 KiB at
-// a time and combined into its target from there while the bytes are still in cache.
+// target, or, for a request that combines (FetchOp::combine), into a buffer of 128 KiB and
+// combined into its target from there while the bytes are still in cache.
 // Sending: requests are served round-robin in chunks of `chunk_bytes`, each an async_write of
 // {header, payload} straight from the pinned object. A send of an object that counts its serves
 // (PutOptions::on_served) completes when the fetcher acknowledges receipt (an empty
@@ -45,7 +45,7 @@ class TcpChannel final : public TransportChannel, public std::enable_shared_from
   struct Recv {
     std::vector<MutableBuffer> targets;
     uint64_t remaining = 0;
-    std::function<void(std::span<std::byte>, std::span<const std::byte>)> combine;  // optional
+    CombineFn combine;  // optional
   };
   struct Send {
     uint64_t request_id = 0;
@@ -87,9 +87,9 @@ class TcpChannel final : public TransportChannel, public std::enable_shared_from
   size_t header_got_ = 0;
   std::byte* payload_dst_ = nullptr;  // null: discard (request aborted or unknown)
   uint64_t payload_left_ = 0;
-  // The current chunk's request combines (FetchOp::combine): its bytes go through stage_ and
-  // this function into payload_dst_. Null otherwise.
-  const std::function<void(std::span<std::byte>, std::span<const std::byte>)>* combine_ = nullptr;
+  // The current chunk's request combines (FetchOp::combine): its bytes go through stage_ or
+  // combining_ and this function into payload_dst_. Null otherwise.
+  const CombineFn* combine_ = nullptr;
   std::vector<std::byte> scratch_;    // payload of dropped requests lands here
   std::vector<std::byte> stage_;      // reads while a header is expected
   std::vector<std::byte> combining_;  // a combining request's payload on its way to the target
