@@ -737,10 +737,13 @@ def allreduce_table(samples):
     if not ferry:
         return lines
     peers = [p for p in ALLREDUCE_PEERS if medians(samples, "allreduce", "bw", p, "busbw_gbps")]
+    runs = len({s.get("rep") for s in samples if s.get("suite") == "allreduce" and
+                s.get("tool") == "ferry" and "median_s" in s})
     lines.append(f"\nAllreduce, {ALLREDUCE_RANKS} local ranks over loopback TCP, float32 sum "
                  "(time per call: calls back to back, the mean over ranks, as NCCL's tests time "
                  "them; busbw GB/s = size / time * 2(n-1)/n, their definition; median [min-max] "
-                 "of the runs' medians; ratio = ferry / peer within each run, median [min-max])")
+                 f"of {runs} runs' medians; ratio = ferry / peer within each run, median "
+                 "[min-max])")
     head = f"{'size':>6} {'ferry ms':>10} {'ferry busbw':>22}"
     for p in peers:
         head += f" | {p + ' busbw':>22} {'ferry/' + p:>16}"
@@ -978,7 +981,9 @@ def main():
     ap.add_argument("--ferry-bench", default=os.path.join(ROOT, "build", "bench", "ferry-bench"))
     ap.add_argument("--out", default=None, help="results folder (default: beside ferry-bench)")
     ap.add_argument("--quick", action="store_true", help="fewer sizes, shorter runs")
-    ap.add_argument("--reps", type=int, default=None)
+    ap.add_argument("--reps", type=int, default=None,
+                    help="runs per size and tool in the tcp and rdma suites (default 3, "
+                         "quick 2); allreduce: --allreduce-reps")
     ap.add_argument("--seconds", type=float, default=None, help="per sample")
     ap.add_argument("--lat-iters", type=int, default=None, help="ib_read_lat iterations")
     ap.add_argument("--suites", default="tcp,rdma,registration,scale,misc,allreduce")
@@ -992,6 +997,11 @@ def main():
                     help="back-to-back allreduce calls per sample (default 10, quick 5)")
     ap.add_argument("--allreduce-warmup", type=int, default=None,
                     help="untimed allreduce calls per size before the samples (default 3, quick 2)")
+    ap.add_argument("--allreduce-reps", type=int, default=None,
+                    help="runs of each allreduce tool (default 7, quick 3; --reps does not set "
+                         "it): one run of either tool can sit in a slow mode of the VM for its "
+                         "whole length (1 MiB: 0.6, 0.9 or 1.2 ms a call), so the ratio's median "
+                         "needs more paired runs than the other suites")
     ap.add_argument("--guest-mem", type=int, default=6144, help="MiB for the soft-RoCE guest")
     ap.add_argument("--registration-grants", default="auto,regions",
                     help="owner's grant modes for the RDMA registration benchmark, comma-separated "
@@ -1010,6 +1020,8 @@ def main():
         args.allreduce_calls = 5 if args.quick else 10
     if args.allreduce_warmup is None:
         args.allreduce_warmup = 2 if args.quick else 3
+    if args.allreduce_reps is None:
+        args.allreduce_reps = 3 if args.quick else 7
     if args.reps is None:
         args.reps = 2 if args.quick else 3
     if args.seconds is None:
@@ -1050,7 +1062,7 @@ def main():
     if "allreduce" in args.suites:
         suite_allreduce(b, args.allreduce_sizes or (QUICK_ALLREDUCE_SIZES if args.quick else
                                                     FULL_ALLREDUCE_SIZES),
-                        args.reps, args.allreduce_samples, args.allreduce_calls,
+                        args.allreduce_reps, args.allreduce_samples, args.allreduce_calls,
                         args.allreduce_warmup)
     if args.suites & {"rdma", "registration", "misc"}:
         vm = os.path.join(ROOT, "tests", "softroce", "ferry-vm")
