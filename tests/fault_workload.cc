@@ -115,7 +115,9 @@ void Workload::kill_fetchers_loop() {
     std::string line;
     while (done < kill_after && Clock::now() < kill_at) {
       for (auto& kid : kids) {
-        while (kid->read_line(line, milliseconds(1))) {
+        // Not a line past kill_after: a child that reports faster than a millisecond a line
+        // would otherwise keep this loop reading, and the run end, before any kill.
+        while (done < kill_after && kid->read_line(line, milliseconds(1))) {
           if (line.rfind("ok ", 0) == 0) {
             ++done;
             const uint64_t n = std::strtoull(line.c_str() + 3, nullptr, 10);
