@@ -696,7 +696,7 @@ Status Group::halving(Op& o, std::span<std::byte> data, size_t count, size_t esi
   // smaller reads cost more calls). Later steps land in scratch_ and are reduced after the step
   // before, which keeps each element's order of operations fixed.
   constexpr size_t kStreamReduceBytes = 1u << 20;
-  const bool stream = peers_[steps[0].partner].transport() == "TCP" &&
+  const bool stream = peers_[steps[0].partner].combines_as_it_arrives() &&
                       (steps[0].keep_hi - steps[0].keep_lo) * esize >= kStreamReduceBytes;
   for (size_t i = 0; i < k; ++i) {
     const Step& s = steps[i];

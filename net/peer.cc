@@ -37,6 +37,8 @@ PeerInfo Peer::info() const { return session_ ? session_->info_snapshot() : Peer
 
 std::string Peer::transport() const { return session_ ? session_->chosen_transport() : ""; }
 
+bool Peer::combines_as_it_arrives() const { return session_ && session_->chosen_combines(); }
+
 void Peer::start_fetch(ObjectRef ref, std::vector<MutableBuffer> targets, FetchOptions options,
                        FetchHandler handler) const {
   if (!session_) {

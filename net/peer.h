@@ -28,6 +28,11 @@ class Peer {
   PeerInfo info() const;
   // The transport negotiated at Hello (used when a fetch names none).
   std::string transport() const;
+  // Whether transport() combines as the bytes arrive: it streams FetchOptions::combine through
+  // them piece by piece (TransportManager::combines(), TCP), so a combining fetch never lands
+  // whole; otherwise ferry lands the bytes in a buffer of its own and combines them on success.
+  // False for an invalid handle. Any thread.
+  bool combines_as_it_arrives() const;
 
   // Fetches `ref` from this peer. `targets` are where the tensors land (one buffer per tensor,
   // each exactly the tensor's size); empty = ferry allocates. Completion:

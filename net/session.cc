@@ -80,6 +80,11 @@ Session::~Session() = default;
 
 std::string Session::chosen_transport() const { return chosen_; }
 
+bool Session::chosen_combines() const {
+  const auto t = ctx_->find_transport(chosen_);
+  return t && t->combines();
+}
+
 // ---------------------------------------------------------------- handshake
 
 void Session::start_client(std::string requested_transport,

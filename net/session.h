@@ -61,6 +61,8 @@ class Session final : public PeerLink, public std::enable_shared_from_this<Sessi
   uint64_t wire_session_id() const { return info_.session_id; }
   const std::string& token() const { return token_; }
   std::string chosen_transport() const;
+  // Whether the chosen transport streams FetchOptions::combine (TransportManager::combines()).
+  bool chosen_combines() const;
 
   // PeerLink
   PeerStrand& strand() override { return strand_; }
