@@ -429,8 +429,10 @@ void Context::Impl::park_while_busy() {
   std::unique_lock lock(park_mu);
   ++parked;
   while (!closed.load() && (busy_polls.load() > 0 || lingering())) {
-    // Timed: a holder that lets go with linger does not notify; the wait sees the linger end.
-    park_cv.wait_until(lock, std::max(linger_end(), Clock::now() + std::chrono::milliseconds(1)));
+    // Timed: a holder that lets go with linger does not notify (see park_slice).
+    park_cv.wait_until(lock, busy_polls.load() > 0
+                                 ? Clock::now() + Clock::duration(park_slice.load())
+                                 : linger_end());
   }
   --parked;
 }
@@ -442,6 +444,16 @@ void Context::Impl::unpark() {
 
 Context::BusyPoll::BusyPoll(Context& ctx, std::chrono::microseconds linger)
     : impl_(ctx.impl_), linger_(linger) {
+  if (linger.count() > 0) {
+    const auto slice =
+        std::chrono::steady_clock::duration(
+            std::max<std::chrono::microseconds>(linger, std::chrono::milliseconds(1)))
+            .count();
+    auto prev = impl_->park_slice.load();
+    while (slice < prev && !impl_->park_slice.compare_exchange_weak(prev, slice)) {
+    }
+    if (slice < prev) impl_->unpark();  // a parked thread may sleep longer than this linger
+  }
   // Wakes every io thread not parked yet (the one in the reactor and the idle ones), so that
   // each parks and leaves the reactor to the holder. Threads still parked from an earlier
   // holder's linger stay so (they check busy_polls under park_mu before they leave).

@@ -70,11 +70,19 @@ struct Context::Impl : std::enable_shared_from_this<Context::Impl> {
   std::atomic<int> busy_polls{0};  // Context::BusyPoll held
   // While a BusyPoll is held, and until `linger_until` after the last one ended (BusyPoll's
   // linger), the io threads park here (the holders run the io_context); notified when the last
-  // holder without linger ends and on close. `parked` (under park_mu): io threads parked.
+  // holder without linger ends, when park_slice shrinks, and on close. `parked` (under
+  // park_mu): io threads parked.
   std::mutex park_mu;
   std::condition_variable park_cv;
   int parked = 0;
   std::atomic<std::chrono::steady_clock::rep> linger_until{0};  // steady_clock ticks
+  // How long a parked io thread sleeps at a time while a BusyPoll is held: the shortest linger
+  // any holder has had (1 ms at least; 1 s while none had one). A holder that ends with linger
+  // notifies no one, and a thread that went to sleep before that end wakes by the end's
+  // linger_until, so the wait is never longer than the linger; shorter slices only wake the
+  // thread more often on a core the holders keep busy.
+  std::atomic<std::chrono::steady_clock::rep> park_slice{
+      std::chrono::steady_clock::duration(std::chrono::seconds(1)).count()};
   std::chrono::steady_clock::time_point linger_end() const {
     return std::chrono::steady_clock::time_point(
         std::chrono::steady_clock::duration(linger_until.load()));

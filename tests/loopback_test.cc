@@ -264,9 +264,35 @@ TEST_F(Loopback, ABusyPollHolderRunsTheContextOnItsOwnThreadUntilItLetsGo) {
     EXPECT_EQ(ran_on, holder);  // the callback ran on the holder's thread
     EXPECT_TRUE(same_bytes(got.tensors[0], *bytes));
   }
-  // Let go of: the io threads run the context again.
+  // Let go of: the io threads run the context again, at once (the holder had no linger, so it
+  // woke them; parked, they would sleep up to a second).
+  const auto let_go = std::chrono::steady_clock::now();
   auto req = peer.fetch(ref);
   ASSERT_FALSE(req.wait(10s));
+  EXPECT_LT(std::chrono::steady_clock::now() - let_go, 500ms);
+  EXPECT_TRUE(same_bytes(req.result().tensors[0], *bytes));
+}
+
+// Held for several lingers: the parked io threads sleep a linger at a time (not waking every
+// millisecond on a core the holder keeps busy), and still take over within the linger of the
+// holder letting go, not a sleep later.
+TEST_F(Loopback, ABusyPollHeldLongerThanItsLingerHandsBackWithinTheLinger) {
+  auto bytes = make_pattern(1 << 16, 7);
+  auto ref = server.put(bytes);
+  {
+    Context::BusyPoll busy(client, 100ms);
+    const auto until = std::chrono::steady_clock::now() + 350ms;
+    while (std::chrono::steady_clock::now() < until) {
+      busy.poll();
+      std::this_thread::sleep_for(1ms);
+    }
+  }
+  const auto let_go = std::chrono::steady_clock::now();
+  auto req = peer.fetch(ref);
+  ASSERT_FALSE(req.wait(10s));
+  const auto took = std::chrono::steady_clock::now() - let_go;
+  EXPECT_GE(took, 80ms) << "the io threads did not linger";
+  EXPECT_LT(took, 100ms + 150ms) << "the io threads took over later than the linger";
   EXPECT_TRUE(same_bytes(req.result().tensors[0], *bytes));
 }
 
