@@ -239,6 +239,19 @@ TEST_F(Loopback, CallbackStyleCompletesOnceAndNeverInline) {
   EXPECT_FALSE(inline_call);
 }
 
+// How long a fetch of `ref`, issued now, takes to complete with `expected` (a failure after 10 s).
+std::chrono::steady_clock::duration time_to_fetch(Peer peer, const ObjectRef& ref,
+                                                  const std::vector<std::byte>& expected) {
+  const auto start = std::chrono::steady_clock::now();
+  auto req = peer.fetch(ref);
+  if (auto ec = req.wait(10s)) {
+    ADD_FAILURE() << "fetch: " << ec.message();
+  } else {
+    EXPECT_TRUE(same_bytes(req.result().tensors[0], expected));
+  }
+  return std::chrono::steady_clock::now() - start;
+}
+
 TEST_F(Loopback, ABusyPollHolderRunsTheContextOnItsOwnThreadUntilItLetsGo) {
   auto bytes = make_pattern(3 << 20, 4);
   auto ref = server.put(bytes);
@@ -266,11 +279,7 @@ TEST_F(Loopback, ABusyPollHolderRunsTheContextOnItsOwnThreadUntilItLetsGo) {
   }
   // Let go of: the io threads run the context again, at once (the holder had no linger, so it
   // woke them; parked, they would sleep up to a second).
-  const auto let_go = std::chrono::steady_clock::now();
-  auto req = peer.fetch(ref);
-  ASSERT_FALSE(req.wait(10s));
-  EXPECT_LT(std::chrono::steady_clock::now() - let_go, 500ms);
-  EXPECT_TRUE(same_bytes(req.result().tensors[0], *bytes));
+  EXPECT_LT(time_to_fetch(peer, ref, *bytes), 500ms);
 }
 
 // Held for several lingers: the parked io threads sleep a linger at a time (not waking every
@@ -287,13 +296,9 @@ TEST_F(Loopback, ABusyPollHeldLongerThanItsLingerHandsBackWithinTheLinger) {
       std::this_thread::sleep_for(1ms);
     }
   }
-  const auto let_go = std::chrono::steady_clock::now();
-  auto req = peer.fetch(ref);
-  ASSERT_FALSE(req.wait(10s));
-  const auto took = std::chrono::steady_clock::now() - let_go;
+  const auto took = time_to_fetch(peer, ref, *bytes);
   EXPECT_GE(took, 80ms) << "the io threads did not linger";
   EXPECT_LT(took, 100ms + 150ms) << "the io threads took over later than the linger";
-  EXPECT_TRUE(same_bytes(req.result().tensors[0], *bytes));
 }
 
 // With linger, the io threads stay parked after the holder lets go: a holder that comes back
@@ -314,11 +319,7 @@ TEST_F(Loopback, ABusyPollWithLingerKeepsTheIoThreadsParkedForThatLong) {
     EXPECT_FALSE(early.wait(0ms));
   }
   // Lingering again; after it the io threads take over.
-  const auto let_go = std::chrono::steady_clock::now();
-  auto late = peer.fetch(ref);
-  ASSERT_FALSE(late.wait(10s));
-  EXPECT_GE(std::chrono::steady_clock::now() - let_go, 300ms);
-  EXPECT_TRUE(same_bytes(late.result().tensors[0], *bytes));
+  EXPECT_GE(time_to_fetch(peer, ref, *bytes), 300ms);
 }
 
 TEST_F(Loopback, FutureStyleDeliversValueOrThrows) {
