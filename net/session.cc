@@ -843,19 +843,16 @@ void Session::on_deadline() {
     if (f.deadline <= now) due.push_back(id);
   }
   for (uint64_t id : due) complete_fetch(id, errc::timed_out);
-  due.clear();
   for (auto it = parked_.begin(); it != parked_.end();) {
-    if (it->second.deadline <= now) {
-      due.push_back(it->first);
-      it = parked_.erase(it);
-    } else {
+    if (it->second.deadline > now) {
       ++it;
+      continue;
     }
-  }
-  for (uint64_t rid : due) {
     if (is_open()) {
-      send_error(rid, errc::object_not_found, "no object was put under that name in time", false);
+      send_error(it->first, errc::object_not_found, "no object was put under that name in time",
+                 false);
     }
+    it = parked_.erase(it);
   }
   // Whatever is left is due later (completing the due ones may have started more).
   auto next = Clock::time_point::max();
