@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <random>
 #include <thread>
 
@@ -42,6 +43,92 @@ TEST(Reduce, HalfAndBfloat16RoundTripEveryValue) {
   EXPECT_EQ(collective::float_to_half(1.0f + 1.0f / 2048), collective::float_to_half(1.0f));
   EXPECT_EQ(collective::float_to_half(65520.0f), 0x7c00);  // overflows to infinity
   EXPECT_EQ(collective::half_to_float(0x0001), std::ldexp(1.0f, -24));
+}
+
+// A 16-bit float format's value for magnitude bits m (sign clear), from its definition: for the
+// top, infinite, pattern, the power of two after the largest finite value (rounding's bound).
+double value16(bool half, uint32_t m) {
+  const int mant_bits = half ? 10 : 7, bias = half ? 15 : 127;
+  const uint32_t exp = m >> mant_bits, mant = m & ((1u << mant_bits) - 1);
+  if (exp == 0) return std::ldexp(static_cast<double>(mant), 1 - bias - mant_bits);
+  return std::ldexp(static_cast<double>(mant + (1u << mant_bits)), int(exp) - bias - mant_bits);
+}
+// The reference rounding: the nearest magnitude by search, ties to the even one; NaN unchanged.
+uint16_t nearest16(bool half, float f) {
+  const uint32_t inf = half ? 0x7c00 : 0x7f80, sign = std::signbit(f) ? 0x8000 : 0;
+  const double a = std::fabs(static_cast<double>(f));
+  uint32_t lo = 0, hi = inf;  // value16(lo) <= a < value16(hi), or a is beyond
+  if (a >= value16(half, inf)) return static_cast<uint16_t>(sign | inf);
+  while (hi - lo > 1) {
+    const uint32_t mid = (lo + hi) / 2;
+    (value16(half, mid) <= a ? lo : hi) = mid;
+  }
+  const double below = a - value16(half, lo), above = value16(half, hi) - a;
+  const uint32_t m = below < above ? lo : above < below ? hi : (lo & 1) ? hi : lo;
+  return static_cast<uint16_t>(sign | m);
+}
+float widen16(bool half, uint16_t x) {
+  const uint32_t inf = half ? 0x7c00 : 0x7f80, m = x & 0x7fff;
+  if (m > inf) return std::numeric_limits<float>::quiet_NaN();
+  const double v = m == inf ? INFINITY : value16(half, m);
+  return static_cast<float>((x & 0x8000) ? -v : v);
+}
+
+// The conversions round every value between two neighbours of the format as the reference does:
+// each magnitude, the midpoint to the next (a tie: to the even one) and a float either side.
+TEST(Reduce, SixteenBitFloatsRoundToNearestEvenAtEveryMidpoint) {
+  for (bool half : {true, false}) {
+    const uint32_t inf = half ? 0x7c00 : 0x7f80;
+    for (uint32_t m = 0; m < inf; ++m) {
+      const float mid = static_cast<float>((value16(half, m) + value16(half, m + 1)) / 2);
+      for (float f : {static_cast<float>(value16(half, m)), mid, std::nextafter(mid, 0.0f),
+                      std::nextafter(mid, INFINITY)}) {
+        for (float x : {f, -f}) {
+          ASSERT_EQ(half ? collective::float_to_half(x) : collective::float_to_bf16(x),
+                    nearest16(half, x))
+              << (half ? "float16 " : "bfloat16 ") << x;
+        }
+      }
+    }
+  }
+}
+
+// float16 and bfloat16 reduce as each element widened to float, combined, and rounded back once
+// to nearest even; checked against a reference built from the formats' definitions, on random
+// bit patterns (subnormals, infinities and NaNs among them) and lengths around the vector width.
+TEST(Reduce, SixteenBitFloatsReduceAsEachElementWidenedAndRoundedOnce) {
+  std::mt19937 rng(5);
+  for (bool half : {true, false}) {
+    for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kProd, ReduceOp::kMin, ReduceOp::kMax}) {
+      SCOPED_TRACE(std::string(half ? "float16 " : "bfloat16 ") +
+                   std::string(collective::reduce_op_name(op)));
+      for (size_t n : {1, 7, 8, 9, 15, 16, 17, 1003, 4096}) {
+        std::vector<uint16_t> acc(n), in(n);
+        for (size_t i = 0; i < n; ++i) {
+          acc[i] = static_cast<uint16_t>(rng());
+          in[i] = static_cast<uint16_t>(rng());
+        }
+        auto got = acc;
+        ASSERT_FALSE(collective::reduce_into(half ? DType::kFloat16 : DType::kBFloat16, op,
+                                             std::as_writable_bytes(std::span(got)),
+                                             std::as_bytes(std::span(in))));
+        for (size_t i = 0; i < n; ++i) {
+          const float a = widen16(half, acc[i]), b = widen16(half, in[i]);
+          const float r = op == ReduceOp::kSum    ? a + b
+                          : op == ReduceOp::kProd ? a * b
+                          : op == ReduceOp::kMin  ? (b < a ? b : a)
+                                                  : (a < b ? b : a);
+          const uint32_t inf = half ? 0x7c00 : 0x7f80;
+          if (std::isnan(r)) {
+            ASSERT_GT(got[i] & 0x7fffu, inf) << "element " << i << " of " << n << ": not NaN";
+          } else {
+            ASSERT_EQ(got[i], nearest16(half, r))
+                << "element " << i << " of " << n << ": " << a << " and " << b;
+          }
+        }
+      }
+    }
+  }
 }
 
 TEST(Reduce, RejectsBadInput) {
