@@ -133,7 +133,8 @@ struct Half {
     // the same way; shifts past 31 (values below half the smallest subnormal) give 0 anyway.
     const uint32_t m = (abs & 0x7fffffu) | 0x800000u;
     const uint32_t e = abs >> 23;
-    const uint32_t shift = pick(e < 95u, 31u, 126u - e);  // e < 113 where it is used
+    // (126 - e & 31 only keeps the shift defined where the result is not used: e > 112.)
+    const uint32_t shift = pick(e < 95u, 31u, (126u - e) & 31u);
     const uint32_t sub = (m + ((1u << shift) >> 1) - 1u + ((m >> shift) & 1u)) >> shift;
     uint32_t bits = pick(abs < 0x38800000u, sub, normal);
     bits = pick(abs >= 0x477ff000u, 0x7c00u, bits);  // overflows to inf (incl. inf)
