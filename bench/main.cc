@@ -12,6 +12,7 @@
 #include "bench/measure.h"
 #include "bench/memcpy_bench.h"
 #include "bench/pingpong.h"
+#include "bench/reduce_bench.h"
 #include "bench/registration.h"
 #include "bench/scale.h"
 #include "bench/serve.h"
@@ -66,6 +67,12 @@ int main(int argc, char** argv) {
   auto* mc = app.add_subcommand("memcpy", "Single-core memcpy bandwidth (the loopback bound)");
   mc->add_option("--size", memcpy_size, "Buffer size")->capture_default_str();
   mc->add_option("--seconds", memcpy_seconds, "Measured seconds")->capture_default_str();
+
+  std::string reduce_size = "4M";
+  double reduce_seconds = 0.5;
+  auto* rd = app.add_subcommand("reduce", "Single-core reduction kernels (sum) per dtype");
+  rd->add_option("--size", reduce_size, "Buffer size")->capture_default_str();
+  rd->add_option("--seconds", reduce_seconds, "Measured seconds per dtype")->capture_default_str();
 
   PingPongArgs pp;
   std::string pp_size = "8";
@@ -139,6 +146,7 @@ int main(int argc, char** argv) {
     }
     if (*ps) return run_pingpong_serve(pp);
     if (*mc) return run_memcpy(one_size(memcpy_size), memcpy_seconds);
+    if (*rd) return run_reduce(one_size(reduce_size), reduce_seconds);
     if (*pc) {
       pp.size = one_size(pp_size);
       return run_pingpong(pp);

@@ -161,64 +161,93 @@ struct Widened {
   }
 };
 
+// The float op of a ReduceOp, as the functor the element loops take.
+template <ReduceOp Op>
+using FloatOp = std::conditional_t<
+    Op == ReduceOp::kSum, Sum<float>,
+    std::conditional_t<Op == ReduceOp::kProd, Prod<float>,
+                       std::conditional_t<Op == ReduceOp::kMin, Min<float>, Max<float>>>>;
+
 #if defined(__x86_64__)
-// float16 with the CPU's conversions (F16C, which every AVX2 CPU has but the baseline lacks), 8
-// elements at a time; they round as Half does, bit for bit. Min and max as Min / Max do:
-// (b < a ? b : a) is vminps(b, a), (a < b ? b : a) is vmaxps(b, a).
-template <ReduceOp Op, typename F>
-__attribute__((target("avx2,f16c"))) void loop_f16c(std::byte* acc, const std::byte* in, size_t n,
-                                                    F f) {
+// Hand-written AVX2 loops for the 16-bit floats (8 or 16 elements at a time; the rest by the
+// element loop), bit for bit what Widened<Format, FloatOp<Op>> gives. The op on 8 floats: min
+// and max as Min / Max, (b < a ? b : a) is vminps(b, a) and (a < b ? b : a) vmaxps(b, a).
+template <ReduceOp Op>
+__attribute__((target("avx2"))) inline __m256 apply(__m256 a, __m256 b) {
+  if constexpr (Op == ReduceOp::kSum) return _mm256_add_ps(a, b);
+  if constexpr (Op == ReduceOp::kProd) return _mm256_mul_ps(a, b);
+  if constexpr (Op == ReduceOp::kMin) return _mm256_min_ps(b, a);
+  if constexpr (Op == ReduceOp::kMax) return _mm256_max_ps(b, a);
+}
+
+// float16 with the CPU's conversions (F16C: every AVX2 CPU has it, the baseline does not).
+template <ReduceOp Op>
+__attribute__((target("avx2,f16c"))) void loop_half(std::byte* acc, const std::byte* in, size_t n) {
   size_t i = 0;
   for (; i + 8 <= n; i += 8) {
     auto* at = reinterpret_cast<__m128i*>(acc + 2 * i);
     const __m256 a = _mm256_cvtph_ps(_mm_loadu_si128(at));
     const __m256 b = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(in + 2 * i)));
-    __m256 r;
-    if constexpr (Op == ReduceOp::kSum) r = _mm256_add_ps(a, b);
-    if constexpr (Op == ReduceOp::kProd) r = _mm256_mul_ps(a, b);
-    if constexpr (Op == ReduceOp::kMin) r = _mm256_min_ps(b, a);
-    if constexpr (Op == ReduceOp::kMax) r = _mm256_max_ps(b, a);
-    _mm_storeu_si128(at, _mm256_cvtps_ph(r, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    _mm_storeu_si128(at, _mm256_cvtps_ph(apply<Op>(a, b), _MM_FROUND_TO_NEAREST_INT));
   }
-  elementwise<uint16_t>(acc + 2 * i, in + 2 * i, n - i, f);
+  elementwise<uint16_t>(acc + 2 * i, in + 2 * i, n - i, Widened<Half, FloatOp<Op>>{});
 }
 
-// False when the CPU lacks AVX2 or F16C.
-bool reduce_f16c(ReduceOp op, std::byte* acc, const std::byte* in, size_t n) {
-  static const bool f16c = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
-  if (!f16c) return false;
-  switch (op) {
-    case ReduceOp::kSum:
-      loop_f16c<ReduceOp::kSum>(acc, in, n, Widened<Half, Sum<float>>{});
-      break;
-    case ReduceOp::kProd:
-      loop_f16c<ReduceOp::kProd>(acc, in, n, Widened<Half, Prod<float>>{});
-      break;
-    case ReduceOp::kMin:
-      loop_f16c<ReduceOp::kMin>(acc, in, n, Widened<Half, Min<float>>{});
-      break;
-    case ReduceOp::kMax:
-      loop_f16c<ReduceOp::kMax>(acc, in, n, Widened<Half, Max<float>>{});
-      break;
+// bfloat16 -> float: the bits shifted up. Interleaving zeros below each element widens elements
+// 0-3 and 8-11 (lo) and 4-7 and 12-15 (hi); packing lo with hi puts them back in order.
+template <ReduceOp Op>
+__attribute__((target("avx2"))) void loop_bfloat(std::byte* acc, const std::byte* in, size_t n) {
+  const __m256i zero = _mm256_setzero_si256(), one = _mm256_set1_epi32(1);
+  const __m256i below_half = _mm256_set1_epi32(0x7fff), quiet = _mm256_set1_epi32(0x40);
+  const __m256i abs_mask = _mm256_set1_epi32(0x7fffffff), inf = _mm256_set1_epi32(0x7f800000);
+  // BFloat::narrow on 8 floats, into the low 16 bits of each 32.
+  const auto narrow = [&](__m256 f) __attribute__((target("avx2"))) {
+    const __m256i x = _mm256_castps_si256(f);
+    const __m256i top = _mm256_srli_epi32(x, 16);
+    const __m256i rounded = _mm256_srli_epi32(
+        _mm256_add_epi32(x, _mm256_add_epi32(below_half, _mm256_and_si256(top, one))), 16);
+    const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(x, abs_mask), inf);
+    return _mm256_blendv_epi8(rounded, _mm256_or_si256(top, quiet), nan);
+  };
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    auto* at = reinterpret_cast<__m256i*>(acc + 2 * i);
+    const __m256i a = _mm256_loadu_si256(at);
+    const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(in + 2 * i));
+    const __m256 lo = apply<Op>(_mm256_castsi256_ps(_mm256_unpacklo_epi16(zero, a)),
+                                _mm256_castsi256_ps(_mm256_unpacklo_epi16(zero, b)));
+    const __m256 hi = apply<Op>(_mm256_castsi256_ps(_mm256_unpackhi_epi16(zero, a)),
+                                _mm256_castsi256_ps(_mm256_unpackhi_epi16(zero, b)));
+    _mm256_storeu_si256(at, _mm256_packus_epi32(narrow(lo), narrow(hi)));
   }
-  return true;
+  elementwise<uint16_t>(acc + 2 * i, in + 2 * i, n - i, Widened<BFloat, FloatOp<Op>>{});
 }
 #endif
+
+template <typename Format, ReduceOp Op>
+void loop_16(std::byte* acc, const std::byte* in, size_t n) {
+#if defined(__x86_64__)
+  static const bool fast = __builtin_cpu_supports("avx2") &&
+                           (!std::is_same_v<Format, Half> || __builtin_cpu_supports("f16c"));
+  if (fast) {
+    if constexpr (std::is_same_v<Format, Half>) return loop_half<Op>(acc, in, n);
+    if constexpr (std::is_same_v<Format, BFloat>) return loop_bfloat<Op>(acc, in, n);
+  }
+#endif
+  loop<uint16_t>(acc, in, n, Widened<Format, FloatOp<Op>>{});
+}
 
 template <typename Format>
 void reduce_16(ReduceOp op, std::byte* acc, const std::byte* in, size_t n) {
-#if defined(__x86_64__)
-  if (std::is_same_v<Format, Half> && reduce_f16c(op, acc, in, n)) return;
-#endif
   switch (op) {
     case ReduceOp::kSum:
-      return loop<uint16_t>(acc, in, n, Widened<Format, Sum<float>>{});
+      return loop_16<Format, ReduceOp::kSum>(acc, in, n);
     case ReduceOp::kProd:
-      return loop<uint16_t>(acc, in, n, Widened<Format, Prod<float>>{});
+      return loop_16<Format, ReduceOp::kProd>(acc, in, n);
     case ReduceOp::kMin:
-      return loop<uint16_t>(acc, in, n, Widened<Format, Min<float>>{});
+      return loop_16<Format, ReduceOp::kMin>(acc, in, n);
     case ReduceOp::kMax:
-      return loop<uint16_t>(acc, in, n, Widened<Format, Max<float>>{});
+      return loop_16<Format, ReduceOp::kMax>(acc, in, n);
   }
 }
 

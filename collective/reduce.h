@@ -3,8 +3,9 @@
 // The loops are plain element loops the compiler vectorises (-O2 and up; on x86-64 a second copy
 // built for AVX2 runs where the CPU has it, about 3x the baseline's speed); float16 and bfloat16
 // are widened to float, reduced, and rounded back to nearest-even per element, which is what
-// every peer library does on CPU, in loops that vectorise too (float16 with F16C where the CPU
-// has it: the same bits as the portable conversions). Integer sum and prod wrap (two's complement),
+// every peer library does on CPU, in vector loops too (on x86-64 with AVX2 hand-written ones,
+// float16 through F16C; elsewhere conversions without branches that the compiler vectorises:
+// the same bits for every non-NaN value). Integer sum and prod wrap (two's complement),
 // as in C++ on unsigned types; min and max are exact. Float results depend on the order of
 // reduction: the collectives fix that order per algorithm, so every rank gets bit-identical
 // results.

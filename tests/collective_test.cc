@@ -120,6 +120,7 @@ TEST(Reduce, SixteenBitFloatsReduceAsEachElementWidenedAndRoundedOnce) {
                                                   : (a < b ? b : a);
           const uint32_t inf = half ? 0x7c00 : 0x7f80;
           if (std::isnan(r)) {
+            // Any NaN: which one two NaNs give is the hardware's (and compiler's) choice.
             ASSERT_GT(got[i] & 0x7fffu, inf) << "element " << i << " of " << n << ": not NaN";
           } else {
             ASSERT_EQ(got[i], nearest16(half, r))
