@@ -9,6 +9,7 @@
 #include <type_traits>
 
 #if defined(__x86_64__)
+#include <cpuid.h>
 #include <immintrin.h>
 #endif
 
@@ -170,14 +171,22 @@ using FloatOp = std::conditional_t<
 
 #if defined(__x86_64__)
 // Hand-written AVX2 loops for the 16-bit floats (8 or 16 elements at a time; the rest by the
-// element loop), bit for bit what Widened<Format, FloatOp<Op>> gives. The op on 8 floats: min
-// and max as Min / Max, (b < a ? b : a) is vminps(b, a) and (a < b ? b : a) vmaxps(b, a).
+// element loop), bit for bit what Widened<Format, FloatOp<Op>> gives for every non-NaN result (a
+// NaN stays a NaN; which one two NaNs give is the hardware's and the compiler's choice). The op
+// on 8 floats: min and max as Min / Max, (b < a ? b : a) is vminps(b, a), (a < b ? b : a)
+// vmaxps(b, a).
 template <ReduceOp Op>
 __attribute__((target("avx2"))) inline __m256 apply(__m256 a, __m256 b) {
   if constexpr (Op == ReduceOp::kSum) return _mm256_add_ps(a, b);
   if constexpr (Op == ReduceOp::kProd) return _mm256_mul_ps(a, b);
   if constexpr (Op == ReduceOp::kMin) return _mm256_min_ps(b, a);
   if constexpr (Op == ReduceOp::kMax) return _mm256_max_ps(b, a);
+}
+
+// CPUID's F16C bit (clang's __builtin_cpu_supports does not know "f16c").
+bool cpu_has_f16c() {
+  unsigned a, b, c, d;
+  return __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C);
 }
 
 // float16 with the CPU's conversions (F16C: every AVX2 CPU has it, the baseline does not).
@@ -227,8 +236,8 @@ __attribute__((target("avx2"))) void loop_bfloat(std::byte* acc, const std::byte
 template <typename Format, ReduceOp Op>
 void loop_16(std::byte* acc, const std::byte* in, size_t n) {
 #if defined(__x86_64__)
-  static const bool fast = __builtin_cpu_supports("avx2") &&
-                           (!std::is_same_v<Format, Half> || __builtin_cpu_supports("f16c"));
+  static const bool fast =
+      __builtin_cpu_supports("avx2") && (!std::is_same_v<Format, Half> || cpu_has_f16c());
   if (fast) {
     if constexpr (std::is_same_v<Format, Half>) return loop_half<Op>(acc, in, n);
     if constexpr (std::is_same_v<Format, BFloat>) return loop_bfloat<Op>(acc, in, n);

@@ -1184,7 +1184,6 @@ void Session::do_close(std::error_code ec) {
   heartbeat_timer_.cancel();
   drain_timer_.cancel();
   deadline_timer_.cancel();
-  boost::system::error_code ignored;
   stream_.close();
   // Channels first: they drop their hold on every target buffer and pinned object.
   parked_.clear();
