@@ -80,7 +80,9 @@ void cut_and_restore(Context& client, const std::string& address, const ObjectRe
                      const std::function<void()>& restore, std::chrono::milliseconds outage) {
   auto peer = connect_or_fail(client, address);
   ASSERT_TRUE(peer.valid());
-  if (client.options().transport != "auto") EXPECT_EQ(peer.transport(), client.options().transport);
+  if (client.options().transport != "auto") {
+    EXPECT_EQ(peer.transport(), client.options().transport);
+  }
   auto warm = peer.fetch(ref);
   ASSERT_FALSE(warm.wait(30s));
   cut();
