@@ -53,7 +53,8 @@ double value16(bool half, uint32_t m) {
   if (exp == 0) return std::ldexp(static_cast<double>(mant), 1 - bias - mant_bits);
   return std::ldexp(static_cast<double>(mant + (1u << mant_bits)), int(exp) - bias - mant_bits);
 }
-// The reference rounding: the nearest magnitude by search, ties to the even one; NaN unchanged.
+// The reference rounding of a float that is not NaN: the nearest magnitude by search, ties to the
+// even one; at or past the bound above the largest finite value, infinity.
 uint16_t nearest16(bool half, float f) {
   const uint32_t inf = half ? 0x7c00 : 0x7f80, sign = std::signbit(f) ? 0x8000 : 0;
   const double a = std::fabs(static_cast<double>(f));
