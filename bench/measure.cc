@@ -16,6 +16,17 @@ double seconds_between(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
 }
 
+Repeated repeat_for(double seconds, const std::function<void()>& step) {
+  const auto t0 = Clock::now();
+  Repeated r;
+  do {
+    step();
+    ++r.times;
+    r.seconds = seconds_between(t0, Clock::now());
+  } while (r.seconds < seconds);
+  return r;
+}
+
 double self_cpu_seconds() {
   rusage ru{};
   getrusage(RUSAGE_SELF, &ru);

@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -16,6 +17,14 @@ using Clock = std::chrono::steady_clock;
 
 // Seconds between two steady_clock points.
 double seconds_between(Clock::time_point a, Clock::time_point b);
+
+// Runs `step` back to back, at least once, until `seconds` have passed: how many times, in how
+// many seconds. For single-core loops (memcpy, reduction kernels).
+struct Repeated {
+  uint64_t times = 0;
+  double seconds = 0;
+};
+Repeated repeat_for(double seconds, const std::function<void()>& step);
 
 // CPU time (user + system, all threads) this process has used so far, in seconds.
 double self_cpu_seconds();

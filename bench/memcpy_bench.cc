@@ -13,19 +13,16 @@ int run_memcpy(uint64_t size, double seconds) {
   std::unique_ptr<std::byte[]> b(new std::byte[size]);
   std::memset(a.get(), 1, size);
   std::memset(b.get(), 2, size);
-  const auto t0 = Clock::now();
   uint64_t copies = 0;
-  double secs = 0;
-  do {
+  const Repeated r = repeat_for(seconds, [&] {
     std::memcpy(copies % 2 ? a.get() : b.get(), copies % 2 ? b.get() : a.get(), size);
     ++copies;
-    secs = seconds_between(t0, Clock::now());
-  } while (secs < seconds);
+  });
   JsonLine out;
   out.add("tool", "memcpy")
       .add("size", size)
       .add("copies", copies)
-      .add("gbps", static_cast<double>(copies * size) / secs / 1e9);
+      .add("gbps", static_cast<double>(copies * size) / r.seconds / 1e9);
   std::printf("%s\n", out.str().c_str());
   return 0;
 }

@@ -2,7 +2,6 @@
 
 #include <cstdio>
 #include <cstring>
-#include <functional>
 #include <vector>
 
 #include "bench/measure.h"
@@ -10,23 +9,6 @@
 #include "store/tensor.h"
 
 namespace ferry::bench {
-namespace {
-
-// Runs `step` for `seconds`; bytes per second of `size`-byte steps.
-double rate(uint64_t size, double seconds, const std::function<void()>& step) {
-  const auto t0 = Clock::now();
-  uint64_t steps = 0;
-  double secs = 0;
-  do {
-    step();
-    ++steps;
-    secs = seconds_between(t0, Clock::now());
-  } while (secs < seconds);
-  return static_cast<double>(steps * size) / secs;
-}
-
-}  // namespace
-
 int run_reduce(uint64_t size, double seconds) {
   std::vector<std::byte> acc(size), in(size);
   for (DType t : {DType::kFloat32, DType::kFloat64, DType::kInt32, DType::kInt64, DType::kFloat16,
@@ -38,9 +20,9 @@ int run_reduce(uint64_t size, double seconds) {
     std::memset(in.data(), 0, size);
     const std::span<std::byte> a(acc.data(), bytes);
     const std::span<const std::byte> b(in.data(), bytes);
-    const double bps = rate(bytes, seconds, [&] {
-      (void)collective::reduce_into(t, collective::ReduceOp::kSum, a, b);
-    });
+    const Repeated r = repeat_for(
+        seconds, [&] { (void)collective::reduce_into(t, collective::ReduceOp::kSum, a, b); });
+    const double bps = static_cast<double>(r.times * bytes) / r.seconds;
     JsonLine out;
     out.add("tool", "ferry-reduce")
         .add("dtype", std::string(dtype_name(t)))
@@ -49,7 +31,8 @@ int run_reduce(uint64_t size, double seconds) {
         .add("gbps", bps / 1e9);
     std::printf("%s\n", out.str().c_str());
   }
-  const double bps = rate(size, seconds, [&] { std::memcpy(acc.data(), in.data(), size); });
+  const Repeated r = repeat_for(seconds, [&] { std::memcpy(acc.data(), in.data(), size); });
+  const double bps = static_cast<double>(r.times * size) / r.seconds;
   JsonLine out;
   out.add("tool", "memcpy").add("size", size).add("gbps", bps / 1e9);
   std::printf("%s\n", out.str().c_str());
