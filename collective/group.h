@@ -92,9 +92,9 @@ class Group {
   Group& operator=(const Group&) = delete;
 
   int rank() const { return rank_; }
-  // Fetches started again because their data channel broke while the peer's connection lived
-  // (a queue pair flushed or stalled, a data socket reset): each at most 3 times per call, within
-  // its deadline. Any thread.
+  // Fetches of this rank's calls that ferry started again because their data channel broke while
+  // the peer's connection lived (a queue pair flushed, stalled or reset: FetchResult::restarts),
+  // and watches of other ranks started again after theirs broke. Any thread.
   uint64_t refetches() const { return refetches_.load(std::memory_order_relaxed); }
   int size() const { return static_cast<int>(addresses_.size()); }
 

@@ -32,7 +32,14 @@ struct FetchResult {
   std::string transport;                 // the transport that moved the bytes
   uint64_t bytes = 0;
   std::chrono::nanoseconds elapsed{0};
+  // Times the fetch was started again because its data channel broke under it (at most
+  // kMaxFetchRestarts; PeerLink::restart_fetch): 0 for almost every fetch.
+  uint32_t restarts = 0;
 };
+
+// How many times one fetch is started again over a new data channel when its channel broke
+// while its peer lives (a one-sided transport's queue pair flushed, stalled or reset).
+inline constexpr uint32_t kMaxFetchRestarts = 3;
 
 // FetchOptions::combine: gets a piece of a target and the bytes that arrived for it (the same
 // size) and stores what the piece should hold.

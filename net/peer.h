@@ -37,7 +37,10 @@ class Peer {
   // Fetches `ref` from this peer. `targets` are where the tensors land (one buffer per tensor,
   // each exactly the tensor's size); empty = ferry allocates. Completion:
   // void(boost::system::error_code, FetchResult), delivered through the token's executor, never
-  // inline. Works with callbacks, use_future and use_awaitable.
+  // inline. Works with callbacks, use_future and use_awaitable. A fetch whose data channel breaks
+  // under it while the peer lives (a one-sided transport's queue pair flushed, stalled or reset;
+  // the READs are harmless to repeat) is started again over a new channel, within its deadline,
+  // at most kMaxFetchRestarts times (FetchResult::restarts); it fails only after that.
   template <typename Token>
   auto async_fetch(ObjectRef ref, std::vector<MutableBuffer> targets, FetchOptions options,
                    Token&& token) {

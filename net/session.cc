@@ -589,8 +589,8 @@ FetchRequest Session::fetch(ObjectRef ref, std::vector<MutableBuffer> targets, F
       return;
     }
     asio::post(self->strand_, [self, weak_state, id] {
-      if (self->fetches_.count(id)) {
-        self->complete_fetch(id, errc::aborted);
+      if (const uint64_t wire = self->wire_id(id); self->fetches_.count(wire)) {
+        self->complete_fetch(wire, errc::aborted);
       } else if (auto s = weak_state.lock()) {
         s->complete(errc::aborted);  // not started yet (channel opening): nothing to undo
       }
@@ -740,26 +740,32 @@ void Session::start_transfer(std::shared_ptr<detail::FetchState> state,
     state->complete(close_reason_ ? close_reason_ : std::error_code(errc::peer_closed));
     return;
   }
-  const uint64_t id = state->id();
-  const auto& ref = state->result().ref;
-  const auto timeout = options.timeout;
   PendingFetch pending{state, transport, Clock::now()};
-  if (timeout.count() > 0) {
-    pending.deadline = pending.started + timeout;
-    arm_deadline(pending.deadline);
-  }
-  FetchOp op{id, ref, std::move(targets), FetchRequest(state)};
+  if (options.timeout.count() > 0) pending.deadline = pending.started + options.timeout;
+  CombineFn stream;
   if (options.combine && transport->combines()) {
-    op.combine = std::move(options.combine);
+    stream = std::move(options.combine);
+    pending.streams = true;
   } else if (options.combine) {
     // The transport lands the bytes whole: in slots of ours, combined on success.
     std::vector<size_t> sizes;
-    for (const auto& t : op.targets) sizes.push_back(t.size());
+    for (const auto& t : targets) sizes.push_back(t.size());
     pending.combine = std::move(options.combine);
-    pending.targets = std::move(op.targets);
-    pending.landed = allocate_slots(sizes, op.targets);
-    pending.slots = op.targets;
+    pending.targets = std::move(targets);
+    pending.landed = allocate_slots(sizes, targets);
+    pending.slots = targets;
   }
+  launch(state->id(), std::move(pending), std::move(targets), std::move(stream));
+}
+
+void Session::launch(uint64_t id, PendingFetch pending, std::vector<MutableBuffer> targets,
+                     CombineFn stream) {
+  const auto state = pending.state;
+  const auto transport = pending.transport;
+  const auto deadline = pending.deadline;
+  const auto& ref = state->result().ref;
+  if (deadline != Clock::time_point::max()) arm_deadline(deadline);
+  FetchOp op{id, ref, std::move(targets), FetchRequest(state), std::move(stream)};
   fetches_.emplace(id, std::move(pending));
   auto started = transport->is_one_sided() ? transport->fetch_multiple(*this, op)
                                            : transport->recv_multiple(*this, op);
@@ -777,11 +783,68 @@ void Session::start_transfer(std::shared_ptr<detail::FetchState> state,
   if (!ref.name.empty()) {
     f->set_name(ref.name);
     // The owner waits for the name at most this long (and at most its lease timeout).
-    f->set_wait_ms(timeout.count() > 0 ? static_cast<uint64_t>(timeout.count()) : ~uint64_t{0});
+    const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now());
+    f->set_wait_ms(deadline == Clock::time_point::max()
+                       ? ~uint64_t{0}
+                       : static_cast<uint64_t>(std::max<int64_t>(left.count(), 1)));
   }
   FERRY_LOG_DEBUG("peer '{}': fetch {} of object {} '{}' requested over {}", info_.name, id,
                   ref.object_id, ref.name, transport->name());
   send(env);
+}
+
+uint64_t Session::wire_id(uint64_t id) const {
+  auto it = restarted_.find(id);
+  return it == restarted_.end() ? id : it->second;
+}
+
+void Session::restart_fetch(uint64_t request_id, std::error_code ec) {
+  auto it = fetches_.find(request_id);
+  if (it == fetches_.end()) return;
+  auto& p = it->second;
+  if (p.releasing || p.streams || p.restarts >= kMaxFetchRestarts || state_ != State::open ||
+      Clock::now() >= p.deadline) {
+    return complete_fetch(request_id, ec);
+  }
+  // The transport has let go of the targets: the fetch waits for a new channel, outside fetches_
+  // (an abort completes it at once; a deadline is looked at again when it is launched).
+  auto pending = std::move(p);
+  fetches_.erase(it);
+  ++pending.restarts;
+  pending.state->result().restarts = pending.restarts;
+  const uint64_t original = pending.state->id();
+  const uint64_t id = next_request_id_.fetch_add(2);
+  restarted_[original] = id;
+  FERRY_LOG_WARN(
+      "peer '{}': fetch {} lost its {} channel ({}): fetching it again as request {} "
+      "({} of {})",
+      info_.name, original, pending.transport->name(), ec.message(), id, pending.restarts,
+      kMaxFetchRestarts);
+  // Posted: the transport drops the broken channel after this call, and the restart must not
+  // find it still installed.
+  asio::post(strand_, [self = shared_from_this(), id, ec, pending = std::move(pending)]() mutable {
+    auto transport = pending.transport;
+    auto resume = [self, id, ec, pending = std::move(pending)](std::error_code open_ec) mutable {
+      auto state = pending.state;
+      if (state->done()) {  // aborted meanwhile
+        self->restarted_.erase(state->id());
+        return;
+      }
+      if (self->state_ != State::open) open_ec = self->close_reason_ ? self->close_reason_ : ec;
+      if (open_ec) {
+        self->restarted_.erase(state->id());
+        FERRY_LOG_WARN("peer '{}': fetch {} cannot start again: {}", self->info_.name, state->id(),
+                       open_ec.message());
+        state->result().elapsed = Clock::now() - pending.started;
+        state->complete(self->state_ != State::open ? open_ec : ec);
+        return;
+      }
+      auto targets = pending.combine ? pending.slots : state->result().tensors;
+      self->launch(id, std::move(pending), std::move(targets), {});
+    };
+    if (self->state_ != State::open) return resume({});
+    self->ensure_channel(transport, std::move(resume));
+  });
 }
 
 void Session::complete_fetch(uint64_t request_id, std::error_code ec) {
@@ -811,6 +874,7 @@ void Session::complete_fetch(uint64_t request_id, std::error_code ec) {
                   ec ? ec.message() : "ok");
   auto pending = std::move(it->second);
   fetches_.erase(it);
+  if (!restarted_.empty()) restarted_.erase(pending.state->id());
   if (!ec && pending.combine) {
     for (size_t i = 0; i < pending.targets.size(); ++i) {
       if (!pending.targets[i].empty()) pending.combine(pending.targets[i], pending.slots[i]);

@@ -71,6 +71,7 @@ class Session final : public PeerLink, public std::enable_shared_from_this<Sessi
   bool is_open() const override { return state_.load() == State::open; }
   std::shared_ptr<TransportChannel> channel(std::string_view transport) const override;
   void complete_fetch(uint64_t request_id, std::error_code ec) override;
+  void restart_fetch(uint64_t request_id, std::error_code ec) override;
   void fail(std::error_code ec) override;
   void send_transport_message(std::string_view transport, uint64_t request_id,
                               std::string payload) override;
@@ -96,6 +97,8 @@ class Session final : public PeerLink, public std::enable_shared_from_this<Sessi
     Clock::time_point started;
     Clock::time_point deadline = Clock::time_point::max();  // none while releasing
     std::error_code releasing;  // set while the transport drains hardware work of an abort
+    bool streams = false;       // FetchOptions::combine handed to a transport that combines()
+    uint32_t restarts = 0;      // restart_fetch
     // FetchOptions::combine over a transport that does not combine: the bytes land in `slots`
     // (memory: `landed`), one per target, and are combined into `targets` on success.
     CombineFn combine;
@@ -149,6 +152,13 @@ class Session final : public PeerLink, public std::enable_shared_from_this<Sessi
   void start_transfer(std::shared_ptr<detail::FetchState> state,
                       std::shared_ptr<TransportManager> transport,
                       std::vector<MutableBuffer> targets, FetchOptions options);
+  // Hands fetch `id` to its transport and asks the peer for it; `pending.transport`'s channel
+  // must exist. `targets`: where the transport lands the bytes; `stream`: the combine of a
+  // transport that combines.
+  void launch(uint64_t id, PendingFetch pending, std::vector<MutableBuffer> targets,
+              CombineFn stream);
+  // The request id that fetch `id` (FetchRequest::id) runs under now: a restart gives it a new one.
+  uint64_t wire_id(uint64_t id) const;
   void ensure_channel(const std::shared_ptr<TransportManager>& transport,
                       std::function<void(std::error_code)> done);
   std::shared_ptr<TransportManager> pick_transport(const std::string& requested,
@@ -206,6 +216,8 @@ class Session final : public PeerLink, public std::enable_shared_from_this<Sessi
   // collide in a transport's per-request tables.
   std::atomic<uint64_t> next_request_id_;
   std::unordered_map<uint64_t, PendingFetch> fetches_;
+  // Fetches started again (restart_fetch): FetchRequest::id -> the request id they run under.
+  std::unordered_map<uint64_t, uint64_t> restarted_;
   std::unordered_map<uint64_t, std::shared_ptr<TransportManager>> serving_;
   // Serves of objects that count them which failed on this side while the peer lives: the
   // fetcher may have every byte all the same, and its word (settle) counts them. At most

@@ -89,6 +89,16 @@ class PeerLink {
   // Completes fetch `request_id` (fetcher side) once every byte landed, or with the error the
   // transport saw. Unknown or already completed ids are ignored.
   virtual void complete_fetch(uint64_t request_id, std::error_code ec) = 0;
+  // The transport's channel broke under fetch `request_id` (a queue pair flushed, stalled or
+  // reset by the owner) and fetching it again is harmless: the fetch's own requests did not fail
+  // and nothing was combined into its targets (the transport does not combine it, or has not
+  // started to). The transport has let go of the targets and ended the owner's lease (or the
+  // channel's end does). The session starts it again as a new request, over a new channel,
+  // while the peer's session is open, the fetch's deadline has not passed and it was started
+  // again fewer than kMaxFetchRestarts times; otherwise it completes it with `ec`, as
+  // complete_fetch would. Unknown or completed ids are ignored. Call it before dropping the
+  // channel (drop_channel): the restart waits for a new one.
+  virtual void restart_fetch(uint64_t request_id, std::error_code ec) = 0;
 
   // A peer-scope failure seen by the transport: closes the session; pending fetches fail.
   virtual void fail(std::error_code ec) = 0;

@@ -196,6 +196,12 @@ void RdmaChannel::drain() {
         if (wc.status != IBV_WC_WR_FLUSH_ERR) {
           FERRY_LOG_WARN("rdma: READ for request {} failed: {}", wc.wr_id,
                          ibv_wc_status_str(wc.status));
+          // A READ the owner refused (access, protection, invalid request) fails its own fetch;
+          // the others of the queue pair are flushed with it and start again (fail()). A path
+          // that gave up (retries exhausted) says nothing against this fetch: it starts again too.
+          const bool path =
+              wc.status == IBV_WC_RETRY_EXC_ERR || wc.status == IBV_WC_RNR_RETRY_EXC_ERR;
+          if (it != fetches_.end() && !path) it->second.error = make_wc_error(wc.status);
         }
         fail(make_wc_error(wc.status));
         return;
@@ -574,15 +580,22 @@ void RdmaChannel::to_error_state() {
 void RdmaChannel::fail(std::error_code ec) {
   if (closed_) return;
   // In the error state the QP flushes everything and places no more data: every fetch of this
-  // channel can be failed now.
+  // channel can be failed or started again now.
   to_error_state();
   ready_.clear();
   auto fetches = std::move(fetches_);
   fetches_.clear();
   auto link = link_.lock();
+  // Their READs are gone with the queue pair and none of them failed on its own account: each is
+  // started again over a new pair (the session's restart waits for drop_channel below).
   for (auto& [id, f] : fetches) {
     if (f.granted) send_release(id, false);
-    if (link) link->complete_fetch(id, f.aborted ? std::error_code() : (f.error ? f.error : ec));
+    if (!link) continue;
+    if (f.aborted || f.error) {
+      link->complete_fetch(id, f.aborted ? std::error_code() : f.error);
+    } else {
+      link->restart_fetch(id, ec);
+    }
   }
   if (link && !link->info().initiator && link->is_open()) {
     // The fetcher's queue pair still looks fine from its side, but talks to this dead one: tell
