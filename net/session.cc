@@ -815,7 +815,7 @@ void Session::restart_fetch(uint64_t request_id, std::error_code ec) {
   const uint64_t original = pending.state->id();
   const uint64_t id = next_request_id_.fetch_add(2);
   restarted_[original] = id;
-  FERRY_LOG_WARN(
+  FERRY_LOG_INFO(
       "peer '{}': fetch {} lost its {} channel ({}): fetching it again as request {} "
       "({} of {})",
       info_.name, original, pending.transport->name(), ec.message(), id, pending.restarts,

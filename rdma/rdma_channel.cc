@@ -588,6 +588,7 @@ void RdmaChannel::fail(std::error_code ec) {
   auto link = link_.lock();
   // Their READs are gone with the queue pair and none of them failed on its own account: each is
   // started again over a new pair (the session's restart waits for drop_channel below).
+  size_t restarted = 0;
   for (auto& [id, f] : fetches) {
     if (f.granted) send_release(id, false);
     if (!link) continue;
@@ -595,7 +596,14 @@ void RdmaChannel::fail(std::error_code ec) {
       link->complete_fetch(id, f.aborted ? std::error_code() : f.error);
     } else {
       link->restart_fetch(id, ec);
+      ++restarted;
     }
+  }
+  if (restarted > 0) {
+    FERRY_LOG_WARN(
+        "rdma: queue pair {} failed ({}): {} of its fetches start again over a new pair "
+        "(each at most {} times)",
+        qp_->qp_num, ec.message(), restarted, kMaxFetchRestarts);
   }
   if (link && !link->info().initiator && link->is_open()) {
     // The fetcher's queue pair still looks fine from its side, but talks to this dead one: tell

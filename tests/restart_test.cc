@@ -1,0 +1,235 @@
+// The core's restart of a fetch whose data channel broke (PeerLink::restart_fetch), as logic: a
+// fake one-sided transport whose two ends live in this process (the owner's "grant" copies the
+// pinned bytes straight into the fetcher's targets) and whose channel breaks on demand. Real
+// sessions over loopback TCP carry everything else. The real transport's restarts (a queue pair
+// broken under READs) are tested in the guest (rdma_test.cc, collective_test.cc).
+#include <gtest/gtest.h>
+
+#include <boost/asio/post.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <cstring>
+#include <map>
+#include <mutex>
+
+#include "tests/test_util.h"
+
+namespace ferry::test {
+namespace {
+using namespace std::chrono_literals;
+
+constexpr const char* kFlaky = "FLAKY";
+
+// What the test sets and sees, shared by the fetcher's and the owner's transport instance.
+struct Board {
+  std::mutex mu;
+  int breaks = 0;      // fetches whose channel breaks under them (fetcher side)
+  bool hold = false;   // fetches that get past the breaks never complete
+  std::chrono::milliseconds reopen_delay{0};  // before a channel after the first one is ready
+  int opens = 0;
+  std::vector<uint64_t> request_ids;  // of every fetch handed to the transport
+  struct Waiting {
+    std::shared_ptr<PeerLink> link;
+    std::vector<MutableBuffer> targets;
+  };
+  std::map<uint64_t, Waiting> waiting;  // fetches the owner's grant completes
+};
+
+class FlakyChannel final : public TransportChannel {
+ public:
+  void close(std::error_code) override {}
+};
+
+class FlakyTransport final : public TransportManager {
+ public:
+  explicit FlakyTransport(std::shared_ptr<Board> board) : board_(std::move(board)) {}
+  std::string name() const override { return kFlaky; }
+  bool is_one_sided() const override { return true; }
+  bool can_abort() const override { return true; }
+  TransportInfo local_info() const override { return {kFlaky, {"cpu"}, "", 1}; }
+
+  // The owner installs its half when the "open" message arrives (before any Fetch that follows
+  // it on the metadata channel), replacing a stale one as the RDMA transport does.
+  void async_open_channel(std::shared_ptr<PeerLink> link, ChannelOpenHandler done) override {
+    std::chrono::milliseconds delay{0};
+    {
+      std::lock_guard lock(board_->mu);
+      if (board_->opens++ > 0) delay = board_->reopen_delay;
+    }
+    link->send_transport_message(kFlaky, 0, "open");
+    auto timer = std::make_shared<boost::asio::steady_timer>(link->strand(), delay);
+    timer->async_wait([timer, done = std::move(done)](boost::system::error_code) {
+      done({}, std::make_shared<FlakyChannel>());
+    });
+  }
+  void on_transport_message(PeerLink& link, uint64_t, std::string_view) override {
+    if (link.channel(kFlaky)) link.drop_channel(kFlaky, make_error_code(errc::peer_closed));
+    link.install_channel(kFlaky, std::make_shared<FlakyChannel>());
+  }
+
+  Result<FetchRequest> fetch_multiple(PeerLink& link, const FetchOp& op) override {
+    std::lock_guard lock(board_->mu);
+    board_->request_ids.push_back(op.request_id);
+    if (board_->breaks > 0) {
+      --board_->breaks;
+      // As RdmaChannel::fail does: restart, then drop the channel.
+      boost::asio::post(link.strand(), [l = link.shared_link(), id = op.request_id] {
+        l->restart_fetch(id, make_error_code(errc::peer_unresponsive));
+        l->drop_channel(kFlaky, make_error_code(errc::peer_unresponsive));
+      });
+    } else if (!board_->hold) {
+      board_->waiting[op.request_id] = {link.shared_link(), op.targets};
+    }
+    return op.request;
+  }
+  // Owner side: copies the object into the fetcher's targets and completes its fetch there.
+  void send_multiple(PeerLink&, uint64_t request_id, ObjectStore::Pin pin,
+                     SendDone done) override {
+    Board::Waiting w;
+    {
+      std::lock_guard lock(board_->mu);
+      auto it = board_->waiting.find(request_id);
+      if (it == board_->waiting.end()) return done(make_error_code(errc::aborted));
+      w = std::move(it->second);
+      board_->waiting.erase(it);
+    }
+    const auto& tensors = pin.object().tensors;
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      std::memcpy(w.targets[i].data(), tensors[i].data.data(), tensors[i].data.size());
+    }
+    boost::asio::post(w.link->strand(),
+                      [l = w.link, request_id] { l->complete_fetch(request_id, {}); });
+    done({});
+  }
+  bool abort(PeerLink&, uint64_t request_id) override {
+    std::lock_guard lock(board_->mu);
+    board_->waiting.erase(request_id);
+    return true;
+  }
+  void garbage_collect(const StoredObject&) override {}
+
+ private:
+  std::shared_ptr<Board> board_;
+};
+
+// Registers FLAKY for the test's lifetime; the contexts are made after it.
+struct Fixture {
+  Fixture() {
+    EXPECT_FALSE(register_transport(kFlaky, {"cpu"}, [b = board](const TransportEnv&) {
+      return Result<std::shared_ptr<TransportManager>>(
+          std::shared_ptr<TransportManager>(std::make_shared<FlakyTransport>(b)));
+    }));
+    server = std::make_unique<Server>();
+    client = std::make_unique<Context>(client_options("client"));
+    peer = connect_or_fail(*client, server->address());
+    options.transport = kFlaky;
+  }
+  ~Fixture() {
+    peer.close();
+    client.reset();
+    server.reset();
+    EXPECT_FALSE(unregister_transport(kFlaky));
+  }
+  template <typename F>
+  auto on_board(F f) {
+    std::lock_guard lock(board->mu);
+    return f(*board);
+  }
+  std::shared_ptr<Board> board = std::make_shared<Board>();
+  std::unique_ptr<Server> server;
+  std::unique_ptr<Context> client;
+  Peer peer;
+  FetchOptions options;
+};
+
+TEST(FetchRestarts, AFetchWhoseChannelBrokeStartsAgainOverANewOne) {
+  Fixture f;
+  auto data = make_pattern(100'000, 7);
+  auto ref = f.server->put(data);
+  f.on_board([](Board& b) { b.breaks = 2; });
+  auto req = f.peer.fetch(ref, {}, f.options);
+  ASSERT_FALSE(req.wait(10s));
+  EXPECT_TRUE(same_bytes(req.result().tensors[0], *data));
+  EXPECT_EQ(req.result().restarts, 2u);
+  EXPECT_EQ(req.result().transport, kFlaky);
+  const auto ids = f.on_board([](Board& b) { return b.request_ids; });
+  ASSERT_EQ(ids.size(), 3u) << "one request per start";
+  EXPECT_EQ(ids[0], req.id()) << "the caller's id is the first request's";
+  EXPECT_NE(ids[1], ids[0]);
+  EXPECT_NE(ids[2], ids[1]);
+  EXPECT_EQ(f.on_board([](Board& b) { return b.opens; }), 3) << "a new channel per start";
+  // The session is unharmed: a plain fetch goes through at once.
+  auto again = f.peer.fetch(ref, {}, f.options);
+  ASSERT_FALSE(again.wait(10s));
+  EXPECT_EQ(again.result().restarts, 0u);
+}
+
+TEST(FetchRestarts, GivesUpWithTheChannelsErrorAfterThreeRestarts) {
+  Fixture f;
+  auto ref = f.server->put(make_pattern(1000, 8));
+  f.on_board([](Board& b) { b.breaks = 100; });
+  auto req = f.peer.fetch(ref, {}, f.options);
+  EXPECT_EQ(req.wait(10s), errc::peer_unresponsive);
+  EXPECT_EQ(f.on_board([](Board& b) { return b.request_ids.size(); }), 1u + kMaxFetchRestarts);
+}
+
+// The bytes land in ferry's slots and are combined once, on success: a restart combines nothing
+// twice (the combine here is XOR, which a second application would undo).
+TEST(FetchRestarts, ACombiningFetchCombinesOnceAcrossRestarts) {
+  Fixture f;
+  auto data = make_pattern(4096, 9);
+  auto ref = f.server->put(data);
+  f.on_board([](Board& b) { b.breaks = 1; });
+  std::vector<std::byte> target(data->size(), std::byte{0x5a});
+  auto options = f.options;
+  options.combine = [](std::span<std::byte> into, std::span<const std::byte> arrived) {
+    for (size_t i = 0; i < into.size(); ++i) into[i] ^= arrived[i];
+  };
+  auto req = f.peer.fetch(ref, {target}, options);
+  ASSERT_FALSE(req.wait(10s));
+  EXPECT_EQ(req.result().restarts, 1u);
+  std::vector<std::byte> expected(*data);
+  for (auto& b : expected) b ^= std::byte{0x5a};
+  EXPECT_TRUE(same_bytes(target, expected));
+}
+
+// Aborted while it waits for its new channel: it completes once, at once, with the abort, and
+// is not started again when the channel comes.
+TEST(FetchRestarts, AnAbortWhileWaitingForTheNewChannelEndsIt) {
+  Fixture f;
+  auto ref = f.server->put(make_pattern(1000, 10));
+  f.on_board([](Board& b) {
+    b.breaks = 1;
+    b.reopen_delay = 600ms;
+  });
+  auto req = f.peer.fetch(ref, {}, f.options);
+  ASSERT_TRUE(eventually([&] { return f.on_board([](Board& b) { return b.opens; }) == 2; }));
+  const auto t0 = std::chrono::steady_clock::now();
+  req.abort();
+  EXPECT_EQ(req.wait(5s), errc::aborted);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 400ms) << "the abort waited for the channel";
+  std::this_thread::sleep_for(800ms);  // the channel is ready by now
+  EXPECT_EQ(f.on_board([](Board& b) { return b.request_ids.size(); }), 1u)
+      << "an aborted fetch was started again";
+  f.on_board([](Board& b) { b.reopen_delay = 0ms; });
+  EXPECT_FALSE(f.peer.fetch(ref, {}, f.options).wait(10s));
+}
+
+// A restart keeps the fetch's deadline: one that never completes after it still times out then.
+TEST(FetchRestarts, TheDeadlineHoldsAcrossARestart) {
+  Fixture f;
+  auto ref = f.server->put(make_pattern(1000, 11));
+  f.on_board([](Board& b) {
+    b.breaks = 1;
+    b.hold = true;
+  });
+  auto options = f.options;
+  options.timeout = 300ms;
+  const auto t0 = std::chrono::steady_clock::now();
+  auto req = f.peer.fetch(ref, {}, options);
+  EXPECT_EQ(req.wait(5s), errc::timed_out);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 1500ms);
+  EXPECT_EQ(f.on_board([](Board& b) { return b.request_ids.size(); }), 2u);
+}
+
+}  // namespace
+}  // namespace ferry::test
