@@ -823,28 +823,33 @@ void Session::restart_fetch(uint64_t request_id, std::error_code ec) {
   // Posted: the transport drops the broken channel after this call, and the restart must not
   // find it still installed.
   asio::post(strand_, [self = shared_from_this(), id, ec, pending = std::move(pending)]() mutable {
+    if (self->state_ != State::open) return self->relaunch(id, std::move(pending), ec, {});
     auto transport = pending.transport;
-    auto resume = [self, id, ec, pending = std::move(pending)](std::error_code open_ec) mutable {
-      auto state = pending.state;
-      if (state->done()) {  // aborted meanwhile
-        self->restarted_.erase(state->id());
-        return;
-      }
-      if (self->state_ != State::open) open_ec = self->close_reason_ ? self->close_reason_ : ec;
-      if (open_ec) {
-        self->restarted_.erase(state->id());
-        FERRY_LOG_WARN("peer '{}': fetch {} cannot start again: {}", self->info_.name, state->id(),
-                       open_ec.message());
-        state->result().elapsed = Clock::now() - pending.started;
-        state->complete(self->state_ != State::open ? open_ec : ec);
-        return;
-      }
-      auto targets = pending.combine ? pending.slots : state->result().tensors;
-      self->launch(id, std::move(pending), std::move(targets), {});
-    };
-    if (self->state_ != State::open) return resume({});
-    self->ensure_channel(transport, std::move(resume));
+    self->ensure_channel(
+        transport, [self, id, ec, pending = std::move(pending)](std::error_code open_ec) mutable {
+          self->relaunch(id, std::move(pending), ec, open_ec);
+        });
   });
+}
+
+void Session::relaunch(uint64_t id, PendingFetch pending, std::error_code ec,
+                       std::error_code open_ec) {
+  auto state = pending.state;
+  if (state->done()) {  // aborted meanwhile
+    restarted_.erase(state->id());
+    return;
+  }
+  if (state_ != State::open) open_ec = close_reason_ ? close_reason_ : ec;
+  if (open_ec) {
+    restarted_.erase(state->id());
+    FERRY_LOG_WARN("peer '{}': fetch {} cannot start again: {}", info_.name, state->id(),
+                   open_ec.message());
+    state->result().elapsed = Clock::now() - pending.started;
+    state->complete(state_ != State::open ? open_ec : ec);
+    return;
+  }
+  auto targets = pending.combine ? pending.slots : state->result().tensors;
+  launch(id, std::move(pending), std::move(targets), {});
 }
 
 void Session::complete_fetch(uint64_t request_id, std::error_code ec) {

@@ -157,6 +157,10 @@ class Session final : public PeerLink, public std::enable_shared_from_this<Sessi
   // transport that combines.
   void launch(uint64_t id, PendingFetch pending, std::vector<MutableBuffer> targets,
               CombineFn stream);
+  // The second half of restart_fetch, once the new channel is open (`open_ec`: or not): launches
+  // fetch `pending` again as request `id`, unless it was aborted meanwhile; fails it with `ec`
+  // (the broken channel's error) if no channel could be opened, or with the session's if it ended.
+  void relaunch(uint64_t id, PendingFetch pending, std::error_code ec, std::error_code open_ec);
   // The request id that fetch `id` (FetchRequest::id) runs under now: a restart gives it a new one.
   uint64_t wire_id(uint64_t id) const;
   void ensure_channel(const std::shared_ptr<TransportManager>& transport,

@@ -22,8 +22,8 @@ constexpr const char* kFlaky = "FLAKY";
 // What the test sets and sees, shared by the fetcher's and the owner's transport instance.
 struct Board {
   std::mutex mu;
-  int breaks = 0;      // fetches whose channel breaks under them (fetcher side)
-  bool hold = false;   // fetches that get past the breaks never complete
+  int breaks = 0;     // fetches whose channel breaks under them (fetcher side)
+  bool hold = false;  // fetches that get past the breaks never complete
   std::chrono::milliseconds reopen_delay{0};  // before a channel after the first one is ready
   int opens = 0;
   std::vector<uint64_t> request_ids;  // of every fetch handed to the transport
@@ -82,8 +82,7 @@ class FlakyTransport final : public TransportManager {
     return op.request;
   }
   // Owner side: copies the object into the fetcher's targets and completes its fetch there.
-  void send_multiple(PeerLink&, uint64_t request_id, ObjectStore::Pin pin,
-                     SendDone done) override {
+  void send_multiple(PeerLink&, uint64_t request_id, ObjectStore::Pin pin, SendDone done) override {
     Board::Waiting w;
     {
       std::lock_guard lock(board_->mu);
