@@ -92,9 +92,10 @@ class Group {
   Group& operator=(const Group&) = delete;
 
   int rank() const { return rank_; }
-  // Fetches of this rank's calls that ferry started again because their data channel broke while
-  // the peer's connection lived (a queue pair flushed, stalled or reset: FetchResult::restarts),
-  // and watches of other ranks started again after theirs broke. Any thread.
+  // Fetches started again because their data channel broke while the peer's connection lived
+  // (a queue pair flushed, stalled or reset): by ferry itself (FetchResult::restarts) or, when that
+  // was not enough, by the call (each fetch at most 3 times per call, within its deadline); and
+  // watches of other ranks started again after theirs broke. Any thread.
   uint64_t refetches() const { return refetches_.load(std::memory_order_relaxed); }
   int size() const { return static_cast<int>(addresses_.size()); }
 
