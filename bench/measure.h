@@ -23,6 +23,8 @@ double seconds_between(Clock::time_point a, Clock::time_point b);
 struct Repeated {
   uint64_t times = 0;
   double seconds = 0;
+  // Bytes per second when each step moves `bytes`.
+  double rate(uint64_t bytes) const { return static_cast<double>(times * bytes) / seconds; }
 };
 Repeated repeat_for(double seconds, const std::function<void()>& step);
 

@@ -22,7 +22,7 @@ int run_reduce(uint64_t size, double seconds) {
     const std::span<const std::byte> b(in.data(), bytes);
     const Repeated r = repeat_for(
         seconds, [&] { (void)collective::reduce_into(t, collective::ReduceOp::kSum, a, b); });
-    const double bps = static_cast<double>(r.times * bytes) / r.seconds;
+    const double bps = r.rate(bytes);
     JsonLine out;
     out.add("tool", "ferry-reduce")
         .add("dtype", std::string(dtype_name(t)))
@@ -32,7 +32,7 @@ int run_reduce(uint64_t size, double seconds) {
     std::printf("%s\n", out.str().c_str());
   }
   const Repeated r = repeat_for(seconds, [&] { std::memcpy(acc.data(), in.data(), size); });
-  const double bps = static_cast<double>(r.times * size) / r.seconds;
+  const double bps = r.rate(size);
   JsonLine out;
   out.add("tool", "memcpy").add("size", size).add("gbps", bps / 1e9);
   std::printf("%s\n", out.str().c_str());

@@ -802,23 +802,23 @@ void Session::restart_fetch(uint64_t request_id, std::error_code ec) {
   auto it = fetches_.find(request_id);
   if (it == fetches_.end()) return;
   auto& p = it->second;
-  if (p.releasing || p.streams || p.restarts >= kMaxFetchRestarts || state_ != State::open ||
+  auto& restarts = p.state->result().restarts;
+  if (p.releasing || p.streams || restarts >= kMaxFetchRestarts || state_ != State::open ||
       Clock::now() >= p.deadline) {
     return complete_fetch(request_id, ec);
   }
   // The transport has let go of the targets: the fetch waits for a new channel, outside fetches_
   // (an abort completes it at once; a deadline is looked at again when it is launched).
+  ++restarts;
   auto pending = std::move(p);
   fetches_.erase(it);
-  ++pending.restarts;
-  pending.state->result().restarts = pending.restarts;
   const uint64_t original = pending.state->id();
   const uint64_t id = next_request_id_.fetch_add(2);
   restarted_[original] = id;
   FERRY_LOG_INFO(
       "peer '{}': fetch {} lost its {} channel ({}): fetching it again as request {} "
       "({} of {})",
-      info_.name, original, pending.transport->name(), ec.message(), id, pending.restarts,
+      info_.name, original, pending.transport->name(), ec.message(), id, restarts,
       kMaxFetchRestarts);
   // Posted: the transport drops the broken channel after this call, and the restart must not
   // find it still installed.
@@ -835,17 +835,19 @@ void Session::restart_fetch(uint64_t request_id, std::error_code ec) {
 void Session::relaunch(uint64_t id, PendingFetch pending, std::error_code ec,
                        std::error_code open_ec) {
   auto state = pending.state;
-  if (state->done()) {  // aborted meanwhile
-    restarted_.erase(state->id());
-    return;
+  std::error_code failed;
+  if (state_ != State::open) {
+    failed = close_reason_ ? close_reason_ : ec;  // the session ended: its reason
+  } else if (open_ec) {
+    failed = ec;  // no new channel: the broken channel's error
   }
-  if (state_ != State::open) open_ec = close_reason_ ? close_reason_ : ec;
-  if (open_ec) {
+  if (state->done() || failed) {
     restarted_.erase(state->id());
+    if (state->done()) return;  // aborted meanwhile
     FERRY_LOG_WARN("peer '{}': fetch {} cannot start again: {}", info_.name, state->id(),
-                   open_ec.message());
+                   (open_ec ? open_ec : failed).message());
     state->result().elapsed = Clock::now() - pending.started;
-    state->complete(state_ != State::open ? open_ec : ec);
+    state->complete(failed);
     return;
   }
   auto targets = pending.combine ? pending.slots : state->result().tensors;

@@ -98,7 +98,6 @@ class Session final : public PeerLink, public std::enable_shared_from_this<Sessi
     Clock::time_point deadline = Clock::time_point::max();  // none while releasing
     std::error_code releasing;  // set while the transport drains hardware work of an abort
     bool streams = false;       // FetchOptions::combine handed to a transport that combines()
-    uint32_t restarts = 0;      // restart_fetch
     // FetchOptions::combine over a transport that does not combine: the bytes land in `slots`
     // (memory: `landed`), one per target, and are combined into `targets` on success.
     CombineFn combine;
