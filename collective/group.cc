@@ -161,12 +161,8 @@ struct Group::Op {
     for (int q : others()) take(q, tag, {&sink[q], 1}, true);
     std::vector<int> missing;
     for (auto& p : pending) {
-      std::error_code ec;
-      do {
-        settle(p.req, deadline + milliseconds(1000));
-        ec = p.req.outcome().value_or(make_error_code(errc::timed_out));
-      } while (ec && restarted(p, ec));
-      if (ec) {
+      settle(p.req, deadline + milliseconds(1000));
+      if (p.req.outcome().value_or(make_error_code(errc::timed_out))) {
         missing.push_back(p.from);
       } else {
         count_restarts(p.req);
@@ -193,53 +189,24 @@ struct Group::Op {
     }
     return out;
   }
-  // One fetch of the call, with what it takes to start it again.
+  // One fetch of the call.
   struct Pending {
     int from;
     FetchRequest req;
-    std::string name;  // of the object
-    std::span<std::byte> into;
-    int retries = 0;
-    bool combines = false;  // FetchOptions::combine: the bytes are reduced into `into`
   };
-  FetchRequest start(int from, const std::string& object, std::span<std::byte> into,
-                     CombineFn combine = {}) {
-    return g.fetch_named(from, object, into, left_until(deadline), std::move(combine));
-  }
   // Starts fetching what rank `from` offers this rank as `tag` into `into` (exactly its size);
   // with `marker`, the marker it offers to anyone; with `combine`, combined into `into`.
   void take(int from, const std::string& tag, std::span<std::byte> into, bool marker = false,
             CombineFn combine = {}) {
     const auto object = name(tag, from, marker ? -1 : g.rank_);
-    const bool combines = static_cast<bool>(combine);
     pending.push_back(
-        {from, start(from, object, into, std::move(combine)), object, into, 0, combines});
+        {from, g.fetch_named(from, object, into, left_until(deadline), std::move(combine))});
   }
-  // A fetch that failed with its peer's connection still open (the data channel broke: a queue
-  // pair flushed or stalled, a data socket reset) is fetched again, at most 3 times, within the
-  // deadline: the owner still offers it (an offer lasts until it has been sent to the rank it is
-  // for: over RDMA, until that rank's READs succeeded and it said so), a new channel is set up
-  // for the new fetch, and reading it again is harmless. (Over TCP a broken data connection
-  // closes the peer's session: nothing is fetched again.) True if restarted.
-  bool restarted(Pending& p, std::error_code ec, int max_retries = 3) {
-    // A fetch that combines may have combined part of its bytes already: not again.
-    if (p.combines || p.retries >= max_retries || scope_of(ec) != Scope::peer ||
-        !g.peers_[p.from].is_open() || Clock::now() >= deadline) {
-      return false;
-    }
-    ++p.retries;
-    ++g.refetches_;
-    FERRY_LOG_WARN(
-        "collective: {} #{} on rank {}: fetch from rank {} failed ({}) while its "
-        "connection lives: fetching it again",
-        what, seq, g.rank_, p.from, ec.message());
-    p.req = start(p.from, p.name, p.into);
-    return true;
-  }
-  // A fetch whose data channel broke under it was usually started again by ferry itself already
-  // (Peer::fetch: FetchResult::restarts, at most kMaxFetchRestarts); restarted() above is for
-  // what gets past that (an owner whose side of the channel went first, the restarts used up).
-  // Both count in Group::refetches. `req` succeeded.
+  // A fetch whose data channel broke under it (a queue pair flushed, stalled or reset by the
+  // owner) while its peer lives was started again by ferry itself (Peer::fetch, at most
+  // kMaxFetchRestarts times, within the deadline): the owner still offers it (an offer lasts
+  // until it has been sent to the rank it is for: over RDMA, until that rank's READs succeeded
+  // and it said so). Group::refetches counts those restarts. `req` succeeded.
   void count_restarts(const FetchRequest& req) { g.refetches_ += req.result().restarts; }
   // Waits for the fetch at `i` of `pending`, but fails at once when any other pending fetch
   // has failed for good: a rank that gave up offers nothing more, and waiting on it in rank
@@ -247,7 +214,7 @@ struct Group::Op {
   Status wait(size_t i) {
     for (;;) {
       const int from = pending[i].from;
-      const FetchRequest req = pending[i].req;  // a handle: a restart replaces pending[i].req
+      const FetchRequest& req = pending[i].req;
       // The fetch's outcome, not wait()'s: a wait that runs out as the fetch completes returns
       // timed_out for a fetch that succeeded.
       pause([&] { return req.done(); }, [&](milliseconds t) { req.wait(t); });
@@ -256,11 +223,10 @@ struct Group::Op {
           count_restarts(req);
           return {};
         }
-        if (restarted(pending[i], *outcome)) continue;
         return fail(from, *outcome, "fetch from rank " + std::to_string(from));
       }
       for (auto& other : pending) {
-        if (auto oec = other.req.outcome(); oec && *oec && !restarted(other, *oec)) {
+        if (auto oec = other.req.outcome(); oec && *oec) {
           return fail(other.from, *oec, "fetch from rank " + std::to_string(other.from));
         }
       }

@@ -93,9 +93,9 @@ class Group {
 
   int rank() const { return rank_; }
   // Fetches started again because their data channel broke while the peer's connection lived
-  // (a queue pair flushed, stalled or reset): by ferry itself (FetchResult::restarts) or, when that
-  // was not enough, by the call (each fetch at most 3 times per call, within its deadline); and
-  // watches of other ranks started again after theirs broke. Any thread.
+  // (a queue pair flushed, stalled or reset), by ferry itself (FetchResult::restarts, at most
+  // kMaxFetchRestarts per fetch, within its deadline); and watches of other ranks started again
+  // after theirs broke. Any thread.
   uint64_t refetches() const { return refetches_.load(std::memory_order_relaxed); }
   int size() const { return static_cast<int>(addresses_.size()); }
 

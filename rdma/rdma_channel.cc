@@ -620,11 +620,15 @@ void RdmaChannel::fail(std::error_code ec) {
   }
 }
 
-void RdmaChannel::post_inject_error() {
+void RdmaChannel::on_peer_reset() {
   // Fails the channel at once instead of after the flushed completions (fail() puts the QP in
   // the error state, where it places no more data): while it waited for them, rxe can take
   // seconds, new fetches joined the dead pair and were refused by an owner that had dropped its
   // own, again and again (found by breaking queue pairs during collectives).
+  fail(make_wc_error(IBV_WC_GENERAL_ERR));
+}
+
+void RdmaChannel::post_inject_error() {
   asio::post(strand_,
              [self = shared_from_this()] { self->fail(make_wc_error(IBV_WC_GENERAL_ERR)); });
 }

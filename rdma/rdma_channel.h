@@ -82,9 +82,13 @@ class RdmaChannel final : public TransportChannel,
   bool end_lease(uint64_t request_id, std::error_code ec);
 
   void close(std::error_code ec) override;
+  // Fetcher side. Strand. The owner says its queue pair is gone (a reset): to the error state
+  // and fails the channel now, so that its fetches start again over a new pair. Now and not
+  // posted: the owner's errors for this pair's leases follow the reset on the metadata channel,
+  // and a fetch still here when its error is read would fail with it instead of starting again.
+  void on_peer_reset();
   // To the error state and fails the channel, and its fetches with it, at once (new fetches
-  // set up a new pair). Any thread: it runs on the strand. Used when the owner says its queue
-  // pair is gone (a reset), and for fault injection.
+  // set up a new pair). Any thread: it runs on the strand. For fault injection.
   void post_inject_error();
 
  private:

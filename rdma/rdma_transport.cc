@@ -164,7 +164,7 @@ void RdmaTransport::on_transport_message(PeerLink& link, uint64_t request_id,
     }
     case wire::Message::kReset:
       if (link.info().initiator) {
-        if (auto ch = channel_of(link)) ch->post_inject_error();
+        if (auto ch = channel_of(link)) ch->on_peer_reset();
       }
       return;
     case wire::Message::BODY_NOT_SET:

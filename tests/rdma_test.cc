@@ -31,6 +31,19 @@ struct Qdisc {
   }
 };
 
+// Every RoCE v2 packet (UDP port 4791: every UDP packet here) dropped on both veth ends for the
+// scope of a test; TCP, and so the metadata channel, still flows.
+struct RoceDropped {
+  RoceDropped() {
+    for (const char* dev : {"sr0", "sr1"}) {
+      sh(std::string("tc qdisc add dev ") + dev + " parent 1:3 handle 30: netem loss 100%");
+      sh(std::string("tc filter add dev ") + dev +
+         " parent 1:0 protocol ip u32 match ip protocol 17 0xff flowid 1:3");
+    }
+  }
+  Qdisc prio{"root handle 1: prio"};
+};
+
 double cpu_seconds() {
   rusage ru{};
   getrusage(RUSAGE_SELF, &ru);
@@ -238,13 +251,7 @@ TEST_F(Rdma, WaitingOnStuckReadsCostsNoCpuAndTheyStartAgainOnANewQueuePair) {
   std::vector<FetchRequest> reqs;
   int done = 0;  // before the queue pair breaks
   {
-    // Drop every UDP packet (RoCE v2 is UDP port 4791) on both veth ends; TCP still flows.
-    Qdisc prio("root handle 1: prio");
-    for (const char* dev : {"sr0", "sr1"}) {
-      sh(std::string("tc qdisc add dev ") + dev + " parent 1:3 handle 30: netem loss 100%");
-      sh(std::string("tc filter add dev ") + dev +
-         " parent 1:0 protocol ip u32 match ip protocol 17 0xff flowid 1:3");
-    }
+    RoceDropped dropped;
     for (const auto& r : refs) reqs.push_back(peer.fetch(r));
     std::this_thread::sleep_for(500ms);  // grants arrive, READs are posted and go nowhere
     for (auto& r : reqs) done += r.done();
@@ -281,6 +288,43 @@ TEST_F(Rdma, WaitingOnStuckReadsCostsNoCpuAndTheyStartAgainOnANewQueuePair) {
   ASSERT_FALSE(again.wait(120s));
   EXPECT_EQ(again.result().transport, "RDMA");
   EXPECT_TRUE(same_bytes(again.result().tensors[0], *bytes));
+}
+
+// The owner's side of the queue pair goes first: it ends the leases of the fetches on it and
+// tells the fetcher (a reset, then an error per lease, on the metadata channel). The fetcher
+// fails its own side when it reads the reset, before those errors, so every fetch starts again
+// over a new pair instead of failing with its lease's error.
+TEST_F(Rdma, AQueuePairBrokenAtTheOwnerRestartsTheFetchesOnIt) {
+  Server server;
+  ContextOptions options = client_options("client");
+  options.peer_timeout = 120s;
+  Context client(options);
+  auto peer = connect_or_fail(client, server.address());
+  constexpr int kFetches = 50;
+  auto bytes = make_pattern(256u << 10, 31);
+  std::vector<ObjectRef> refs;
+  for (int i = 0; i < kFetches; ++i) refs.push_back(server.put(bytes));
+  std::vector<FetchRequest> reqs;
+  int done = 0;
+  {
+    RoceDropped dropped;  // the READs wait on the owner's leases
+    for (const auto& r : refs) reqs.push_back(peer.fetch(r));
+    std::this_thread::sleep_for(500ms);
+    for (auto& r : reqs) done += r.done();
+    ASSERT_LT(done, kFetches) << "fetches completed despite the dropped RoCE traffic";
+    EXPECT_EQ(rdma::inject_queue_pair_errors(server.ctx), 1u);
+    std::this_thread::sleep_for(300ms);  // the reset and the leases' errors reach the fetcher
+  }
+  int restarted = 0;
+  for (auto& r : reqs) {
+    ASSERT_FALSE(r.wait(120s)) << "a fetch failed with the owner's end of its lease, or hung";
+    EXPECT_EQ(r.result().transport, "RDMA");
+    EXPECT_TRUE(same_bytes(r.result().tensors[0], *bytes));
+    restarted += r.result().restarts > 0;
+  }
+  std::printf("the owner's queue pair broke: %d of %d fetches started again\n", restarted,
+              kFetches);
+  EXPECT_EQ(restarted, kFetches - done) << "each fetch on the broken pair starts again";
 }
 
 // ---------------------------------------------------------------- access control
