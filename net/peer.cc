@@ -51,7 +51,8 @@ void Peer::start_fetch(ObjectRef ref, std::vector<MutableBuffer> targets, FetchO
   session_->fetch(std::move(ref), std::move(targets), std::move(options), std::move(handler));
 }
 
-FetchRequest Peer::fetch(ObjectRef ref, std::vector<MutableBuffer> targets, FetchOptions options) {
+FetchRequest Peer::fetch(ObjectRef ref, std::vector<MutableBuffer> targets,
+                         FetchOptions options) const {
   if (!session_) {
     auto state = std::make_shared<detail::FetchState>(0, boost::asio::system_executor());
     state->complete(errc::peer_closed);
@@ -60,21 +61,21 @@ FetchRequest Peer::fetch(ObjectRef ref, std::vector<MutableBuffer> targets, Fetc
   return session_->fetch(std::move(ref), std::move(targets), std::move(options), {});
 }
 
-std::error_code Peer::hold(const ObjectRef& ref, std::chrono::milliseconds timeout) {
+std::error_code Peer::hold(const ObjectRef& ref, std::chrono::milliseconds timeout) const {
   if (!session_) return errc::peer_closed;
   wire::Envelope env;
   env.mutable_add_ref()->set_object_id(ref.object_id);
   return call(*session_, std::move(env), timeout).first;
 }
 
-std::error_code Peer::release(const ObjectRef& ref, std::chrono::milliseconds timeout) {
+std::error_code Peer::release(const ObjectRef& ref, std::chrono::milliseconds timeout) const {
   if (!session_) return errc::peer_closed;
   wire::Envelope env;
   env.mutable_release_ref()->set_object_id(ref.object_id);
   return call(*session_, std::move(env), timeout).first;
 }
 
-Result<std::vector<ObjectRef>> Peer::list(std::chrono::milliseconds timeout) {
+Result<std::vector<ObjectRef>> Peer::list(std::chrono::milliseconds timeout) const {
   if (!session_) return errc::peer_closed;
   wire::Envelope env;
   env.mutable_list_objects();

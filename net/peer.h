@@ -1,4 +1,6 @@
-// Peer: a connected peer, as the application sees it. Cheap to copy (a shared handle).
+// Peer: a connected peer, as the application sees it. Cheap to copy (a shared handle: copies
+// talk over the same connection). Every call but close() is const; any thread may call them,
+// the blocking ones (hold, release, list) not an io_context thread.
 #pragma once
 
 #include <boost/asio/async_result.hpp>
@@ -43,7 +45,7 @@ class Peer {
   // at most kMaxFetchRestarts times (FetchResult::restarts); it fails only after that.
   template <typename Token>
   auto async_fetch(ObjectRef ref, std::vector<MutableBuffer> targets, FetchOptions options,
-                   Token&& token) {
+                   Token&& token) const {
     return boost::asio::async_initiate<Token, FetchSignature>(
         [self = *this](auto handler, ObjectRef ref, std::vector<MutableBuffer> targets,
                        FetchOptions options) {
@@ -53,25 +55,25 @@ class Peer {
         token, std::move(ref), std::move(targets), std::move(options));
   }
   template <typename Token>
-  auto async_fetch(ObjectRef ref, std::vector<MutableBuffer> targets, Token&& token) {
+  auto async_fetch(ObjectRef ref, std::vector<MutableBuffer> targets, Token&& token) const {
     return async_fetch(std::move(ref), std::move(targets), FetchOptions{},
                        std::forward<Token>(token));
   }
   template <typename Token>
-  auto async_fetch(ObjectRef ref, Token&& token) {
+  auto async_fetch(ObjectRef ref, Token&& token) const {
     return async_fetch(std::move(ref), {}, FetchOptions{}, std::forward<Token>(token));
   }
 
   // The TransportManager-style form: returns a handle to wait on or abort.
   FetchRequest fetch(ObjectRef ref, std::vector<MutableBuffer> targets = {},
-                     FetchOptions options = {});
+                     FetchOptions options = {}) const;
 
   // Remote references: hold() keeps the object alive on its owner until release() (or until
   // this connection ends). Blocking with `timeout`; not from an io_context thread.
-  std::error_code hold(const ObjectRef& ref, std::chrono::milliseconds timeout);
-  std::error_code release(const ObjectRef& ref, std::chrono::milliseconds timeout);
+  std::error_code hold(const ObjectRef& ref, std::chrono::milliseconds timeout) const;
+  std::error_code release(const ObjectRef& ref, std::chrono::milliseconds timeout) const;
   // The refs the peer's store holds. Blocking with `timeout`; not from an io_context thread.
-  Result<std::vector<ObjectRef>> list(std::chrono::milliseconds timeout);
+  Result<std::vector<ObjectRef>> list(std::chrono::milliseconds timeout) const;
 
   // Closes the connection; pending fetches fail with peer_closed. Idempotent, any thread.
   void close();

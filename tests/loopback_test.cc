@@ -42,7 +42,7 @@ TEST_F(Loopback, NegotiatesTcpAndSeesThePeer) {
   EXPECT_EQ(peer.info().name, "ferry");
   EXPECT_NE(peer.info().find_transport(test_transport()), nullptr);
   // Both sides count the connection.
-  for (int i = 0; i < 200 && server.ctx.peer_count() == 0; ++i) std::this_thread::sleep_for(5ms);
+  eventually([&] { return server.ctx.peer_count() != 0; });
   EXPECT_EQ(server.ctx.peer_count(), 1u);
 }
 
@@ -59,9 +59,10 @@ TEST_F(Loopback, ByteExactForEdgeSizesIntoAllocatedAndGivenBuffers) {
     EXPECT_TRUE(same_bytes(req.result().tensors[0], *bytes));
     EXPECT_EQ(req.result().bytes, size);
     EXPECT_EQ(req.result().transport, test_transport());
-    // Into the caller's buffer.
+    // Into the caller's buffer, through a const handle (Peer's calls do not change it).
     std::vector<std::byte> target(size, std::byte{0xee});
-    auto req2 = peer.fetch(ref, {MutableBuffer(target)});
+    const Peer& handle = peer;
+    auto req2 = handle.fetch(ref, {MutableBuffer(target)});
     ASSERT_FALSE(req2.wait(60s));
     EXPECT_EQ(req2.result().storage, nullptr);
     EXPECT_TRUE(same_bytes(target, *bytes));
@@ -440,7 +441,7 @@ TEST(GarbageCollection, RunsOnceAfterLastLocalAndRemoteReference) {
   auto req = p2.fetch(ref);
   ASSERT_FALSE(p2.release(ref, 5s));
   ASSERT_FALSE(req.wait(10s));
-  for (int i = 0; i < 500 && tcp->collected() == 0; ++i) std::this_thread::sleep_for(2ms);
+  eventually([&] { return tcp->collected() != 0; });
   EXPECT_EQ(tcp->collected(), 1u);
   EXPECT_FALSE(server.ctx.store().find(id));
   EXPECT_EQ(p1.fetch(ref).wait(10s), errc::object_not_found);
@@ -459,7 +460,7 @@ TEST(GarbageCollection, PeerThatGoesAwayDropsItsReferences) {
     server.ctx.release(ref);
     EXPECT_EQ(tcp->collected(), 0u);
   }  // the client context closes; the server drops what it held
-  for (int i = 0; i < 1000 && tcp->collected() == 0; ++i) std::this_thread::sleep_for(5ms);
+  eventually([&] { return tcp->collected() != 0; });
   EXPECT_EQ(tcp->collected(), 1u);
 }
 
@@ -576,12 +577,8 @@ TEST(Transports, RegisteredAfterConnectingBecomesUsableForThatPeer) {
   // Both contexts instantiate it at once and announce it to their peers.
   EXPECT_TRUE(client.transport("LATE"));
   EXPECT_TRUE(server.ctx.transport("LATE"));
-  bool seen = false;
-  for (int i = 0; i < 500 && !seen; ++i) {
-    seen = peer.info().find_transport("LATE") != nullptr;
-    if (!seen) std::this_thread::sleep_for(2ms);
-  }
-  EXPECT_TRUE(seen) << "the peer's new transport never reached this side";
+  EXPECT_TRUE(eventually([&] { return peer.info().find_transport("LATE") != nullptr; }))
+      << "the peer's new transport never reached this side";
   // A fetch may now name it; this fake refuses to open a channel, which is reported as such.
   FetchOptions late;
   late.transport = "LATE";
@@ -770,9 +767,8 @@ TEST(Named, AFetchByNameWaitsForThePutAndLandsByteExact) {
   EXPECT_EQ(server.ctx.put({Tensor::bytes(*bytes)}, bytes, o).error(), errc::invalid_argument);
   // Released and collected: the name is free again, and a fetch of it waits once more.
   EXPECT_TRUE(server.ctx.release(*put));
-  for (int i = 0; i < 200 && server.ctx.store().find(put->object_id); ++i) {
-    std::this_thread::sleep_for(5ms);
-  }
+  EXPECT_TRUE(eventually([&] { return !server.ctx.store().find(put->object_id); }))
+      << "the released object was never collected";
   EXPECT_TRUE(server.ctx.put({Tensor::bytes(*bytes)}, bytes, o).ok());
 }
 
@@ -992,7 +988,7 @@ TEST(Races, AbortAndTimeoutAgainstCompletionExactlyOnce) {
     ASSERT_TRUE(!ec || ec == errc::aborted || ec == errc::timed_out) << ec.message();
     ASSERT_TRUE(reqs[i].done());
   }
-  for (int i = 0; i < 3000 && completions < kRounds; ++i) std::this_thread::sleep_for(10ms);
+  eventually([&] { return completions >= kRounds; }, 30s);
   std::this_thread::sleep_for(100ms);  // a second completion would show up here
   EXPECT_EQ(completions.load(), kRounds);
   EXPECT_EQ(other.load(), 0);
@@ -1002,9 +998,7 @@ TEST(Races, AbortAndTimeoutAgainstCompletionExactlyOnce) {
   auto last = peer.fetch(refs[2]);
   ASSERT_FALSE(last.wait(30s));
   EXPECT_TRUE(same_bytes(last.result().tensors[0], *data[2]));
-  for (int i = 0; i < 500 && server.ctx.store().counts(refs[2].object_id)->pins; ++i) {
-    std::this_thread::sleep_for(10ms);
-  }
+  eventually([&] { return server.ctx.store().counts(refs[2].object_id)->pins == 0; });
   for (const auto& r : refs) EXPECT_EQ(server.ctx.store().counts(r.object_id)->pins, 0u);
 }
 
@@ -1076,8 +1070,7 @@ TEST(Close, ClosingTheServerFailsPendingFetchesWithPeerScope) {
   if (ec) {
     EXPECT_EQ(scope_of(ec), Scope::peer) << ec.message();
   }
-  for (int i = 0; i < 400 && peer.is_open(); ++i) std::this_thread::sleep_for(5ms);
-  EXPECT_FALSE(peer.is_open());
+  EXPECT_TRUE(eventually([&] { return !peer.is_open(); }, 2s)) << "the peer stayed open";
   EXPECT_EQ(scope_of(peer.fetch(ref).wait(5s)), Scope::peer);
 }
 
