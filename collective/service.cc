@@ -47,7 +47,11 @@ Service::Service(Context& ctx, Group& group, std::string driver_address, std::st
 }
 
 Service::~Service() {
-  stop_ = true;
+  {
+    std::lock_guard lock(stop_mu_);
+    stop_ = true;
+  }
+  stop_cv_.notify_all();
   {
     std::lock_guard lock(poll_mu_);
     if (poll_.valid()) poll_.abort();
@@ -63,8 +67,9 @@ void Service::run() {
   while (!stop_) {
     if (!driver.valid() || !driver.is_open()) {
       auto p = ctx_.connect(driver_);
-      if (!p) {
-        for (int i = 0; i < 20 && !stop_; ++i) std::this_thread::sleep_for(milliseconds(10));
+      if (!p) {  // the driver is not there (yet): again in 200 ms, or stop at once
+        std::unique_lock lock(stop_mu_);
+        stop_cv_.wait_for(lock, milliseconds(200), [this] { return stop_.load(); });
         continue;
       }
       driver = *p;

@@ -15,6 +15,7 @@
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
 #include <future>
 #include <map>
 #include <memory>
@@ -46,6 +47,8 @@ class Service {
   std::string driver_;
   std::string name_;
   std::atomic<bool> stop_{false};
+  std::mutex stop_mu_;
+  std::condition_variable stop_cv_;  // wakes a reconnect's pause when the destructor stops run()
   std::mutex poll_mu_;
   FetchRequest poll_;                      // the long poll for the next command, while in flight
   std::map<uint64_t, ObjectRef> results_;  // by command, until released
