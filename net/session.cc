@@ -782,11 +782,14 @@ void Session::launch(uint64_t id, PendingFetch pending, std::vector<MutableBuffe
   for (const auto& t : ref.metadata.tensors) f->add_sizes(t.nbytes);
   if (!ref.name.empty()) {
     f->set_name(ref.name);
-    // The owner waits for the name at most this long (and at most its lease timeout).
-    const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now());
-    f->set_wait_ms(deadline == Clock::time_point::max()
-                       ? ~uint64_t{0}
-                       : static_cast<uint64_t>(std::max<int64_t>(left.count(), 1)));
+    // The owner waits for the name at most the time left to the deadline (and at most its lease
+    // timeout); the clock is read only when there is a deadline.
+    uint64_t wait_ms = ~uint64_t{0};
+    if (deadline != Clock::time_point::max()) {
+      const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now());
+      wait_ms = static_cast<uint64_t>(std::max<int64_t>(left.count(), 1));
+    }
+    f->set_wait_ms(wait_ms);
   }
   FERRY_LOG_DEBUG("peer '{}': fetch {} of object {} '{}' requested over {}", info_.name, id,
                   ref.object_id, ref.name, transport->name());
