@@ -36,6 +36,7 @@ import sys
 import time
 
 import markdown
+from loopback_cc import same_loopback_congestion
 from samples import (ALLREDUCE_PEERS, KIB, MIB, better_allreduce_peer, grant_label, human,
                      medians, paired_ratios, stat)
 
@@ -877,7 +878,8 @@ def system_congestion():
 ONE_HOST_CONGESTION = "reno"
 
 
-def machine():
+def machine(congestion=""):
+    """congestion: what same_loopback_congestion said holds ("" when it was not used)."""
     cpu = ""
     try:
         for line in open("/proc/cpuinfo"):
@@ -888,7 +890,9 @@ def machine():
         pass
     mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / (1 << 30)
     cc = system_congestion() or "unknown"
-    if cc != ONE_HOST_CONGESTION:
+    if congestion:
+        cc += f" ({congestion})"
+    elif cc != ONE_HOST_CONGESTION:
         cc += (f" (ferry's loopback data channels and iperf3 -C: {ONE_HOST_CONGESTION}; Open MPI, "
                f"Gloo, UCX, qperf, sockperf: {cc})")
     return (f"{os.cpu_count()} CPUs ({cpu}), {mem:.0f} GiB RAM, Linux {platform.release()}, "
@@ -976,6 +980,25 @@ def guest_part(b, args):
         b.guarded("idle (RDMA)", lambda: suite_misc(b, host, env, "rdma"))
 
 
+def host_part(b, args, meta, congestion):
+    """The suites that run on this machine (the guest's are in guest_part)."""
+    meta["machine"] = machine(congestion)
+    log(f"ferry bench on {meta['machine']}")
+    if "misc" in args.suites:
+        b.guarded("misc", lambda: suite_misc(b))
+    if "tcp" in args.suites:
+        suite_tcp(b, args.sizes or (QUICK_TCP_SIZES if args.quick else FULL_TCP_SIZES), args.reps)
+    if "registration" in args.suites:
+        b.guarded("registration (TCP)", lambda: suite_registration(b, "127.0.0.1", {}, True))
+    if "scale" in args.suites:
+        b.guarded("scale", lambda: suite_scale(b, args.quick))
+    if "allreduce" in args.suites:
+        suite_allreduce(b, args.allreduce_sizes or (QUICK_ALLREDUCE_SIZES if args.quick else
+                                                    FULL_ALLREDUCE_SIZES),
+                        args.allreduce_reps, args.allreduce_samples, args.allreduce_calls,
+                        args.allreduce_warmup)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--ferry-bench", default=os.path.join(ROOT, "build", "bench", "ferry-bench"))
@@ -1002,6 +1025,12 @@ def main():
                          "it): one run of either tool can sit in a slow mode of the VM for its "
                          "whole length (1 MiB: 0.6, 0.9 or 1.2 ms a call), so the ratio's median "
                          "needs more paired runs than the other suites")
+    ap.add_argument("--loopback-congestion", choices=["same", "system"], default="same",
+                    help="same (default): every tool's loopback connections on the algorithm "
+                         "ferry's use within one host (%s), by a route's congctl for 127.0.0.1 "
+                         "while the host suites run (needs root; restored after); system: Open "
+                         "MPI, Gloo, UCX, qperf and sockperf keep the system's default" %
+                         ONE_HOST_CONGESTION)
     ap.add_argument("--guest-mem", type=int, default=6144, help="MiB for the soft-RoCE guest")
     ap.add_argument("--registration-grants", default="auto,regions",
                     help="owner's grant modes for the RDMA registration benchmark, comma-separated "
@@ -1048,22 +1077,13 @@ def main():
 
     started = time.time()
     busy0 = cpu_busy()
-    meta = {"machine": machine(), "command": " ".join(sys.argv),
-            "started": time.strftime("%Y-%m-%d %H:%M:%S"), "commit": commit()}
-    log(f"ferry bench on {meta['machine']}")
-    if "misc" in args.suites:
-        b.guarded("misc", lambda: suite_misc(b))
-    if "tcp" in args.suites:
-        suite_tcp(b, args.sizes or (QUICK_TCP_SIZES if args.quick else FULL_TCP_SIZES), args.reps)
-    if "registration" in args.suites:
-        b.guarded("registration (TCP)", lambda: suite_registration(b, "127.0.0.1", {}, True))
-    if "scale" in args.suites:
-        b.guarded("scale", lambda: suite_scale(b, args.quick))
-    if "allreduce" in args.suites:
-        suite_allreduce(b, args.allreduce_sizes or (QUICK_ALLREDUCE_SIZES if args.quick else
-                                                    FULL_ALLREDUCE_SIZES),
-                        args.allreduce_reps, args.allreduce_samples, args.allreduce_calls,
-                        args.allreduce_warmup)
+    meta = {"command": " ".join(sys.argv), "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+            "commit": commit()}
+    if args.loopback_congestion == "same":
+        with same_loopback_congestion(ONE_HOST_CONGESTION, log) as congestion:
+            host_part(b, args, meta, congestion)
+    else:
+        host_part(b, args, meta, "")
     if args.suites & {"rdma", "registration", "misc"}:
         vm = os.path.join(ROOT, "tests", "softroce", "ferry-vm")
         argv = [vm, "--cwd", ROOT, "--rw", out_dir, "--mem", str(args.guest_mem),
