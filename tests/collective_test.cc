@@ -757,7 +757,6 @@ void check_a_dead_rank_fails_every_other(collective::GroupOptions o) {
   EXPECT_TRUE(named) << "no rank named the dead rank 3";
 }
 
-// The exchange (every rank fetches from every other, rank 3 included).
 // A program may end right after its last collective. The ranks still in that call watch every
 // rank (recursive halving, the ring), and the leaver's connections going away must not fail
 // them: they need nothing more from it.
@@ -795,6 +794,82 @@ TEST(CollectiveFailure, InTheRingTheFailureCrossesTheGroupInOneHop) {
   collective::GroupOptions o;
   o.ring_threshold = 1u << 20;
   check_a_dead_rank_fails_every_other(o);
+}
+
+// Misuse: one rank calls with a tensor of another size. Every rank's call fails at once, long
+// before its deadline (the owner rejects a fetch whose sizes differ from its offer's), one of
+// them with size_mismatch naming the rank it fetched from; the Group then stays failed (its
+// documented contract). For each algorithm: direct, recursive halving, the exchange (3 ranks),
+// the ring.
+TEST(CollectiveMisuse, RanksThatDisagreeOnTheSizeFailEveryRankAtOnce) {
+  FERRY_REQUIRE_TEST_HOST();
+  struct Case {
+    const char* algorithm;
+    int n;
+    size_t count;
+    size_t ring_threshold;
+  };
+  for (const Case& c : {Case{"direct", 4, 100, 128u << 20}, Case{"halving", 4, 100000, 128u << 20},
+                        Case{"exchange", 3, 100000, 128u << 20}, Case{"ring", 4, 100000, 1024}}) {
+    collective::GroupOptions o;
+    o.timeout = std::chrono::seconds(60);  // the failure must come long before this
+    o.ring_threshold = c.ring_threshold;
+    Ranks ranks(c.n, o);
+    std::vector<std::vector<std::byte>> data(c.n);
+    for (int r = 0; r < c.n; ++r) {
+      data[r] = rank_data(DType::kFloat32, r, c.count + (r == c.n - 1 ? 3 : 0));
+    }
+    std::vector<Status> got(c.n);
+    std::vector<std::chrono::steady_clock::duration> took(c.n);
+    ranks.run([&](int r) {
+      const auto t0 = std::chrono::steady_clock::now();
+      got[r] = ranks.group(r).allreduce(data[r], DType::kFloat32, ReduceOp::kSum);
+      took[r] = std::chrono::steady_clock::now() - t0;
+    });
+    bool mismatch_named = false;
+    for (int r = 0; r < c.n; ++r) {
+      EXPECT_FALSE(got[r].ok()) << c.algorithm << ": rank " << r << " finished a mismatched call";
+      // (Bounded loosely for the emulated RDMA guest, where the call opens the channels.)
+      EXPECT_LT(took[r], std::chrono::seconds(20))
+          << c.algorithm << ": rank " << r << ": " << got[r].message;
+      EXPECT_GE(got[r].rank, 0) << c.algorithm << ": rank " << r
+                                << " names no rank: " << got[r].message;
+      mismatch_named |= got[r].ec == errc::size_mismatch && got[r].rank >= 0;
+    }
+    EXPECT_TRUE(mismatch_named) << c.algorithm << ": no rank reported size_mismatch";
+    std::vector<std::byte> again = rank_data(DType::kFloat32, 0, 10);
+    EXPECT_FALSE(ranks.group(0).allreduce(again, DType::kFloat32, ReduceOp::kSum).ok())
+        << c.algorithm << ": a failed Group ran another call";
+  }
+}
+
+// Misuse: ranks in different collectives (rank 0 broadcasts, the others allreduce). Nothing they
+// fetch is ever offered: every rank fails at its deadline (timed_out), or on hearing of a rank
+// that did, and none hangs.
+TEST(CollectiveMisuse, RanksInDifferentCollectivesFailByTheirDeadline) {
+  FERRY_REQUIRE_TEST_HOST();
+  collective::GroupOptions o;
+  o.timeout = std::chrono::milliseconds(1500);
+  Ranks ranks(4, o);
+  std::vector<std::vector<std::byte>> data(4);
+  for (int r = 0; r < 4; ++r) data[r] = rank_data(DType::kFloat32, r, 1000);
+  std::vector<Status> got(4);
+  std::vector<std::chrono::steady_clock::duration> took(4);
+  ranks.run([&](int r) {
+    const auto t0 = std::chrono::steady_clock::now();
+    got[r] = r == 0 ? ranks.group(r).broadcast(data[r], 0)
+                    : ranks.group(r).allreduce(data[r], DType::kFloat32, ReduceOp::kSum);
+    took[r] = std::chrono::steady_clock::now() - t0;
+  });
+  bool timed_out = false;
+  for (int r = 0; r < 4; ++r) {
+    EXPECT_FALSE(got[r].ok()) << "rank " << r << " finished a mismatched call";
+    timed_out |= got[r].ec == errc::timed_out;
+    EXPECT_GE(took[r], std::chrono::milliseconds(1400)) << "rank " << r << ": " << got[r].message;
+    EXPECT_LT(took[r], std::chrono::seconds(20)) << "rank " << r << ": " << got[r].message;
+    EXPECT_GE(got[r].rank, 0) << "rank " << r << " names no rank: " << got[r].message;
+  }
+  EXPECT_TRUE(timed_out) << "no rank reached its deadline";
 }
 
 }  // namespace
