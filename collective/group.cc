@@ -364,7 +364,11 @@ struct Group::Op {
     s.rank = rank;
     s.message = what + " #" + std::to_string(seq) + " on rank " + std::to_string(g.rank_) + ": " +
                 doing + (rank >= 0 ? " (" + g.addresses_[rank] + ")" : "") +
-                " failed: " + ec.message();
+                " failed: " + ec.message() +
+                (ec == errc::size_mismatch && rank >= 0
+                     ? " (this rank and that one passed tensors of different sizes: every "
+                       "rank must pass the same size)"
+                     : "");
     FERRY_LOG_WARN("collective: {}", s.message);
     // Fail fast everywhere: the fail marker completes the others' watches, and closing our
     // connections fails their fetches over them now instead of at their deadline. The marker
