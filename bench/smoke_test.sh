@@ -81,4 +81,14 @@ while read -r line; do positive "$line" median_s algbw_gbps busbw_gbps; done <<<
 line=$("$fb" memcpy --size 1M --seconds 0.1)
 echo "$line"
 positive "$line" gbps
+
+# run.py's route rewrite (bench/loopback_cc.py) keeps every field of the route but congctl; the
+# route itself is changed only by make bench (root), never by a test.
+PYTHONPATH="$(dirname "$0")" python3 - <<'PY' || fail "loopback_cc: route words"
+from loopback_cc import _without_congctl as w
+r = "local 127.0.0.1 dev lo proto kernel scope host src 127.0.0.1"
+assert w(r) == r.split(), w(r)
+assert w(r + " congctl reno") == r.split(), w(r + " congctl reno")
+assert w("local 127.0.0.1 congctl lock cubic dev lo") == "local 127.0.0.1 dev lo".split()
+PY
 echo "smoke: ok"
