@@ -316,8 +316,12 @@ struct Group::Op {
     }
     return {};
   }
-  // For algorithms where a rank fetches from only some others (the ring, recursive halving):
-  // starts the Group's watches (Group::watches_) if they are not yet.
+  // Starts the Group's watches (Group::watches_) if they are not yet; every collective call does
+  // first. A rank that fails a call while it lives (a fetch with the wrong size, a timeout)
+  // withdraws its offers and offers its fail marker: the watches hear it at once, where a fetch
+  // of an offer it withdrew would wait for the deadline, and a rank that fetches from only some
+  // others (the ring, recursive halving, a broadcast's root) would not hear it at all. After the
+  // first call they cost nothing: they live as long as the Group.
   void watch() {
     if (std::exchange(g.watching_, true)) return;
     for (int q = 0; q < g.size(); ++q) {
@@ -495,6 +499,7 @@ Status Group::allreduce(std::span<std::byte> data, DType dtype, ReduceOp op) {
   Op o(*this, "allreduce");
   const int n = size();
   if (n == 1) return {};
+  o.watch();
   if (data.size() < options_.direct_threshold) {
     // Direct: offer a snapshot (this rank rewrites `data`), fetch every tensor and reduce.
     auto mine = std::make_shared<std::vector<std::byte>>(data.begin(), data.end());
@@ -575,7 +580,6 @@ Status Group::ring(Op& o, std::span<const std::byte> in, size_t count, size_t es
     need += (last - first) * esize;
   }
   if (scratch_.size() < need) scratch_.resize(need);
-  o.watch();
   for (auto [off, len] : segments(count, esize, mod(rank_ - 1))) {
     if (auto s = o.offer(ring_tag("rs", 0, off), in.subspan(off, len), {right}); !s) return s;
   }
@@ -667,7 +671,6 @@ Status Group::halving(Op& o, std::span<std::byte> data, size_t count, size_t esi
     hi = s.keep_hi;
   }
   if (scratch_.size() < need) scratch_.resize(need);
-  o.watch();  // a rank fetches from its partners only: hear of any rank's failure at once
   const auto range = [&](size_t a, size_t b) { return data.subspan(a * esize, (b - a) * esize); };
   const size_t k = steps.size();
   const size_t first = o.pending.size();
@@ -736,6 +739,7 @@ Status Group::broadcast(std::span<std::byte> data, int root) {
   if (root < 0 || root >= size()) return {errc::invalid_argument, root, "broadcast: bad root"};
   Op o(*this, "broadcast");
   if (size() == 1) return {};
+  o.watch();
   if (rank_ == root) {
     if (auto s = o.offer("bc", data, o.others()); !s) return s;
   } else {
@@ -753,6 +757,7 @@ Status Group::allgather(std::span<const std::byte> in, std::span<std::byte> out)
   Op o(*this, "allgather");
   std::memcpy(out.data() + static_cast<size_t>(rank_) * in.size(), in.data(), in.size());
   if (n == 1) return {};
+  o.watch();
   if (auto s = o.offer("ag", in, o.others()); !s) return s;
   for (int q = 0; q < size(); ++q) {
     if (q != rank_) o.take(q, "ag", out.subspan(static_cast<size_t>(q) * in.size(), in.size()));
@@ -777,6 +782,7 @@ Status Group::reduce_scatter(std::span<const std::byte> in, std::span<std::byte>
     std::memcpy(out.data(), in.data(), in.size());
     return {};
   }
+  o.watch();
   const auto s = in.size() >= options_.ring_threshold
                      ? ring(o, in, count, esize, dtype, op, out, {})
                      : direct_reduce_scatter(o, in, count, esize, dtype, op, out);
