@@ -11,6 +11,7 @@ SIGKILL leaves it set, so the restore command is logged first.
 """
 
 import contextlib
+import functools
 import os
 import shutil
 import signal
@@ -18,6 +19,21 @@ import socket
 import subprocess
 
 TCP_CONGESTION = getattr(socket, "TCP_CONGESTION", 13)
+
+
+@functools.lru_cache(maxsize=None)
+def system_congestion():
+    """The system's default TCP congestion control ("" if unknown)."""
+    try:
+        return open("/proc/sys/net/ipv4/tcp_congestion_control").read().strip()
+    except OSError:
+        return ""
+
+
+def mixed(algo, system):
+    """The report's line when only ferry and iperf3 could be put on `algo`."""
+    return (f"ferry's loopback data channels and iperf3 -C: {algo}; Open MPI, Gloo, UCX, qperf, "
+            f"sockperf: {system}")
 
 
 def _ip(*args):
@@ -60,7 +76,7 @@ def loopback_connection_congestion():
 def same_loopback_congestion(algo, log):
     """Within the block every new TCP connection to 127.0.0.1 uses `algo` at both ends, if this
     process may change routes. Yields one line for the report saying what holds."""
-    system = open("/proc/sys/net/ipv4/tcp_congestion_control").read().strip()
+    system = system_congestion()
     if system == algo:
         yield f"every tool: {algo} (the system's default)"
         return
@@ -70,8 +86,7 @@ def same_loopback_congestion(algo, log):
     if not why and not original:
         why = "no table-local route for 127.0.0.1"
     if why:
-        yield (f"ferry's loopback data channels and iperf3 -C: {algo}; Open MPI, Gloo, UCX, "
-               f"qperf, sockperf: {system} (the route could not be set: {why})")
+        yield f"{mixed(algo, system)} (the route could not be set: {why})"
         return
     restore = ["route", "replace"] + original.split() + ["table", "local"]
     log(f"every loopback connection on {algo} (route congctl); if this run is killed, restore "
@@ -86,8 +101,7 @@ def same_loopback_congestion(algo, log):
     try:
         seen = loopback_connection_congestion() if r.returncode == 0 else None
         if seen != (algo, algo):
-            yield (f"ferry's loopback data channels and iperf3 -C: {algo}; Open MPI, Gloo, UCX, "
-                   f"qperf, sockperf: {system} (route congctl {algo} did not take: "
+            yield (f"{mixed(algo, system)} (route congctl {algo} did not take: "
                    f"{r.stderr.strip() or seen})")
         else:
             yield f"every tool's loopback connections: {algo} (route congctl; system default {system})"

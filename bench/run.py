@@ -24,7 +24,6 @@ registration and misc).
 """
 
 import argparse
-import functools
 import json
 import os
 import platform
@@ -36,7 +35,7 @@ import sys
 import time
 
 import markdown
-from loopback_cc import same_loopback_congestion
+from loopback_cc import mixed, same_loopback_congestion, system_congestion
 from samples import (ALLREDUCE_PEERS, KIB, MIB, better_allreduce_peer, grant_label, human,
                      medians, paired_ratios, stat)
 
@@ -865,15 +864,6 @@ def plots(samples, out_dir):
     return made
 
 
-@functools.lru_cache(maxsize=None)
-def system_congestion():
-    """The system's default TCP congestion control ("" if unknown)."""
-    try:
-        return open("/proc/sys/net/ipv4/tcp_congestion_control").read().strip()
-    except OSError:
-        return ""
-
-
 # What ferry's TCP data channels within one host use (tcp/congestion.h, kOneHostCongestion).
 ONE_HOST_CONGESTION = "reno"
 
@@ -893,8 +883,7 @@ def machine(congestion=""):
     if congestion:
         cc += f" ({congestion})"
     elif cc != ONE_HOST_CONGESTION:
-        cc += (f" (ferry's loopback data channels and iperf3 -C: {ONE_HOST_CONGESTION}; Open MPI, "
-               f"Gloo, UCX, qperf, sockperf: {cc})")
+        cc += f" ({mixed(ONE_HOST_CONGESTION, cc)})"
     return (f"{os.cpu_count()} CPUs ({cpu}), {mem:.0f} GiB RAM, Linux {platform.release()}, "
             f"TCP congestion control {cc}, load average at start {os.getloadavg()[0]:.2f}")
 

@@ -57,6 +57,7 @@ struct Group::Op {
   Op(Group& g, std::string what) : g(g), what(std::move(what)), seq(++g.seq_) {
     deadline = Clock::now() + g.options_.timeout;
     if (g.options_.busy_wait) busy = Context::BusyPoll(g.ctx_, g.options_.busy_linger);
+    watch();
   }
   // Withdraws the offers and returns once the store has collected them (leases end by the
   // context's lease_timeout at the latest), so the caller may reuse the memory.
@@ -316,12 +317,12 @@ struct Group::Op {
     }
     return {};
   }
-  // Starts the Group's watches (Group::watches_) if they are not yet; every collective call does
-  // first. A rank that fails a call while it lives (a fetch with the wrong size, a timeout)
-  // withdraws its offers and offers its fail marker: the watches hear it at once, where a fetch
-  // of an offer it withdrew would wait for the deadline, and a rank that fetches from only some
-  // others (the ring, recursive halving, a broadcast's root) would not hear it at all. After the
-  // first call they cost nothing: they live as long as the Group.
+  // Starts the Group's watches (Group::watches_) if they are not yet; every collective call does,
+  // in its Op's constructor. A rank that fails a call while it lives (a fetch with the wrong size,
+  // a timeout) withdraws its offers and offers its fail marker: the watches hear it at once, where
+  // a fetch of an offer it withdrew would wait for the deadline, and a rank that fetches from only
+  // some others (the ring, recursive halving, a broadcast's root) would not hear it at all. After
+  // the first call they cost nothing: they live as long as the Group.
   void watch() {
     if (std::exchange(g.watching_, true)) return;
     for (int q = 0; q < g.size(); ++q) {
@@ -499,7 +500,6 @@ Status Group::allreduce(std::span<std::byte> data, DType dtype, ReduceOp op) {
   Op o(*this, "allreduce");
   const int n = size();
   if (n == 1) return {};
-  o.watch();
   if (data.size() < options_.direct_threshold) {
     // Direct: offer a snapshot (this rank rewrites `data`), fetch every tensor and reduce.
     auto mine = std::make_shared<std::vector<std::byte>>(data.begin(), data.end());
@@ -739,7 +739,6 @@ Status Group::broadcast(std::span<std::byte> data, int root) {
   if (root < 0 || root >= size()) return {errc::invalid_argument, root, "broadcast: bad root"};
   Op o(*this, "broadcast");
   if (size() == 1) return {};
-  o.watch();
   if (rank_ == root) {
     if (auto s = o.offer("bc", data, o.others()); !s) return s;
   } else {
@@ -757,7 +756,6 @@ Status Group::allgather(std::span<const std::byte> in, std::span<std::byte> out)
   Op o(*this, "allgather");
   std::memcpy(out.data() + static_cast<size_t>(rank_) * in.size(), in.data(), in.size());
   if (n == 1) return {};
-  o.watch();
   if (auto s = o.offer("ag", in, o.others()); !s) return s;
   for (int q = 0; q < size(); ++q) {
     if (q != rank_) o.take(q, "ag", out.subspan(static_cast<size_t>(q) * in.size(), in.size()));
@@ -782,7 +780,6 @@ Status Group::reduce_scatter(std::span<const std::byte> in, std::span<std::byte>
     std::memcpy(out.data(), in.data(), in.size());
     return {};
   }
-  o.watch();
   const auto s = in.size() >= options_.ring_threshold
                      ? ring(o, in, count, esize, dtype, op, out, {})
                      : direct_reduce_scatter(o, in, count, esize, dtype, op, out);
