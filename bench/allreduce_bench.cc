@@ -80,7 +80,7 @@ int run_allreduce(const AllreduceArgs& args) {
       std::max(Clock::duration(0), deadline - Clock::now()));
   group_options.timeout =
       std::chrono::milliseconds(static_cast<int64_t>(args.call_timeout_s * 1e3));
-  if (args.direct_threshold) group_options.direct_threshold = args.direct_threshold;
+  if (args.doubling_threshold) group_options.doubling_threshold = args.doubling_threshold;
   if (args.segment_bytes) group_options.segment_bytes = args.segment_bytes;
   if (args.ring_threshold) group_options.ring_threshold = args.ring_threshold;
   if (args.busy_spin_us >= 0)

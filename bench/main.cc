@@ -125,8 +125,9 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   a->add_option("--timeout", ar.call_timeout_s, "Seconds per collective call")
       ->capture_default_str();
-  std::string ar_direct = "0";
-  a->add_option("--direct-threshold", ar_direct, "GroupOptions::direct_threshold (0: default)");
+  std::string ar_doubling = "0";
+  a->add_option("--doubling-threshold", ar_doubling,
+                "GroupOptions::doubling_threshold (0: default)");
   std::string ar_ring = "0";
   a->add_option("--ring-threshold", ar_ring, "GroupOptions::ring_threshold (0: default)");
   std::string ar_segment = "0";
@@ -163,7 +164,7 @@ int main(int argc, char** argv) {
     if (*a) {
       ar.sizes = parse_size_list(ar_sizes);
       if (ar.sizes.empty()) throw CLI::ValidationError("--sizes", "expected e.g. 4K,1M,64M");
-      if (ar_direct != "0") ar.direct_threshold = one_size(ar_direct);
+      if (ar_doubling != "0") ar.doubling_threshold = one_size(ar_doubling);
       if (ar_segment != "0") ar.segment_bytes = one_size(ar_segment);
       if (ar_ring != "0") ar.ring_threshold = one_size(ar_ring);
       return run_allreduce(ar);

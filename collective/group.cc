@@ -500,13 +500,7 @@ Status Group::allreduce(std::span<std::byte> data, DType dtype, ReduceOp op) {
   Op o(*this, "allreduce");
   const int n = size();
   if (n == 1) return {};
-  if (data.size() < options_.direct_threshold) {
-    // Direct: offer a snapshot (this rank rewrites `data`), fetch every tensor and reduce.
-    auto mine = std::make_shared<std::vector<std::byte>>(data.begin(), data.end());
-    if (auto s = o.offer("in", *mine, o.others(), mine); !s) return s;
-    if (auto s = o.gather_reduce("in", *mine, dtype, op, data); !s) return s;
-    return o.finish();
-  }
+  if (data.size() < options_.doubling_threshold) return doubling(o, data, dtype, op);
   const size_t count = data.size() / esize;
   if (data.size() < options_.ring_threshold) {
     if ((n & (n - 1)) == 0) {
@@ -717,6 +711,73 @@ Status Group::halving(Op& o, std::span<std::byte> data, size_t count, size_t esi
     if (auto st = o.wait(first + k + (k - 1 - i)); !st) return st;
   }
   o.pending.resize(first);
+  return {};
+}
+
+// Recursive doubling (the allreduce of small tensors, as Open MPI and MPICH do it): log2(N)
+// messages of the whole tensor per rank, where the direct exchange (every rank fetching every
+// other rank's tensor) took N-1, each a fetch request and a reply on the wire; on 2 cores that
+// CPU is the latency. Every fetch is posted at the start (a value not yet offered waits on its
+// owner). Memory: the caller's `data` is offered at step 0 (or to the odd partner, folded) and
+// written only after Op::finish (every offer sent), from the last step's result in scratch_; a
+// folded rank's result lands in `data` only after its partner read it (it reduces the pair
+// before the doubling it ends with). Each step writes a slot no offer reads.
+Status Group::doubling(Op& o, std::span<std::byte> data, DType dtype, ReduceOp op) {
+  const size_t bytes = data.size();
+  const int n = size();
+  int k = 0;
+  while ((2 << k) <= n) ++k;
+  const int p = 1 << k, rem = n - p;
+  // The first 2 rem ranks pair up: the even one folds its tensor into the odd one and waits for
+  // the result; the others (`active`, numbered nr) run the doubling.
+  const bool folded = rank_ < 2 * rem && rank_ % 2 == 0;
+  const int nr = rank_ < 2 * rem ? rank_ / 2 : rank_ - rem;
+  const auto real = [rem](int v) { return v < rem ? 2 * v + 1 : v + rem; };
+  // Slots of scratch_: 0, what the folded partner sends; 1 + 2i, the partner's value at step i;
+  // 2 + 2i, this rank's result of step i (when it is the lower one).
+  if (scratch_.size() < (2 * k + 1) * bytes) scratch_.resize((2 * k + 1) * bytes);
+  const auto slot = [&](int j) { return std::span(scratch_).subspan(j * bytes, bytes); };
+  const size_t first = o.pending.size();
+  if (folded) {
+    if (auto s = o.offer("fold", data, {rank_ + 1}); !s) return s;
+    o.take(rank_ + 1, "unfold", data);
+    return o.finish();
+  }
+  const bool has_fold = rank_ < 2 * rem;
+  if (has_fold) o.take(rank_ - 1, "fold", slot(0));
+  for (int i = 0; i < k; ++i)
+    o.take(real(nr ^ (1 << i)), "rd" + std::to_string(i), slot(1 + 2 * i));
+  std::span<std::byte> cur = data;
+  size_t next_pending = first;
+  if (has_fold) {
+    if (auto s = o.wait(next_pending++); !s) return s;
+    if (auto ec = reduce_into(dtype, op, slot(0), data)) return o.fail(-1, ec, "reduce");
+    cur = slot(0);
+  }
+  for (int i = 0; i < k; ++i) {
+    const int pnr = nr ^ (1 << i);
+    if (auto s = o.offer("rd" + std::to_string(i), cur, {real(pnr)}); !s) return s;
+    if (auto s = o.wait(next_pending++); !s) return s;
+    auto theirs = slot(1 + 2 * i);
+    std::span<std::byte> next;
+    std::error_code ec;
+    if (nr < pnr) {
+      next = slot(2 + 2 * i);
+      std::memcpy(next.data(), cur.data(), bytes);
+      ec = reduce_into(dtype, op, next, theirs);
+    } else {
+      next = theirs;
+      ec = reduce_into(dtype, op, next, cur);
+    }
+    if (ec) return o.fail(-1, ec, "reduce");
+    cur = next;
+  }
+  if (has_fold) {
+    if (auto s = o.offer("unfold", cur, {rank_ - 1}); !s) return s;
+  }
+  o.pending.resize(first);
+  if (auto s = o.finish(); !s) return s;
+  if (cur.data() != data.data()) std::memcpy(data.data(), cur.data(), bytes);
   return {};
 }
 

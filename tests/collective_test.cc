@@ -460,7 +460,7 @@ class Collective : public ::testing::TestWithParam<int> {
 TEST_P(Collective, AllreduceEveryOpAndDtypeAndSize) {
   Ranks ranks(GetParam());
   // One element, fewer elements than ranks, odd counts, and sizes on both sides of the
-  // direct/reduce-scatter threshold (64 KiB).
+  // doubling threshold (64 KiB: recursive doubling below, halving or the exchange above).
   for (size_t count : {size_t{1}, size_t{3}, size_t{1001}, size_t{40009}}) {
     for (DType t : kDtypes) {
       for (ReduceOp op : kOps) check_allreduce(ranks, t, op, count);
@@ -507,7 +507,7 @@ TEST_P(Collective, BroadcastAndAllgatherEveryDtypeAndSize) {
 // reduce-scatter still match the reference, on every rank.
 TEST_P(Collective, RingInManySegmentsMatchesTheReference) {
   collective::GroupOptions o;
-  o.direct_threshold = 1024;
+  o.doubling_threshold = 1024;
   o.ring_threshold = 2048;
   o.segment_bytes = 4096;
   Ranks ranks(GetParam(), o);
@@ -527,11 +527,12 @@ TEST_P(Collective, RingInManySegmentsMatchesTheReference) {
 // stale registration.)
 TEST_P(Collective, OffersAreCollectedWhenACallReturns) {
   collective::GroupOptions o;
-  o.direct_threshold = 1024;
+  o.doubling_threshold = 1024;
   o.ring_threshold = 100000;
   Ranks ranks(GetParam(), o);
   const int n = ranks.size();
-  for (size_t count : {size_t{100}, size_t{5000}, size_t{50000}}) {  // direct, exchange, ring
+  for (size_t count :
+       {size_t{100}, size_t{5000}, size_t{50000}}) {  // doubling, halving/exchange, ring
     std::vector<std::vector<std::byte>> data(n);
     for (int r = 0; r < n; ++r) data[r] = rank_data(DType::kFloat64, r, count);
     ranks.run([&](int r) {
@@ -580,6 +581,21 @@ TEST(CollectiveFaults, FetchesOverABrokenQueuePairAreFetchedAgain) {
                 static_cast<unsigned long long>(refetches() - before));
     EXPECT_GT(refetches(), before)
         << "in 5 calls no fetch met a broken queue pair: the test did not test";
+  }
+}
+
+// Recursive doubling for group sizes that are not a power of two: 5, 6 and 7 ranks fold 1, 2 and
+// 3 of them into a partner before the doubling and get the result back after it (3 ranks, in
+// the suite above, fold one). Every op and dtype, bit-identical on every rank.
+TEST(CollectiveDoubling, RanksBeyondAPowerOfTwoFoldIntoAPartner) {
+  FERRY_REQUIRE_TEST_HOST();
+  for (int n : {5, 6, 7}) {
+    Ranks ranks(n);
+    for (size_t count : {size_t{1}, size_t{3}, size_t{1001}}) {
+      for (DType t : kDtypes) {
+        for (ReduceOp op : kOps) check_allreduce(ranks, t, op, count);
+      }
+    }
   }
 }
 
@@ -727,13 +743,13 @@ TEST(CollectiveJoin, AMissingRankIsNamedWithinTheDeadline) {
   EXPECT_NE(why.message.find(dead_address), std::string::npos) << why.message;
 }
 
-// Rank 3 never joins an allreduce of 4 MiB and dies; every other rank must fail well before the
-// call's 60 s timeout, and one must name rank 3.
-void check_a_dead_rank_fails_every_other(collective::GroupOptions o) {
+// Rank 3 never joins an allreduce of `count` float32 (4 MiB: recursive halving) and dies; every
+// other rank must fail well before the call's 60 s timeout, and one must name rank 3.
+void check_a_dead_rank_fails_every_other(collective::GroupOptions o, size_t count = 1u << 20) {
   o.timeout = std::chrono::seconds(60);  // the failure must come long before this
   Ranks ranks(4, o);
   std::vector<std::vector<std::byte>> data(4);
-  for (int r = 0; r < 4; ++r) data[r] = rank_data(DType::kFloat32, r, 1u << 20);
+  for (int r = 0; r < 4; ++r) data[r] = rank_data(DType::kFloat32, r, count);
   std::vector<Status> result(4);
   std::vector<std::chrono::steady_clock::duration> took(4);
   std::thread killer([&] {
@@ -763,7 +779,7 @@ void check_a_dead_rank_fails_every_other(collective::GroupOptions o) {
 TEST(CollectiveLeave, RanksThatEndRightAfterTheirLastCallFailNoOne) {
   for (int round = 0; round < 6; ++round) {  // a race: more rounds, more chances to lose it
     collective::GroupOptions o;
-    o.direct_threshold = 64;  // recursive halving even for this small tensor: short calls
+    o.doubling_threshold = 64;  // recursive halving even for this small tensor
     Ranks ranks(8, o);
     const size_t count = 1000;
     std::vector<std::vector<std::byte>> data(ranks.size());
@@ -787,6 +803,13 @@ TEST(CollectiveFailure, ARankThatDiesFailsEveryOtherRankInBoundedTime) {
   check_a_dead_rank_fails_every_other({});
 }
 
+// Recursive doubling (a small tensor), where rank 0 fetches only from ranks 1 and 2: it hears of
+// rank 3's death from rank 2, through its fail marker.
+TEST(CollectiveFailure, InRecursiveDoublingEveryRankFailsInBoundedTime) {
+  FERRY_REQUIRE_TEST_HOST();
+  check_a_dead_rank_fails_every_other({}, 1000);
+}
+
 // The ring, where ranks 1 and 2 fetch only from their left neighbours: the failure reaches them
 // through the fail markers (rank 0 sees rank 3 die and offers its marker).
 TEST(CollectiveFailure, InTheRingTheFailureCrossesTheGroupInOneHop) {
@@ -802,8 +825,8 @@ TEST(CollectiveFailure, InTheRingTheFailureCrossesTheGroupInOneHop) {
 // watches carry a rank's failure to every other), one of them with size_mismatch naming the rank
 // it fetched from (in a broadcast, the ranks that fetch only the root's matching bytes may
 // finish); the Group then stays failed (its documented contract). For each path:
-// allreduce direct, by recursive halving, by the exchange (3 ranks) and by the ring; broadcast,
-// allgather, reduce-scatter.
+// allreduce by recursive doubling (3 ranks: one folded), by recursive halving, by the exchange (3
+// ranks) and by the ring; broadcast, allgather, reduce-scatter.
 TEST(CollectiveMisuse, RanksThatDisagreeOnTheSizeFailEveryRankAtOnce) {
   FERRY_REQUIRE_TEST_HOST();
   struct Case {
@@ -813,7 +836,8 @@ TEST(CollectiveMisuse, RanksThatDisagreeOnTheSizeFailEveryRankAtOnce) {
     size_t ring_threshold;
   };
   for (const Case& c :
-       {Case{"allreduce direct", 4, 100, 128u << 20},
+       {Case{"allreduce doubling", 4, 100, 128u << 20},
+        Case{"allreduce doubling, folded", 3, 100, 128u << 20},
         Case{"allreduce halving", 4, 100000, 128u << 20},
         Case{"allreduce exchange", 3, 100000, 128u << 20}, Case{"allreduce ring", 4, 100000, 1024},
         Case{"broadcast", 4, 1000, 128u << 20}, Case{"allgather", 4, 1000, 128u << 20},
