@@ -4,7 +4,7 @@
 //
 // The parent forks N ranks. Each listens on 127.0.0.1 (any port), publishes its address in a
 // shared directory, waits (bounded) for everyone else's, joins the group and runs allreduce
-// (int64 sum, exact; float32 sum on a size above the direct-exchange threshold), broadcast,
+// (int64 sum, exact; float32 sum on a size above the recursive-doubling threshold), broadcast,
 // allgather and reduce-scatter, verifying each against a locally computed reference. The parent
 // waits for all of them (60 s at most) and exits 0 only if every rank did.
 #include <sys/wait.h>
