@@ -12,6 +12,7 @@
 #include <chrono>
 #include <filesystem>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "tests/test_util.h"
@@ -66,13 +67,17 @@ class ChildProcess {
     if (out_ >= 0) ::close(out_);
   }
 
-  // Sends `sig`; SIGKILL also reaps the child.
+  // Sends `sig`; SIGKILL also reaps the child; SIGSTOP returns once the child has stopped (a
+  // signal is delivered asynchronously: a child still running for a moment could serve a
+  // request sent right after kill()), or fails the test after 5 s.
   void kill(int sig) {
     if (pid_ <= 0) return;
     ::kill(pid_, sig);
     if (sig == SIGKILL) {
       ::waitpid(pid_, nullptr, 0);
       pid_ = -1;
+    } else if (sig == SIGSTOP) {
+      wait_stopped(std::chrono::seconds(5));
     }
   }
   bool alive() const { return pid_ > 0; }
@@ -104,6 +109,25 @@ class ChildProcess {
   bool ready = false;
 
  private:
+  void wait_stopped(std::chrono::milliseconds timeout) {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    for (;;) {
+      int status = 0;
+      const pid_t r = ::waitpid(pid_, &status, WNOHANG | WUNTRACED);
+      if (r == pid_ && WIFSTOPPED(status)) return;
+      if (r == pid_) {  // it ended instead
+        pid_ = -1;
+        ADD_FAILURE() << "test child ended instead of stopping";
+        return;
+      }
+      if (r < 0 || std::chrono::steady_clock::now() > deadline) {
+        ADD_FAILURE() << "test child did not stop within " << timeout.count() << " ms";
+        return;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  }
+
   pid_t pid_ = -1;
   int out_ = -1;
   std::string pending_;
