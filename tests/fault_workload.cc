@@ -1,16 +1,19 @@
 #include "tests/fault_workload.h"
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <deque>
 #include <filesystem>
+#include <iterator>
 #include <memory>
 #include <mutex>
 #include <random>
 #include <sstream>
 #include <thread>
+#include <vector>
 
 #include "rdma/rdma.h"
 #include "tests/child_process.h"
@@ -32,14 +35,17 @@ milliseconds random_delay(std::mt19937_64& rng, milliseconds max) {
   return milliseconds(10 + rng() % static_cast<uint64_t>(std::max<int64_t>(1, max.count() - 10)));
 }
 
-size_t shm_entries() {
+// The names in /dev/shm (sorted). Any process's: the check that uses it assumes no other test
+// creates entries meanwhile (ctest RESOURCE_LOCK dev_shm).
+std::vector<std::string> shm_entries() {
   std::error_code ec;
-  size_t n = 0;
+  std::vector<std::string> names;
   for (auto it = std::filesystem::directory_iterator("/dev/shm", ec);
        !ec && it != std::filesystem::directory_iterator(); it.increment(ec)) {
-    ++n;
+    names.push_back(it->path().filename().string());
   }
-  return n;
+  std::sort(names.begin(), names.end());
+  return names;
 }
 
 // Polls `ok` every 5 ms for at most `limit`.
@@ -282,7 +288,7 @@ void Workload::check_rdma_clean(Context& ctx, const std::string& who) {
 
 WorkloadReport Workload::run() {
   const auto t0 = Clock::now();
-  const size_t shm_before = shm_entries();
+  const auto shm_before = shm_entries();
   server_ = std::make_unique<Server>(client_options("soak-server"));
   for (size_t i = 0; i < 24; ++i) {
     Object obj;
@@ -353,9 +359,19 @@ WorkloadReport Workload::run() {
   for (const auto& obj : objects_) server_->ctx.release(obj.ref);
   check_rdma_clean(server_->ctx, "the server");
   server_.reset();
-  if (shm_entries() != shm_before) {
-    problem("/dev/shm entries: " + std::to_string(shm_entries()) + ", before " +
-            std::to_string(shm_before));
+  if (const auto shm_after = shm_entries(); shm_after != shm_before) {
+    std::vector<std::string> added, gone;
+    std::set_difference(shm_after.begin(), shm_after.end(), shm_before.begin(), shm_before.end(),
+                        std::back_inserter(added));
+    std::set_difference(shm_before.begin(), shm_before.end(), shm_after.begin(), shm_after.end(),
+                        std::back_inserter(gone));
+    const auto list = [](const std::vector<std::string>& v) {
+      std::string out;
+      for (size_t i = 0; i < v.size() && i < 5; ++i) out += (i ? ", " : "") + v[i];
+      return out + (v.size() > 5 ? ", ..." : "");
+    };
+    problem("/dev/shm entries changed: " + std::to_string(added.size()) + " new (" + list(added) +
+            "), " + std::to_string(gone.size()) + " gone (" + list(gone) + ")");
   }
   report_.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   return report_;
