@@ -177,7 +177,7 @@ struct Group::Op {
   std::error_code mark_as(const std::string& object) {
     PutOptions o;
     o.name = object;
-    auto ref = g.ctx_.put({Tensor::bytes({&g.marker_, 1})}, nullptr, o);
+    auto ref = g.ctx_.put({Tensor::bytes({g.marker_.get(), 1})}, g.marker_, o);
     if (!ref) return ref.error();
     g.markers_.push_back(*ref);
     return {};
@@ -763,7 +763,7 @@ Status Group::doubling(Op& o, std::span<std::byte> data, DType dtype, ReduceOp o
     std::error_code ec;
     if (nr < pnr) {
       next = slot(2 + 2 * i);
-      std::memcpy(next.data(), cur.data(), bytes);
+      if (bytes) std::memcpy(next.data(), cur.data(), bytes);  // (memcpy of null: undefined)
       ec = reduce_into(dtype, op, next, theirs);
     } else {
       next = theirs;
@@ -777,7 +777,7 @@ Status Group::doubling(Op& o, std::span<std::byte> data, DType dtype, ReduceOp o
   }
   o.pending.resize(first);
   if (auto s = o.finish(); !s) return s;
-  if (cur.data() != data.data()) std::memcpy(data.data(), cur.data(), bytes);
+  if (bytes && cur.data() != data.data()) std::memcpy(data.data(), cur.data(), bytes);
   return {};
 }
 
@@ -815,7 +815,9 @@ Status Group::allgather(std::span<const std::byte> in, std::span<std::byte> out)
     return {errc::invalid_argument, -1, "allgather: out must be size() * in.size() bytes"};
   }
   Op o(*this, "allgather");
-  std::memcpy(out.data() + static_cast<size_t>(rank_) * in.size(), in.data(), in.size());
+  if (!in.empty()) {
+    std::memcpy(out.data() + static_cast<size_t>(rank_) * in.size(), in.data(), in.size());
+  }
   if (n == 1) return {};
   if (auto s = o.offer("ag", in, o.others()); !s) return s;
   for (int q = 0; q < size(); ++q) {
@@ -838,7 +840,7 @@ Status Group::reduce_scatter(std::span<const std::byte> in, std::span<std::byte>
   }
   Op o(*this, "reduce_scatter");
   if (n == 1) {
-    std::memcpy(out.data(), in.data(), in.size());
+    if (!in.empty()) std::memcpy(out.data(), in.data(), in.size());
     return {};
   }
   const auto s = in.size() >= options_.ring_threshold

@@ -178,8 +178,10 @@ class Group {
   std::vector<Watch> watches_;
   bool watching_ = false;  // watches_ were started
   std::byte watch_sink_{};
-  // The byte every marker offers: writable memory (RDMA cannot register read-only pages).
-  std::byte marker_{1};
+  // The byte every marker offers: writable memory (RDMA cannot register read-only pages), owned
+  // with the store (each marker's owner): a peer may still be fetching a marker when the Group
+  // is destroyed (its watch of a failed Group's fail marker), and the store serves it from here.
+  std::shared_ptr<std::byte> marker_ = std::make_shared<std::byte>(std::byte{1});
 };
 
 }  // namespace ferry::collective

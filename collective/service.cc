@@ -135,7 +135,7 @@ void Service::run() {
           s = group_.broadcast(std::as_writable_bytes(std::span(&size, 1)), cmd->root);
           if (!s.ok()) break;
           out->resize(size);
-          if (rank == cmd->root) std::memcpy(out->data(), in.data(), in.size());
+          if (rank == cmd->root && !in.empty()) std::memcpy(out->data(), in.data(), in.size());
           s = group_.broadcast(*out, cmd->root);
           break;
         }

@@ -344,6 +344,9 @@ class Ranks {
     groups_[r].reset();
     contexts_[r].reset();
   }
+  // Destroys rank r's Group; its Context lives on (and serves what its store still holds).
+  void drop_group(int r) { groups_[r].reset(); }
+  const std::string& address(int r) const { return addresses_[r]; }
 
  private:
   std::vector<std::unique_ptr<Context>> contexts_;
@@ -584,6 +587,35 @@ TEST(CollectiveFaults, FetchesOverABrokenQueuePairAreFetchedAgain) {
   }
 }
 
+// Empty tensors (a rank's empty gradient bucket, say): every collective completes at once on
+// every rank, with nothing to move, for a power-of-two group and one that folds.
+TEST(CollectiveEmpty, EveryCollectiveOfNothingCompletesAtOnce) {
+  FERRY_REQUIRE_TEST_HOST();
+  for (int n : {3, 4}) {
+    collective::GroupOptions o;
+    o.timeout = std::chrono::seconds(60);  // completion must come long before this
+    Ranks ranks(n, o);
+    std::vector<std::chrono::steady_clock::duration> took(n);
+    ranks.run([&](int r) {
+      Group& g = ranks.group(r);
+      std::vector<std::byte> none;
+      const auto t0 = std::chrono::steady_clock::now();
+      auto s = g.allreduce(none, DType::kFloat32, ReduceOp::kSum);
+      ASSERT_TRUE(s.ok()) << "allreduce, n=" << n << ": " << s.message;
+      s = g.broadcast(none, 0);
+      ASSERT_TRUE(s.ok()) << "broadcast, n=" << n << ": " << s.message;
+      s = g.allgather(none, none);
+      ASSERT_TRUE(s.ok()) << "allgather, n=" << n << ": " << s.message;
+      s = g.reduce_scatter(none, none, DType::kFloat32, ReduceOp::kSum);
+      ASSERT_TRUE(s.ok()) << "reduce_scatter, n=" << n << ": " << s.message;
+      took[r] = std::chrono::steady_clock::now() - t0;
+    });
+    for (int r = 0; r < n; ++r) {
+      EXPECT_LT(took[r], std::chrono::seconds(5)) << "n=" << n << " rank " << r;
+    }
+  }
+}
+
 // Recursive doubling for group sizes that are not a power of two: 5, 6 and 7 ranks fold 1, 2 and
 // 3 of them into a partner before the doubling and get the result back after it (3 ranks, in
 // the suite above, fold one). Every op and dtype, bit-identical on every rank.
@@ -771,6 +803,36 @@ void check_a_dead_rank_fails_every_other(collective::GroupOptions o, size_t coun
     std::printf("rank %d: %s\n", r, result[r].message.c_str());
   }
   EXPECT_TRUE(named) << "no rank named the dead rank 3";
+}
+
+// A failed Group offers its fail marker (to the other ranks' watches), and the application may
+// destroy the Group at once while a peer still holds or fetches a marker: the markers' byte must
+// outlive the Group (it is owned with the store). Found by AddressSanitizer in CI, where a
+// peer's fetch of a marker read a byte inside a freed Group. Here a third party holds every
+// object rank 0's store lists (its join and fail markers), rank 0 destroys its failed Group, and
+// the third party fetches them after: under ASan a read of freed memory aborts; in any build
+// each byte must be the markers'.
+TEST(CollectiveFailure, AFailedGroupsMarkersOutliveTheGroup) {
+  FERRY_REQUIRE_TEST_HOST();
+  Ranks ranks(2);
+  ranks.run([&](int r) {  // sizes differ: both fail, and offer their fail markers
+    auto data = rank_data(DType::kFloat32, r, 10 + static_cast<size_t>(r));
+    EXPECT_FALSE(ranks.group(r).allreduce(data, DType::kFloat32, ReduceOp::kSum).ok());
+  });
+  Context third(client_options("third"));
+  auto peer = connect_or_fail(third, ranks.address(0));
+  auto refs = peer.list(10s);
+  ASSERT_TRUE(refs.ok());
+  ASSERT_GE(refs->size(), 2u) << "rank 0 offers no join and fail markers";
+  for (const auto& ref : *refs) ASSERT_FALSE(peer.hold(ref, 10s));
+  ranks.drop_group(0);
+  for (const auto& ref : *refs) {
+    std::byte got{0};
+    auto req = peer.fetch(ref, {{&got, 1}});
+    ASSERT_FALSE(req.wait(10s));
+    EXPECT_EQ(got, std::byte{1});
+    EXPECT_FALSE(peer.release(ref, 10s));
+  }
 }
 
 // A program may end right after its last collective. The ranks still in that call watch every
