@@ -14,7 +14,10 @@
 // 2 log2(N) steps, each with one partner), else an exchange (reduce-scatter then allgather,
 // each one round of direct fetches); above it, a ring (the same two phases around the ring,
 // 2(N-1)/N of the tensor per rank either way), pipelined in segments of `segment_bytes` reduced and
-// passed on as they land. Every rank gets bit-identical results. Each offer is for one rank, which
+// passed on as they land. Allgather: recursive doubling for a power-of-two size, else every rank
+// fetches every other's input; broadcast: every rank fetches the root's buffer; reduce-scatter:
+// the ring from `ring_threshold`, else one round of direct fetches. Every rank gets
+// bit-identical results. Each offer is for one rank, which
 // fetches it once; a call ends when this rank's fetches are done and every offer has been sent
 // (PutOptions::on_sent; no barrier, no acknowledgement), and returns once its offers are
 // collected: the caller may reuse its buffers at once.
