@@ -12,7 +12,6 @@
 #include <chrono>
 #include <filesystem>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "tests/test_util.h"
@@ -110,21 +109,15 @@ class ChildProcess {
 
  private:
   void wait_stopped(std::chrono::milliseconds timeout) {
-    const auto deadline = std::chrono::steady_clock::now() + timeout;
-    for (;;) {
-      int status = 0;
-      const pid_t r = ::waitpid(pid_, &status, WNOHANG | WUNTRACED);
-      if (r == pid_ && WIFSTOPPED(status)) return;
-      if (r == pid_) {  // it ended instead
-        pid_ = -1;
-        ADD_FAILURE() << "test child ended instead of stopping";
-        return;
-      }
-      if (r < 0 || std::chrono::steady_clock::now() > deadline) {
-        ADD_FAILURE() << "test child did not stop within " << timeout.count() << " ms";
-        return;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    int status = 0;
+    pid_t r = 0;
+    if (!eventually([&] { return (r = ::waitpid(pid_, &status, WNOHANG | WUNTRACED)) != 0; },
+                    timeout) ||
+        r < 0) {
+      ADD_FAILURE() << "test child did not stop within " << timeout.count() << " ms";
+    } else if (!WIFSTOPPED(status)) {
+      pid_ = -1;  // it ended instead, and is reaped
+      ADD_FAILURE() << "test child ended instead of stopping";
     }
   }
 
