@@ -227,7 +227,7 @@ int run_fetch(const FetchArgs& args) {
   options.threads = args.threads;
   options.transport = args.transport;
   auto ctx = Context::create(options);
-  if (!ctx) return fail(kExitUsage, "transport '" + args.transport + "'", ctx.error());
+  if (!ctx) return fail(kExitUsage, "create context", ctx.error());
   auto connected = (*ctx)->connect(from);
   if (connected.error() == errc::invalid_argument) {
     return fail(kExitUsage, "connect to " + from + ": expected HOST:PORT");

@@ -4,6 +4,7 @@
 #include <csignal>
 #include <cstdio>
 #include <exception>
+#include <new>
 #include <string>
 #include <vector>
 
@@ -13,7 +14,9 @@
 #include "cli/serve.h"
 #include "cli/status.h"
 #include "cli/units.h"
+#include "cli/workload.h"
 #include "ferry.h"
+#include "net/log.h"
 
 namespace ferry::cli {
 namespace {
@@ -27,7 +30,16 @@ std::string check_size_range(const std::string& text) {
 }
 std::string check_count_range(const std::string& text) {
   auto range = parse_range(text, parse_count);
-  return range && range->first >= 1 ? "" : "expected MIN-MAX counts of at least 1, such as 1-3";
+  return range && range->first >= 1 && range->second <= kMaxTensorsPerObject
+             ? ""
+             : "expected MIN-MAX counts from 1 to " + std::to_string(kMaxTensorsPerObject) +
+                   ", such as 1-3";
+}
+std::string check_object_count(const std::string& text) {
+  auto n = parse_count(text);
+  return n && *n <= kMaxObjects
+             ? ""
+             : "expected a whole number from 0 to " + std::to_string(kMaxObjects);
 }
 
 std::vector<std::string> transport_choices() {
@@ -41,7 +53,9 @@ void add_serve(CLI::App& app, ServeArgs& a) {
   cmd->add_option("--listen", a.listen, "Address to listen on; port 0 picks a free port")
       ->type_name("IP:PORT")
       ->capture_default_str();
-  cmd->add_option("--objects", a.objects, "Number of random objects")->type_name("N");
+  cmd->add_option("--objects", a.objects, "Number of random objects")
+      ->type_name("N")
+      ->check(check_object_count);
   cmd->add_option("--tensors", a.tensors, "Tensors per random object")
       ->type_name("MIN-MAX")
       ->check(check_count_range)
@@ -188,10 +202,17 @@ int run(int argc, char** argv) {
 
 int main(int argc, char** argv) {
   std::signal(SIGPIPE, SIG_IGN);  // a closed stdout or socket is an error code, not a death
+  // The runners report their failures themselves; what reaches here is a bug or an exhausted
+  // machine, said in words (the library's text goes to the log, for a bug report).
   try {
     return ferry::cli::run(argc, argv);
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "ferry: out of memory\n");
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "ferry: %s\n", e.what());
-    return ferry::cli::kExitUsage;
+    FERRY_LOG_DEBUG("unexpected exception: {}", e.what());
+    std::fprintf(stderr,
+                 "ferry: unexpected internal error (FERRY_LOG=debug shows it; please report "
+                 "it)\n");
   }
+  return ferry::cli::kExitUsage;
 }

@@ -18,6 +18,7 @@
 #include "cli/units.h"
 #include "cli/workload.h"
 #include "ferry.h"
+#include "net/system_memory.h"
 
 namespace ferry::cli {
 namespace {
@@ -139,9 +140,27 @@ int run_serve(const ServeArgs& args) {
   std::tie(spec.min_bytes, spec.max_bytes) = *parse_range(args.sizes, parse_size);
   spec.total_bytes = args.total.empty() ? 0 : *parse_size(args.total);
   spec.seed = args.seed;
+  if (spec.objects * spec.max_tensors > kMaxPlannedTensors) {
+    return fail(kExitUsage, "--objects x --tensors: at most " + std::to_string(kMaxPlannedTensors) +
+                                " tensors in all");
+  }
   const auto plan = plan_workload(spec);
-  for (size_t i = 0; i < plan.size(); ++i) {
-    blobs.push_back(make_random_object(plan[i], derive_seed(args.seed, i)));
+  // Every byte is made and held at once: refuse what this machine cannot hold, before trying.
+  uint64_t planned = 0;
+  for (const auto& sizes : plan) {
+    for (uint64_t s : sizes) planned = planned + s < planned ? ~uint64_t{0} : planned + s;
+  }
+  if (planned > physical_memory_bytes()) {
+    return fail(kExitUsage, "--objects, --tensors, --sizes and --total ask for " +
+                                format_bytes(planned) + " of random objects; this machine has " +
+                                format_bytes(physical_memory_bytes()) + " of memory");
+  }
+  try {
+    for (size_t i = 0; i < plan.size(); ++i) {
+      blobs.push_back(make_random_object(plan[i], derive_seed(args.seed, i)));
+    }
+  } catch (const std::bad_alloc&) {
+    return fail(kExitUsage, "out of memory making " + format_bytes(planned) + " of random objects");
   }
 
   ContextOptions options;

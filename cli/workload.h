@@ -8,6 +8,11 @@
 
 namespace ferry::cli {
 
+// Bounds of `ferry serve`'s random objects (the command line checks them).
+inline constexpr uint64_t kMaxObjects = 1000000;
+inline constexpr uint64_t kMaxTensorsPerObject = 4096;
+inline constexpr uint64_t kMaxPlannedTensors = 10000000;  // objects x tensors per object
+
 struct WorkloadSpec {
   uint64_t objects = 0;
   uint64_t min_tensors = 1;

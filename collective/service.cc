@@ -4,6 +4,7 @@
 
 #include "net/errors.h"
 #include "net/log.h"
+#include "net/system_memory.h"
 
 namespace ferry::collective {
 namespace {
@@ -123,36 +124,46 @@ void Service::run() {
     const auto dtype = static_cast<DType>(cmd->dtype);
     const auto op = static_cast<ReduceOp>(cmd->op);
     if (s.ok()) {
-      switch (cmd->kind) {
-        case kAllreduce:
-          out->assign(in.begin(), in.end());
-          s = group_.allreduce(*out, dtype, op);
-          break;
-        case kBroadcast: {
-          // Every rank learns the size from the root's object through the command's object id
-          // only on the root; the others take it from the root's broadcast of its size first.
-          uint64_t size = in.size();
-          s = group_.broadcast(std::as_writable_bytes(std::span(&size, 1)), cmd->root);
-          if (!s.ok()) break;
-          out->resize(size);
-          if (rank == cmd->root && !in.empty()) std::memcpy(out->data(), in.data(), in.size());
-          s = group_.broadcast(*out, cmd->root);
-          break;
+      try {
+        switch (cmd->kind) {
+          case kAllreduce:
+            out->assign(in.begin(), in.end());
+            s = group_.allreduce(*out, dtype, op);
+            break;
+          case kBroadcast: {
+            // Every rank learns the size from the root's object through the command's object id
+            // only on the root; the others take it from the root's broadcast of its size first.
+            uint64_t size = in.size();
+            s = group_.broadcast(std::as_writable_bytes(std::span(&size, 1)), cmd->root);
+            if (!s.ok()) break;
+            if (size > physical_memory_bytes()) {
+              s = {errc::resource_exhausted, rank,
+                   "the root broadcasts " + std::to_string(size) +
+                       " bytes, more than this machine's memory"};
+              break;
+            }
+            out->resize(size);
+            if (rank == cmd->root && !in.empty()) std::memcpy(out->data(), in.data(), in.size());
+            s = group_.broadcast(*out, cmd->root);
+            break;
+          }
+          case kAllgather:
+            out->resize(in.size() * static_cast<size_t>(n));
+            s = group_.allgather(in, *out);
+            break;
+          case kReduceScatter: {
+            const size_t esize = dtype_size(dtype);
+            const size_t count = esize ? in.size() / esize : 0;
+            auto [first, last] = Group::chunk_range(count, rank, n);
+            out->resize((last - first) * esize);
+            s = group_.reduce_scatter(in, *out, dtype, op);
+            break;
+          }
+          default:
+            s = {errc::invalid_argument, rank, "unknown command"};
         }
-        case kAllgather:
-          out->resize(in.size() * static_cast<size_t>(n));
-          s = group_.allgather(in, *out);
-          break;
-        case kReduceScatter: {
-          const size_t esize = dtype_size(dtype);
-          const size_t count = esize ? in.size() / esize : 0;
-          auto [first, last] = Group::chunk_range(count, rank, n);
-          out->resize((last - first) * esize);
-          s = group_.reduce_scatter(in, *out, dtype, op);
-          break;
-        }
-        default:
-          s = {errc::invalid_argument, rank, "unknown command"};
+      } catch (const std::bad_alloc&) {
+        s = {errc::resource_exhausted, rank, "out of memory for the result"};
       }
     }
     pin = {};

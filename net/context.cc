@@ -82,6 +82,21 @@ ObjectId Context::Impl::find_or_wait_name(const std::string& name,
   return 0;
 }
 
+void Context::Impl::forget_name_wait(const std::string& name, const Session* waiter) {
+  std::lock_guard lock(mu);
+  auto [b, e] = name_waiters.equal_range(name);
+  bool forgotten = false;
+  for (auto it = b; it != e;) {
+    const auto session = it->second.lock();
+    if (!session || (!forgotten && session.get() == waiter)) {
+      forgotten = forgotten || session;
+      it = name_waiters.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
 bool Context::Impl::bind_name(const std::string& name, ObjectId id) {
   std::vector<std::shared_ptr<Session>> wake;
   {
@@ -234,12 +249,9 @@ void Context::Impl::on_accepted(tcp::socket socket) {
   close_on_exec(socket.native_handle());
   boost::system::error_code ignored;
   auto remote = socket.remote_endpoint(ignored);
-  auto g = std::make_shared<Greeting>(
-      Greeting{MetaStream(std::move(socket)),
-               asio::steady_timer(io),
-               {},
-               {},
-               format_host_port(remote.address().to_string(), remote.port())});
+  auto g = std::make_shared<Greeting>(MetaStream(std::move(socket)), asio::steady_timer(io),
+                                      format_host_port(remote.address().to_string(), remote.port()),
+                                      greeting_bytes);
   g->timer.expires_after(options.handshake_timeout);
   g->timer.async_wait([g](boost::system::error_code ec) {
     if (!ec) g->stream.close();  // silent or too slow: not a peer
@@ -285,69 +297,113 @@ void Context::Impl::reject_greeting(const std::shared_ptr<Greeting>& g, std::err
                         [g, frame](boost::system::error_code, size_t) { g->finish(); });
 }
 
+bool Context::Impl::Greeting::reserve(size_t bytes) {
+  if (bytes <= body.size()) return true;
+  // The first kGreetingFirstRead bytes are free: a real Hello fits in them, so a flood that holds
+  // the budget cannot keep an honest peer from saying who it is.
+  const uint64_t charge = bytes > kGreetingFirstRead ? bytes - kGreetingFirstRead : 0;
+  if (charge > charged) {
+    const uint64_t more = charge - charged;
+    if (budget->fetch_add(more) + more > kGreetingBudgetBytes) {
+      budget->fetch_sub(more);
+      return false;
+    }
+    charged = charge;
+  }
+  body.resize(bytes);
+  return true;
+}
+
 void Context::Impl::read_greeting(const std::shared_ptr<Greeting>& g) {
   auto self = shared_from_this();
-  auto reject = [self, g](std::error_code ec, const std::string& why) {
-    self->reject_greeting(g, ec, why);
-  };
-  g->stream.async_read(asio::buffer(g->header), [self, g, reject](boost::system::error_code ec,
-                                                                  size_t) {
+  g->stream.async_read(asio::buffer(g->header), [self, g](boost::system::error_code ec, size_t) {
     if (ec) return g->finish();
     const uint32_t len = decode_frame_length(g->header.data());
-    if (len > self->options.max_frame_bytes) {
-      return reject(errc::frame_too_large, "first frame of " + std::to_string(len) +
-                                               " bytes exceeds the maximum of " +
-                                               std::to_string(self->options.max_frame_bytes));
+    const uint32_t limit = std::min(kMaxHandshakeFrameBytes, self->options.max_frame_bytes);
+    if (len > limit) {
+      return self->reject_greeting(g, errc::frame_too_large,
+                                   "first frame of " + std::to_string(len) +
+                                       " bytes exceeds the handshake maximum of " +
+                                       std::to_string(limit));
     }
-    g->body.resize(len);
-    g->stream.async_read(asio::buffer(g->body), [self, g, reject](boost::system::error_code ec,
-                                                                  size_t) {
-      if (ec) return g->finish();
-      wire::Envelope env;
-      if (parse_envelope(g->body, env)) return reject(errc::protocol_error, "malformed frame");
-      if (self->closed) return reject(errc::context_closed, "shutting down");
-      if (env.has_hello()) {
-        if (self->options.tls.enabled() && !g->stream.is_tls()) {
-          return reject(errc::tls_required,
-                        "this server accepts peers only over TLS (its ContextOptions::tls is set)");
-        }
-        g->timer.cancel();
-        auto session = std::make_shared<Session>(self, std::move(g->stream), false, g->peer);
-        self->add_session(session);
-        asio::post(session->strand(),
-                   [session, hello = env.hello()] { session->start_server(hello); });
-        return;
-      }
-      if (env.has_attach_channel()) {
-        const auto& a = env.attach_channel();
-        auto session = self->find_session(a.session_id());
-        if (!session || session->info().initiator || !session->is_open() ||
-            !same_token(session->token(), a.session_token())) {
-          return reject(errc::handshake_failed, "unknown session or bad token");
-        }
-        if (g->stream.is_tls()) {
-          return reject(errc::protocol_error, "data channels are plain TCP, not TLS");
-        }
-        if (!self->find_transport(a.transport())) {
-          return reject(errc::transport_unknown, "no transport '" + a.transport() + "'");
-        }
-        g->timer.cancel();
-        // On the session's strand, the Ack and then the attach: the peer fetches as soon as it
-        // reads the Ack, and its Fetch, handled on the same strand, must find the channel.
-        asio::post(session->strand(), [session, g, transport = a.transport()] {
-          wire::Envelope ack;
-          ack.mutable_ack();
-          // The socket is fresh and the frame tiny: this write completes at once.
-          boost::system::error_code wec;
-          asio::write(g->stream.socket(), asio::buffer(encode_frame(ack)), wec);
-          if (wec) return g->finish();
-          session->attach_side_connection(transport, g->stream.release_plain());
-        });
-        return;
-      }
-      reject(errc::protocol_error, "expected Hello or AttachChannel as the first frame");
-    });
+    g->expected = len;
+    self->read_greeting_body(g);
   });
+}
+
+void Context::Impl::read_greeting_body(const std::shared_ptr<Greeting>& g) {
+  if (g->got == g->expected) return on_greeting(g);
+  // What has come so far, twice over, at most what is still missing: a peer that announces a
+  // frame and sends nothing holds kGreetingFirstRead bytes.
+  const size_t step = std::min<size_t>(g->expected - g->got, std::max(g->got, kGreetingFirstRead));
+  if (!g->reserve(g->got + step)) {
+    FERRY_LOG_WARN(
+        "connection from {} closed: connections that have not finished their handshake hold "
+        "{} bytes already",
+        g->peer, kGreetingBudgetBytes);
+    return g->finish();
+  }
+  auto self = shared_from_this();
+  g->stream.async_read_some(asio::buffer(g->body.data() + g->got, step),
+                            [self, g](boost::system::error_code ec, size_t n) {
+                              if (ec) return g->finish();
+                              g->got += n;
+                              self->read_greeting_body(g);
+                            });
+}
+
+void Context::Impl::on_greeting(const std::shared_ptr<Greeting>& g) {
+  auto self = shared_from_this();
+  wire::Envelope env;
+  if (parse_envelope(std::string_view(g->body).substr(0, g->got), env)) {
+    return reject_greeting(g, errc::protocol_error, "malformed frame");
+  }
+  if (closed) return reject_greeting(g, errc::context_closed, "shutting down");
+  if (env.has_hello()) {
+    if (options.tls.enabled() && !g->stream.is_tls()) {
+      return reject_greeting(
+          g, errc::tls_required,
+          "this server accepts peers only over TLS (its ContextOptions::tls is set)");
+    }
+    if (!within_wire_limits(env.hello().transports())) {
+      return reject_greeting(g, errc::protocol_error, "Hello lists too many transports or devices");
+    }
+    g->timer.cancel();
+    auto session = std::make_shared<Session>(self, std::move(g->stream), false, g->peer);
+    add_session(session);
+    asio::post(session->strand(), [session, hello = std::move(*env.mutable_hello())] {
+      session->start_server(hello);
+    });
+    return;
+  }
+  if (env.has_attach_channel()) {
+    const auto& a = env.attach_channel();
+    auto session = find_session(a.session_id());
+    if (!session || session->info().initiator || !session->is_open() ||
+        !same_token(session->token(), a.session_token())) {
+      return reject_greeting(g, errc::handshake_failed, "unknown session or bad token");
+    }
+    if (g->stream.is_tls()) {
+      return reject_greeting(g, errc::protocol_error, "data channels are plain TCP, not TLS");
+    }
+    if (!find_transport(a.transport())) {
+      return reject_greeting(g, errc::transport_unknown, "no transport '" + a.transport() + "'");
+    }
+    g->timer.cancel();
+    // On the session's strand, the Ack and then the attach: the peer fetches as soon as it
+    // reads the Ack, and its Fetch, handled on the same strand, must find the channel.
+    asio::post(session->strand(), [session, g, transport = a.transport()] {
+      wire::Envelope ack;
+      ack.mutable_ack();
+      // The socket is fresh and the frame tiny: this write completes at once.
+      boost::system::error_code wec;
+      asio::write(g->stream.socket(), asio::buffer(encode_frame(ack)), wec);
+      if (wec) return g->finish();
+      session->attach_side_connection(transport, g->stream.release_plain());
+    });
+    return;
+  }
+  reject_greeting(g, errc::protocol_error, "expected Hello or AttachChannel as the first frame");
 }
 
 // ---------------------------------------------------------------- Context
@@ -418,6 +474,8 @@ Result<std::unique_ptr<Context>> Context::create(ContextOptions options) {
   try {
     return std::make_unique<Context>(std::move(options));
   } catch (const std::system_error& e) {
+    // The code alone ("invalid argument") cannot say which setting is wrong; the text does.
+    FERRY_LOG_ERROR("cannot create a context: {}", e.what());
     return e.code();
   }
 }

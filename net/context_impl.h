@@ -62,6 +62,9 @@ struct Context::Impl : std::enable_shared_from_this<Context::Impl> {
   std::unordered_multimap<std::string, std::weak_ptr<Session>> name_waiters;
   // The object named `name`, or 0 after registering `waiter` to hear of it (Session::on_named).
   ObjectId find_or_wait_name(const std::string& name, const std::shared_ptr<Session>& waiter);
+  // Forgets one wait of `waiter` for `name` (its request was cancelled or expired, or its session
+  // ended), and any wait whose session is gone: waits never outlive their requests.
+  void forget_name_wait(const std::string& name, const Session* waiter);
   // Binds `name` to `id` and wakes its waiters; false if the name is taken.
   bool bind_name(const std::string& name, ObjectId id);
   std::unordered_map<uint64_t, std::weak_ptr<Session>> sessions;  // by local id
@@ -107,12 +110,39 @@ struct Context::Impl : std::enable_shared_from_this<Context::Impl> {
   // A new connection's first frame says what it is: Hello (a peer) or AttachChannel (a data
   // channel of an existing session). Read exactly one frame (after TLS, when the connection
   // starts with a ClientHello), with a deadline.
+  //
+  // Before it has said who it is, a connection costs a bounded, small amount of memory whatever
+  // it announces: its first frame may be at most kMaxHandshakeFrameBytes (net/frame.h), and the
+  // body is buffered as it arrives (kGreetingFirstRead bytes, then twice what has come), never at
+  // the announced size. What every greeting buffers beyond its first kGreetingFirstRead bytes is
+  // charged to one budget of kGreetingBudgetBytes; a connection whose next read would exceed it
+  // is closed. So N connections that have not said who they are hold at most
+  // N x kGreetingFirstRead + kGreetingBudgetBytes of buffers (docs/security.md).
+  static constexpr size_t kGreetingFirstRead = 512;
+  static constexpr uint64_t kGreetingBudgetBytes = 16u << 20;
+  std::shared_ptr<std::atomic<uint64_t>> greeting_bytes =
+      std::make_shared<std::atomic<uint64_t>>(0);
   struct Greeting {
+    Greeting(MetaStream s, boost::asio::steady_timer t, std::string from,
+             std::shared_ptr<std::atomic<uint64_t>> b)
+        : stream(std::move(s)), timer(std::move(t)), peer(std::move(from)), budget(std::move(b)) {}
+    Greeting(const Greeting&) = delete;
+    Greeting& operator=(const Greeting&) = delete;
     MetaStream stream;
     boost::asio::steady_timer timer;
     std::array<unsigned char, 4> header{};
     std::string body;
     std::string peer;
+    std::shared_ptr<std::atomic<uint64_t>> budget;  // Impl::greeting_bytes
+    uint32_t expected = 0;                          // the body length the header announced
+    size_t got = 0;                                 // body bytes read so far
+    uint64_t charged = 0;                           // bytes of `budget` this greeting holds
+    ~Greeting() {
+      if (charged) budget->fetch_sub(charged);
+    }
+    // Grows the body buffer to `bytes`, charging the budget; false (nothing grown) when the
+    // budget cannot take it.
+    bool reserve(size_t bytes);
     // Not a peer after all (or an error): close, and end the deadline so nothing waits on it.
     void finish() {
       stream.close();
@@ -128,6 +158,8 @@ struct Context::Impl : std::enable_shared_from_this<Context::Impl> {
   uint64_t accept_failures = 0;                // in a row; under mu
   void on_accepted(boost::asio::ip::tcp::socket socket);
   void read_greeting(const std::shared_ptr<Greeting>& g);
+  void read_greeting_body(const std::shared_ptr<Greeting>& g);
+  void on_greeting(const std::shared_ptr<Greeting>& g);
   void reject_greeting(const std::shared_ptr<Greeting>& g, std::error_code ec,
                        const std::string& why);
 };

@@ -28,6 +28,8 @@ class FerryCategory final : public std::error_category {
         return "unknown message";
       case errc::overloaded:
         return "too many requests in flight from this peer";
+      case errc::resource_exhausted:
+        return "not enough memory for the request";
       case errc::peer_closed:
         return "peer closed the connection";
       case errc::connection_failed:

@@ -20,6 +20,9 @@ enum class errc {
   stale_ref = 6,
   unknown_message = 7,
   overloaded = 8,  // the peer has too many requests in flight with us: retry later
+  // this process cannot get the memory the request needs (it asks for more than the machine
+  // has, or an allocation failed): smaller requests may still succeed
+  resource_exhausted = 9,
   // peer scope: the connection to this peer is gone or unusable
   peer_closed = 20,
   connection_failed = 21,

@@ -4,6 +4,9 @@
 #include "net/proto/ferry.pb.h"
 
 namespace ferry {
+namespace {
+constexpr size_t kShrinkAbove = 256u << 10;
+}  // namespace
 
 std::string encode_frame(const wire::Envelope& env) {
   const size_t n = env.ByteSizeLong();
@@ -41,6 +44,9 @@ std::error_code FrameDecoder::feed(std::string_view data, const FrameFn& on_fram
     return ec;
   }
   buffer_.erase(0, pos);
+  // A large frame's buffer is not kept once it is decoded: a session holds what it is waiting
+  // for, not the largest frame it ever had.
+  if (buffer_.empty() && buffer_.capacity() > kShrinkAbove) std::string().swap(buffer_);
   return {};
 }
 

@@ -15,6 +15,10 @@ namespace ferry {
 
 inline constexpr uint32_t kFrameHeaderBytes = 4;
 inline constexpr uint32_t kDefaultMaxFrameBytes = 4u << 20;
+// The largest frame either side accepts before the handshake has ended (Hello, HelloAnswer, Auth,
+// a transport's channel setup, AttachChannel): real ones are a few hundred bytes, and a peer
+// that has not proved who it is may not make the other side buffer more.
+inline constexpr uint32_t kMaxHandshakeFrameBytes = 16u << 10;
 
 // The body length a frame header announces (big-endian).
 inline uint32_t decode_frame_length(const unsigned char* header) {
@@ -41,6 +45,9 @@ class FrameDecoder {
 
   // Bytes buffered of a frame not yet complete.
   size_t pending_bytes() const { return buffer_.size(); }
+  // Changes the maximum for frames not yet decoded (a session raises it once the peer is
+  // authenticated).
+  void set_max_frame_bytes(uint32_t max_frame_bytes) { max_frame_bytes_ = max_frame_bytes; }
 
  private:
   uint32_t max_frame_bytes_;

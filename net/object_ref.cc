@@ -69,6 +69,14 @@ void to_wire(const TransportInfo& in, wire::TransportInfo& out) {
   out.set_priority(in.priority);
 }
 
+bool within_wire_limits(const google::protobuf::RepeatedPtrField<wire::TransportInfo>& transports) {
+  if (transports.size() > kMaxWireTransports) return false;
+  for (const auto& t : transports) {
+    if (t.devices_size() > kMaxWireDevices) return false;
+  }
+  return true;
+}
+
 TransportInfo from_wire(const wire::TransportInfo& in) {
   TransportInfo out;
   out.name = in.name();

@@ -6,12 +6,14 @@
 #include <boost/asio/post.hpp>
 #include <boost/asio/read.hpp>
 #include <boost/asio/write.hpp>
+#include <new>
 #include <random>
 
 #include "net/auth.h"
 #include "net/errors.h"
 #include "net/log.h"
 #include "net/socket_util.h"
+#include "net/system_memory.h"
 #include "net/wire_convert.h"
 
 namespace ferry {
@@ -20,19 +22,32 @@ namespace asio = boost::asio;
 namespace {
 
 // One allocation with a 64-byte aligned slot of each of `sizes`, in order: the memory (which owns
-// the slots) and the slots.
+// the slots) and the slots. Null, with nothing allocated, when the sizes add up to more than the
+// machine's memory (a forged or corrupt ref: sizes up to 2^48 parse) or the allocation fails: the
+// caller fails its fetch with errc::resource_exhausted. Never throws.
 std::shared_ptr<std::byte[]> allocate_slots(const std::vector<size_t>& sizes,
-                                            std::vector<MutableBuffer>& slots) {
-  size_t total = 0;
-  std::vector<size_t> offsets;
-  for (size_t n : sizes) {
-    offsets.push_back(total);
-    total += (n + 63) & ~size_t{63};
+                                            std::vector<MutableBuffer>& slots) noexcept {
+  try {
+    const uint64_t limit = physical_memory_bytes();
+    uint64_t total = 0;
+    std::vector<size_t> offsets;
+    offsets.reserve(sizes.size());
+    for (size_t n : sizes) {
+      if (n > limit || total > limit - n) return nullptr;  // also keeps the sum from wrapping
+      offsets.push_back(total);
+      total += (n + 63) & ~size_t{63};
+    }
+    std::shared_ptr<std::byte[]> memory(new (std::nothrow) std::byte[total ? total : 1]);
+    if (!memory) return nullptr;
+    slots.clear();
+    slots.reserve(sizes.size());
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      slots.emplace_back(memory.get() + offsets[i], sizes[i]);
+    }
+    return memory;
+  } catch (const std::bad_alloc&) {  // the bookkeeping itself (or the shared_ptr's control block)
+    return nullptr;
   }
-  std::shared_ptr<std::byte[]> memory(new std::byte[total ? total : 1]);
-  slots.clear();
-  for (size_t i = 0; i < sizes.size(); ++i) slots.emplace_back(memory.get() + offsets[i], sizes[i]);
-  return memory;
 }
 
 std::string random_token() {
@@ -60,7 +75,7 @@ Session::Session(std::shared_ptr<Context::Impl> ctx, MetaStream stream, bool ini
       local_id_(ctx_->next_session_id++),
       strand_(asio::make_strand(ctx_->io)),
       stream_(std::move(stream)),
-      decoder_(ctx_->options.max_frame_bytes),
+      decoder_(std::min(kMaxHandshakeFrameBytes, ctx_->options.max_frame_bytes)),
       handshake_timer_(ctx_->io),
       heartbeat_timer_(ctx_->io),
       drain_timer_(ctx_->io),
@@ -177,6 +192,7 @@ void Session::start_server(const wire::Hello& hello) {
 
 void Session::open_server() {
   state_ = State::open;
+  decoder_.set_max_frame_bytes(ctx_->options.max_frame_bytes);
   ctx_->note_negotiated(info_, chosen_);
   arm_heartbeat();
 }
@@ -198,6 +214,7 @@ void Session::on_auth(const wire::Auth& msg) {
 
 std::error_code Session::on_hello_answer(const wire::HelloAnswer& answer) {
   if (answer.protocol_version() != kProtocolVersion) return errc::version_mismatch;
+  if (!within_wire_limits(answer.transports())) return errc::protocol_error;
   {
     std::lock_guard lock(info_mu_);
     info_.name = answer.name();
@@ -234,6 +251,7 @@ void Session::finish_handshake(std::shared_ptr<TransportManager> transport) {
     self->handshake_timer_.cancel();
     if (!ec && self->state_ == State::handshaking) {
       self->state_ = State::open;
+      self->decoder_.set_max_frame_bytes(self->ctx_->options.max_frame_bytes);
       self->arm_heartbeat();
       self->ctx_->note_negotiated(self->info_, self->chosen_);
     }
@@ -302,7 +320,9 @@ std::error_code Session::on_frame(std::string_view body) {
 std::error_code Session::dispatch(const wire::Envelope& env) {
   const uint64_t rid = env.request_id();
   if (state_ == State::handshaking) {
-    if (env.has_hello_answer()) return on_hello_answer(env.hello_answer());
+    if (env.has_hello_answer() && info_.initiator && chosen_.empty()) {
+      return on_hello_answer(env.hello_answer());
+    }
     if (env.has_auth()) {  // acceptor: the initiator's proof
       on_auth(env.auth());
       return {};
@@ -361,6 +381,7 @@ std::error_code Session::dispatch(const wire::Envelope& env) {
     case wire::Envelope::kPong:
       return {};
     case wire::Envelope::kCapabilities: {
+      if (!within_wire_limits(env.capabilities().transports())) return errc::protocol_error;
       std::vector<TransportInfo> transports;
       for (const auto& t : env.capabilities().transports()) transports.push_back(from_wire(t));
       std::lock_guard lock(info_mu_);
@@ -511,7 +532,11 @@ void Session::on_named(const std::string& name) {
 }
 
 void Session::handle_cancel(uint64_t rid) {
-  if (parked_.erase(rid)) return;  // waiting for a name: nothing started
+  if (auto parked = parked_.find(rid); parked != parked_.end()) {
+    ctx_->forget_name_wait(parked->second.msg.name(), this);
+    parked_.erase(parked);
+    return;  // waiting for a name: nothing started
+  }
   auto it = serving_.find(rid);
   if (it == serving_.end()) return;  // already finished: nothing to stop
   auto transport = it->second;
@@ -598,9 +623,22 @@ FetchRequest Session::fetch(ObjectRef ref, std::vector<MutableBuffer> targets, F
   });
   asio::post(strand_, [self = shared_from_this(), state, ref = std::move(ref),
                        targets = std::move(targets), options = std::move(options)]() mutable {
-    self->do_fetch(std::move(state), std::move(ref), std::move(targets), std::move(options));
+    try {
+      self->do_fetch(state, std::move(ref), std::move(targets), std::move(options));
+    } catch (const std::bad_alloc&) {
+      // Out of memory for the fetch's bookkeeping: it still completes, exactly once.
+      self->fail_fetch(*state, errc::resource_exhausted);
+    }
   });
   return FetchRequest(state);
+}
+
+void Session::fail_fetch(detail::FetchState& state, std::error_code ec) {
+  if (const uint64_t wire = wire_id(state.id()); fetches_.count(wire)) {
+    complete_fetch(wire, ec);  // launched: the transport lets go of the targets first
+  } else {
+    state.complete(ec);
+  }
 }
 
 std::shared_ptr<TransportManager> Session::pick_transport(const std::string& requested,
@@ -681,6 +719,14 @@ void Session::do_fetch(std::shared_ptr<detail::FetchState> state, ObjectRef ref,
     std::vector<size_t> sizes;
     for (const auto& t : tensors) sizes.push_back(t.nbytes);
     result.storage = allocate_slots(sizes, targets);
+    if (!result.storage) {
+      FERRY_LOG_WARN(
+          "fetch from '{}': object {} announces {} bytes, more than this process can "
+          "allocate",
+          info_.name, ref.object_id, ref.metadata.total_bytes());
+      state->complete(errc::resource_exhausted);
+      return;
+    }
   } else {
     bool ok = targets.size() == tensors.size();
     for (size_t i = 0; ok && i < tensors.size(); ++i) ok = targets[i].size() == tensors[i].nbytes;
@@ -753,6 +799,10 @@ void Session::start_transfer(std::shared_ptr<detail::FetchState> state,
     pending.combine = std::move(options.combine);
     pending.targets = std::move(targets);
     pending.landed = allocate_slots(sizes, targets);
+    if (!pending.landed) {
+      state->complete(errc::resource_exhausted);
+      return;
+    }
     pending.slots = targets;
   }
   launch(state->id(), std::move(pending), std::move(targets), std::move(stream));
@@ -923,9 +973,12 @@ void Session::on_deadline() {
       continue;
     }
     if (is_open()) {
-      send_error(it->first, errc::object_not_found, "no object was put under that name in time",
-                 false);
+      // The same error as the fetcher's own deadline, which this wait ends with: a name that
+      // never appears fails with timed_out, whichever side's clock ends it.
+      send_error(it->first, errc::timed_out,
+                 "no object was put under the name '" + it->second.msg.name() + "' in time", false);
     }
+    ctx_->forget_name_wait(it->second.msg.name(), this);
     it = parked_.erase(it);
   }
   // Whatever is left is due later (completing the due ones may have started more).
@@ -1260,6 +1313,7 @@ void Session::do_close(std::error_code ec) {
   deadline_timer_.cancel();
   stream_.close();
   // Channels first: they drop their hold on every target buffer and pinned object.
+  for (const auto& [rid, parked] : parked_) ctx_->forget_name_wait(parked.msg.name(), this);
   parked_.clear();
   auto channels = std::move(channels_);
   channels_.clear();

@@ -148,6 +148,9 @@ class Session final : public PeerLink, public std::enable_shared_from_this<Sessi
 
   void do_fetch(std::shared_ptr<detail::FetchState> state, ObjectRef ref,
                 std::vector<MutableBuffer> targets, FetchOptions options);
+  // Completes a fetch that failed wherever it stands: through complete_fetch once launched (the
+  // transport lets go of its targets first), else at once.
+  void fail_fetch(detail::FetchState& state, std::error_code ec);
   void start_transfer(std::shared_ptr<detail::FetchState> state,
                       std::shared_ptr<TransportManager> transport,
                       std::vector<MutableBuffer> targets, FetchOptions options);

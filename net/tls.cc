@@ -1,6 +1,9 @@
 #include "net/tls.h"
 
+#include <cerrno>
+#include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 #include <system_error>
 
@@ -11,6 +14,18 @@ namespace ferry {
 namespace ssl = boost::asio::ssl;
 
 namespace {
+
+// A file the options name must be readable; OpenSSL alone would say only "system lib".
+void check_readable(const std::string& path, const char* what, const char* variable) {
+  std::FILE* f = std::fopen(path.c_str(), "rb");
+  if (!f) {
+    const int err = errno;
+    throw std::system_error(make_error_code(errc::invalid_argument),
+                            std::string("TLS: the ") + what + " file '" + path + "' (" + variable +
+                                ") cannot be read: " + std::strerror(err));
+  }
+  std::fclose(f);
+}
 
 void check(const boost::system::error_code& ec, const std::string& what) {
   if (ec) {
@@ -27,12 +42,15 @@ std::shared_ptr<ssl::context> make(ssl::context::method method, const TlsOptions
                    ec);
   check(ec, "options");
   if (!o.certificate.empty()) {
+    check_readable(o.certificate, "certificate", "FERRY_TLS_CERT, TlsOptions::certificate");
+    check_readable(o.private_key, "private key", "FERRY_TLS_KEY, TlsOptions::private_key");
     ctx->use_certificate_chain_file(o.certificate, ec);
     check(ec, "certificate " + o.certificate);
     ctx->use_private_key_file(o.private_key, ssl::context::pem, ec);
     check(ec, "private key " + o.private_key);
   }
   if (!o.ca.empty()) {
+    check_readable(o.ca, "CA", "FERRY_TLS_CA, TlsOptions::ca");
     ctx->load_verify_file(o.ca, ec);
     check(ec, "CA file " + o.ca);
     // A client always verifies the server; a server with a CA requires client certificates.

@@ -50,7 +50,8 @@ void TcpChannel::post_recv(const FetchOp& op) {
   Recv r;
   r.targets = op.targets;
   r.combine = op.combine;
-  for (const auto& t : op.targets) r.remaining += t.size();
+  r.written.reserve(op.targets.size());
+  for (const auto& t : op.targets) r.written.emplace_back(t.size());
   recvs_[op.request_id] = std::move(r);
 }
 
@@ -163,17 +164,17 @@ bool TcpChannel::on_header() {
   auto it = recvs_.find(header_.request_id);
   if (it != recvs_.end()) {
     auto& r = it->second;
-    const bool fits = header_.tensor < r.targets.size() &&
-                      header_.offset <= r.targets[header_.tensor].size() &&
-                      header_.length <= r.targets[header_.tensor].size() - header_.offset &&
-                      header_.length <= r.remaining;
-    if (!fits) {
-      FERRY_LOG_WARN("TCP data channel: chunk outside the target of request {}; closing the peer",
-                     header_.request_id);
+    // Every byte of a target is written once: a chunk outside it, or over bytes an earlier chunk
+    // wrote, is the owner's error, not a fetch's success.
+    if (header_.tensor >= r.targets.size() ||
+        !r.written[header_.tensor].add(header_.offset, header_.length)) {
+      FERRY_LOG_WARN(
+          "TCP data channel: chunk [{}, +{}) of tensor {} is outside its target or overlaps "
+          "bytes already received, in request {}; closing the peer",
+          header_.offset, header_.length, header_.tensor, header_.request_id);
       fail(errc::protocol_error);
       return false;
     }
-    r.remaining -= header_.length;
     payload_dst_ = r.targets[header_.tensor].data() + header_.offset;
     if (r.combine) combine_ = &r.combine;
   }
@@ -191,7 +192,13 @@ bool TcpChannel::on_header() {
 void TcpChannel::finish_request() {
   auto it = recvs_.find(header_.request_id);
   if (it == recvs_.end()) return;  // aborted meanwhile: its bytes were dropped
-  const bool complete = it->second.remaining == 0;
+  const auto& written = it->second.written;
+  const bool complete =
+      std::all_of(written.begin(), written.end(), [](const Coverage& c) { return c.complete(); });
+  if (!complete) {
+    FERRY_LOG_WARN("TCP data channel: request {} ended with bytes of its targets never sent",
+                   header_.request_id);
+  }
   recvs_.erase(it);
   if (auto link = link_.lock()) {
     if (complete && (header_.flags & kFlagAckWanted)) {

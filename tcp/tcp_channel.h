@@ -20,6 +20,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "net/coverage.h"
 #include "net/transport.h"
 #include "tcp/data_frame.h"
 
@@ -44,8 +45,8 @@ class TcpChannel final : public TransportChannel, public std::enable_shared_from
  private:
   struct Recv {
     std::vector<MutableBuffer> targets;
-    uint64_t remaining = 0;
-    CombineFn combine;  // optional
+    std::vector<Coverage> written;  // per target: the chunks' offsets may not overlap or leave gaps
+    CombineFn combine;              // optional
   };
   struct Send {
     uint64_t request_id = 0;

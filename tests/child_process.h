@@ -21,7 +21,7 @@ namespace ferry::test {
 class ChildProcess {
  public:
   // Runs FERRY_TEST_SERVER with `args` (under `wrapper`, e.g. {"ip", "netns", "exec", "ns"},
-  // when given) and reads its output until `ready_line` (20 s at most), collecting
+  // when given) and reads its output until `ready_line` (20 s at most, scaled), collecting
   // "listening PORT" and "ref REF" lines on the way.
   explicit ChildProcess(const std::vector<std::string>& args,
                         const std::string& ready_line = "ready",
@@ -46,7 +46,7 @@ class ChildProcess {
     }
     ::close(fds[1]);
     out_ = fds[0];
-    for (std::string line; read_line(line, std::chrono::seconds(20));) {
+    for (std::string line; read_line(line, scaled(std::chrono::seconds(20)));) {
       if (line.rfind("listening ", 0) == 0) {
         port = line.substr(10);
         address = test_host() + ":" + port;
@@ -68,7 +68,7 @@ class ChildProcess {
 
   // Sends `sig`; SIGKILL also reaps the child; SIGSTOP returns once the child has stopped (a
   // signal is delivered asynchronously: a child still running for a moment could serve a
-  // request sent right after kill()), or fails the test after 5 s.
+  // request sent right after kill()), or fails the test after 5 s (scaled).
   void kill(int sig) {
     if (pid_ <= 0) return;
     ::kill(pid_, sig);

@@ -37,5 +37,41 @@ sed -E '0,/"checksum": *"[0-9a-f]+"/s//"checksum": "0000000000000000"/' "$tmp/ma
 "$ferry" fetch --from "$addr" --manifest "$tmp/bad.json" >/dev/null 2>&1
 rc=$?
 [[ $rc -eq 4 ]] || { echo "bad checksum: exit $rc, want 4"; exit 1; }
+
+# Absurd arguments and settings: a message that names the argument or file, exit 1, and no C++
+# library text (exception names, "max_size", "std::") anywhere in what the user sees.
+absurd() {  # absurd DESCRIPTION WANT_TEXT COMMAND...
+  local what=$1 want=$2
+  shift 2
+  "$@" >"$tmp/absurd.out" 2>"$tmp/absurd.err"
+  local rc=$?
+  [[ $rc -eq 1 ]] || { echo "$what: exit $rc, want 1"; cat "$tmp/absurd.err"; exit 1; }
+  grep -q -- "$want" "$tmp/absurd.err" ||
+    { echo "$what: the message does not say '$want':"; cat "$tmp/absurd.err"; exit 1; }
+  if grep -Eq 'std::|bad_alloc|length_error|max_size|basic_string|terminate called' \
+    "$tmp/absurd.out" "$tmp/absurd.err"; then
+    echo "$what: C++ library text reached the user:"
+    cat "$tmp/absurd.out" "$tmp/absurd.err"
+    exit 1
+  fi
+}
+absurd "--objects -1" "--objects" "$ferry" serve --listen 127.0.0.1:0 --objects -1 --duration 1
+absurd "--objects 99999999999999999999" "--objects" \
+  "$ferry" serve --listen 127.0.0.1:0 --objects 99999999999999999999 --duration 1
+absurd "--tensors 1-99999999999" "--tensors" \
+  "$ferry" serve --listen 127.0.0.1:0 --objects 1 --tensors 1-99999999999 --duration 1
+absurd "--sizes 100G-100G" "memory" \
+  "$ferry" serve --listen 127.0.0.1:0 --objects 1 --sizes 100G-100G --duration 1
+absurd "--sizes 1T-1T --objects 1000000" "memory" \
+  "$ferry" serve --listen 127.0.0.1:0 --objects 1000000 --sizes 1T-1T --duration 1
+absurd "--total 1000T" "memory" \
+  "$ferry" serve --listen 127.0.0.1:0 --objects 2 --total 1000T --duration 1
+absurd "unreadable FERRY_TLS_CERT" "$tmp/no-such-cert.pem" \
+  env FERRY_TLS_CERT="$tmp/no-such-cert.pem" FERRY_TLS_KEY="$tmp/no-such-key.pem" \
+  "$ferry" serve --listen 127.0.0.1:0 --duration 1
+absurd "unreadable FERRY_TLS_CERT (fetch)" "No such file or directory" \
+  env FERRY_TLS_CERT="$tmp/no-such-cert.pem" FERRY_TLS_KEY="$tmp/no-such-key.pem" \
+  "$ferry" fetch --from "$addr" --all
+absurd "--timeout 0" "--timeout" "$ferry" fetch --from "$addr" --all --timeout 0
 set -e
 echo "cli test: ok"

@@ -611,7 +611,7 @@ TEST(CollectiveEmpty, EveryCollectiveOfNothingCompletesAtOnce) {
       took[r] = std::chrono::steady_clock::now() - t0;
     });
     for (int r = 0; r < n; ++r) {
-      EXPECT_LT(took[r], std::chrono::seconds(5)) << "n=" << n << " rank " << r;
+      EXPECT_LT(took[r], scaled(std::chrono::seconds(5))) << "n=" << n << " rank " << r;
     }
   }
 }
@@ -738,7 +738,7 @@ TEST(CollectiveDeclarative, AnIdleServiceStopsAtOnce) {
   const auto start = std::chrono::steady_clock::now();
   service.reset();
   const auto took = std::chrono::steady_clock::now() - start;
-  EXPECT_LT(took, std::chrono::milliseconds(400))
+  EXPECT_LT(took, scaled(std::chrono::milliseconds(400)))
       << std::chrono::duration_cast<std::chrono::milliseconds>(took).count() << " ms";
 }
 
@@ -770,7 +770,7 @@ TEST(CollectiveJoin, AMissingRankIsNamedWithinTheDeadline) {
   const auto t0 = std::chrono::steady_clock::now();
   auto g = Group::join(a, {test_host() + ":" + std::to_string(*port), dead_address}, 0, o, &why);
   EXPECT_FALSE(g.ok());
-  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(10));
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, scaled(std::chrono::seconds(10)));
   EXPECT_EQ(why.rank, 1);
   EXPECT_NE(why.message.find(dead_address), std::string::npos) << why.message;
 }
@@ -798,7 +798,8 @@ void check_a_dead_rank_fails_every_other(collective::GroupOptions o, size_t coun
   bool named = false;
   for (int r = 0; r < 3; ++r) {
     EXPECT_FALSE(result[r].ok()) << "rank " << r << " finished an allreduce missing rank 3";
-    EXPECT_LT(took[r], std::chrono::seconds(15)) << "rank " << r << ": " << result[r].message;
+    EXPECT_LT(took[r], scaled(std::chrono::seconds(15)))
+        << "rank " << r << ": " << result[r].message;
     named |= result[r].rank == 3;
     std::printf("rank %d: %s\n", r, result[r].message.c_str());
   }
@@ -829,7 +830,7 @@ TEST(CollectiveFailure, AFailedGroupsMarkersOutliveTheGroup) {
   for (const auto& ref : *refs) {
     std::byte got{0};
     auto req = peer.fetch(ref, {{&got, 1}});
-    ASSERT_FALSE(req.wait(10s));
+    ASSERT_FALSE(req.wait(scaled(10s)));
     EXPECT_EQ(got, std::byte{1});
     EXPECT_FALSE(peer.release(ref, 10s));
   }
@@ -938,7 +939,7 @@ TEST(CollectiveMisuse, RanksThatDisagreeOnTheSizeFailEveryRankAtOnce) {
       if (what == "broadcast" && r != 0 && r != c.n - 1 && got[r].ok()) continue;
       EXPECT_FALSE(got[r].ok()) << what << ": rank " << r << " finished a mismatched call";
       // (Bounded loosely for the emulated RDMA guest, where the call opens the channels.)
-      EXPECT_LT(took[r], std::chrono::seconds(20))
+      EXPECT_LT(took[r], scaled(std::chrono::seconds(20)))
           << what << ": rank " << r << ": " << got[r].message;
       EXPECT_GE(got[r].rank, 0) << what << ": rank " << r << " names no rank: " << got[r].message;
       mismatch_named |= got[r].ec == errc::size_mismatch && got[r].rank >= 0 &&
@@ -974,7 +975,7 @@ TEST(CollectiveMisuse, RanksInDifferentCollectivesFailByTheirDeadline) {
     EXPECT_FALSE(got[r].ok()) << "rank " << r << " finished a mismatched call";
     timed_out |= got[r].ec == errc::timed_out;
     EXPECT_GE(took[r], std::chrono::milliseconds(1400)) << "rank " << r << ": " << got[r].message;
-    EXPECT_LT(took[r], std::chrono::seconds(20)) << "rank " << r << ": " << got[r].message;
+    EXPECT_LT(took[r], scaled(std::chrono::seconds(20))) << "rank " << r << ": " << got[r].message;
     EXPECT_GE(got[r].rank, 0) << "rank " << r << " names no rank: " << got[r].message;
   }
   EXPECT_TRUE(timed_out) << "no rank reached its deadline";

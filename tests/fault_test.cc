@@ -29,7 +29,6 @@ WorkloadOptions kill_options() {
   o.transfers = 1000;
   if (const char* n = std::getenv("FERRY_FAULT_TRANSFERS")) o.transfers = std::stoul(n);  // probes
   o.max_size = in_guest() ? (256u << 10) : (4u << 20);  // rxe under emulation: ~30 MB/s
-  o.cap = std::chrono::seconds(in_guest() ? 400 : 150);
   o.seed = std::random_device{}();
   std::printf("seed %llu\n", static_cast<unsigned long long>(o.seed));
   return o;
@@ -84,25 +83,25 @@ void cut_and_restore(Context& client, const std::string& address, const ObjectRe
     EXPECT_EQ(peer.transport(), client.options().transport);
   }
   auto warm = peer.fetch(ref);
-  ASSERT_FALSE(warm.wait(30s));
+  ASSERT_FALSE(warm.wait(scaled(30s)));
   cut();
   const auto t0 = std::chrono::steady_clock::now();
   auto short_deadline = peer.fetch(ref, {}, {.timeout = 1000ms});
   auto long_deadline = peer.fetch(ref, {}, {.timeout = 30s});
-  auto ec = short_deadline.wait(10s);
+  auto ec = short_deadline.wait(scaled(10s));
   const auto waited = std::chrono::steady_clock::now() - t0;
   EXPECT_EQ(ec, errc::timed_out) << ec.message();
   EXPECT_GE(waited, 900ms);
-  EXPECT_LT(waited, 3s) << "the deadline was not kept during the outage";
+  EXPECT_LT(waited, scaled(3s)) << "the deadline was not kept during the outage";
   std::this_thread::sleep_for(outage - std::chrono::duration_cast<std::chrono::milliseconds>(
                                            std::chrono::steady_clock::now() - t0));
   EXPECT_FALSE(long_deadline.done()) << "a fetch completed while the link was down";
   restore();
-  ec = long_deadline.wait(40s);
+  ec = long_deadline.wait(scaled(40s));
   ASSERT_FALSE(ec) << "a fetch whose deadline outlasted the outage failed: " << ec.message();
   EXPECT_TRUE(same_bytes(long_deadline.result().tensors[0], expected));
   auto after = peer.fetch(ref);
-  ASSERT_FALSE(after.wait(30s));
+  ASSERT_FALSE(after.wait(scaled(30s)));
   EXPECT_TRUE(same_bytes(after.result().tensors[0], expected));
 }
 
@@ -120,14 +119,14 @@ void cut_past_peer_timeout(const std::string& address, const ObjectRef& ref,
   ASSERT_TRUE(peer.valid());
   cut();
   auto pending = peer.fetch(ref);
-  auto ec = pending.wait(10s);
+  auto ec = pending.wait(scaled(10s));
   EXPECT_EQ(ec, errc::peer_unresponsive) << ec.message();
   restore();
   auto again = client.connect(address);
   ASSERT_TRUE(again.ok()) << again.error().message();
   EXPECT_EQ(again->transport(), transport);
   auto req = again->fetch(ref);
-  ASSERT_FALSE(req.wait(30s));
+  ASSERT_FALSE(req.wait(scaled(30s)));
   EXPECT_TRUE(same_bytes(req.result().tensors[0], expected));
 }
 
@@ -237,7 +236,7 @@ TEST_F(GuestTcpPath, DelayAndLossKeepEveryByteExact) {
     std::vector<FetchRequest> reqs;
     for (size_t i = 0; i < refs.size(); ++i) reqs.push_back(peer.fetch(refs[i]));
     for (size_t i = 0; i < reqs.size(); ++i) {
-      auto ec = reqs[i].wait(120s);
+      auto ec = reqs[i].wait(scaled(120s));
       ASSERT_FALSE(ec) << spec << ": " << ec.message();
       EXPECT_EQ(reqs[i].result().transport, "TCP");
       EXPECT_TRUE(same_bytes(reqs[i].result().tensors[0], *objects[i])) << spec;

@@ -48,17 +48,6 @@ std::vector<std::string> shm_entries() {
   return names;
 }
 
-// Polls `ok` every 5 ms for at most `limit`.
-template <typename F>
-bool eventually(F ok, milliseconds limit = milliseconds(15000)) {
-  const auto end = Clock::now() + limit;
-  while (!ok()) {
-    if (Clock::now() > end) return false;
-    std::this_thread::sleep_for(milliseconds(5));
-  }
-  return true;
-}
-
 struct Object {
   ObjectRef ref;
   size_t size;
@@ -117,7 +106,7 @@ void Workload::kill_fetchers_loop() {
     // Kill at a random point: after a random number of transfers (or a random time, for
     // rounds where transfers are slow).
     const size_t kill_after = rng() % o_.kill_every;
-    const auto kill_at = Clock::now() + random_delay(rng, o_.max_kill_delay);
+    const auto kill_at = Clock::now() + random_delay(rng, scaled(o_.max_kill_delay));
     size_t done = 0;
     std::string line;
     while (done < kill_after && Clock::now() < kill_at) {
@@ -159,12 +148,13 @@ void Workload::kill_owners_loop(Context& ctx) {
     if (!peer) return problem("cannot connect to an owner child: " + peer.error().message());
     // Kill after a random number of fetches issued, with 16 in flight (or at a random time).
     const size_t kill_after = 1 + rng() % o_.kill_every;
-    const auto kill_at = Clock::now() + random_delay(rng, o_.max_kill_delay);
+    const auto kill_at = Clock::now() + random_delay(rng, scaled(o_.max_kill_delay));
     size_t issued = 0;
     std::deque<std::pair<size_t, FetchRequest>> inflight;
     auto settle = [&](size_t idx, FetchRequest& r, bool owner_dead) {
       if (!r.done()) {
-        problem("a fetch from a killed owner did not complete within 15 s (hang)");
+        problem("a fetch from a killed owner did not complete within " +
+                std::to_string(scaled(milliseconds(15000)).count()) + " ms (hang)");
         r.abort();
         return;
       }
@@ -203,7 +193,7 @@ void Workload::kill_owners_loop(Context& ctx) {
     owner.kill(SIGKILL);
     count([](WorkloadReport& r) { ++r.owner_kills; });
     // Every future on the surviving side completes, value or error, within a bound.
-    const auto deadline = Clock::now() + milliseconds(15000);
+    const auto deadline = Clock::now() + scaled(milliseconds(15000));
     for (auto& [idx, r] : inflight) {
       r.wait(std::chrono::duration_cast<milliseconds>(
           std::max(Clock::duration::zero(), deadline - Clock::now())));
@@ -219,7 +209,7 @@ void Workload::honest_loop(Context& ctx) {
   while (!stop_) {
     const Object& obj = objects_[rng() % objects_.size()];
     auto r = peer->fetch(obj.ref);
-    if (auto ec = r.wait(milliseconds(30000))) {
+    if (auto ec = r.wait(scaled(milliseconds(30000)))) {
       problem("the honest peer's fetch failed: " + ec.message());
       if (!peer->is_open()) return;
       continue;
@@ -251,10 +241,11 @@ void Workload::abort_loop(Context& ctx) {
       }
     }
     for (auto& [obj, r] : reqs) {
-      const auto ec = r.wait(milliseconds(30000));
+      const auto ec = r.wait(scaled(milliseconds(30000)));
       count([](WorkloadReport& rep) { ++rep.abort_fetches; });
       if (!r.done()) {
-        problem("an aborted or deadlined fetch did not complete within 30 s (hang)");
+        problem("an aborted or deadlined fetch did not complete within " +
+                std::to_string(scaled(milliseconds(30000)).count()) + " ms (hang)");
       } else if (ec == errc::aborted) {
         count([](WorkloadReport& rep) { ++rep.aborted; });
       } else if (ec == errc::timed_out) {
@@ -311,6 +302,8 @@ WorkloadReport Workload::run() {
     if (o_.kill_owners) threads[2] = std::thread([&] { kill_owners_loop(*owners); });
     if (o_.aborts) threads[3] = std::thread([&] { abort_loop(*aborting); });
     auto last_print = Clock::now();
+    auto last_progress = Clock::now();
+    size_t last_transfers = 0;
     for (;;) {
       std::this_thread::sleep_for(milliseconds(50));
       const auto elapsed = Clock::now() - t0;
@@ -327,9 +320,13 @@ WorkloadReport Workload::run() {
         std::fflush(stdout);
       }
       if (o_.duration.count() > 0 ? elapsed >= o_.duration : transfers >= o_.transfers) break;
-      if (elapsed >= o_.cap) {
-        problem("the run did not finish within its cap of " + std::to_string(o_.cap.count()) +
-                " s (" + std::to_string(transfers) + " transfers)");
+      // Done by count, however slow the machine; only a run that stops making progress fails.
+      if (transfers != last_transfers) {
+        last_transfers = transfers;
+        last_progress = Clock::now();
+      } else if (Clock::now() - last_progress >= scaled(o_.stall)) {
+        problem("no transfer completed for " + std::to_string(scaled(o_.stall).count()) +
+                " ms (a hang; " + std::to_string(transfers) + " transfers before it)");
         break;
       }
     }
@@ -338,19 +335,21 @@ WorkloadReport Workload::run() {
       if (t.joinable()) t.join();
     }
     // The fetching side of the owner kills: its peers are gone, nothing of theirs stays.
-    if (!eventually([&] { return owners->peer_count() == 0; })) {
+    if (!eventually([&] { return owners->peer_count() == 0; }, milliseconds(15000))) {
       problem("sessions to killed owners were not dropped");
     }
     check_rdma_clean(*owners, "the fetcher of killed owners");
   }
   // The owner side of the fetcher kills.
-  const bool clean = eventually([&] {
-    if (server_->ctx.peer_count() != 0 || open_fds() != fds_before) return false;
-    for (const auto& obj : objects_) {
-      if (server_->ctx.store().counts(obj.ref.object_id)->pins != 0) return false;
-    }
-    return true;
-  });
+  const bool clean = eventually(
+      [&] {
+        if (server_->ctx.peer_count() != 0 || open_fds() != fds_before) return false;
+        for (const auto& obj : objects_) {
+          if (server_->ctx.store().counts(obj.ref.object_id)->pins != 0) return false;
+        }
+        return true;
+      },
+      milliseconds(15000));
   if (!clean) {
     problem(
         "the server did not return to its baseline: " + std::to_string(server_->ctx.peer_count()) +

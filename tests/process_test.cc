@@ -34,21 +34,21 @@ TEST(Process, ServerKilledMidFetchFailsEveryPendingFutureWithPeerScope) {
   doomed.kill(SIGKILL);
   const auto t0 = std::chrono::steady_clock::now();
   for (auto& r : reqs) {
-    auto ec = r.wait(10s);
+    auto ec = r.wait(scaled(10s));
     ASSERT_NE(ec, errc::timed_out) << "a future did not complete after the owner died";
     if (ec) {
       EXPECT_EQ(scope_of(ec), Scope::peer) << ec.message();
     }
   }
-  EXPECT_LT(std::chrono::steady_clock::now() - t0, 5s);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, scaled(5s));
   EXPECT_FALSE(peer.is_open());
-  EXPECT_EQ(scope_of(peer.fetch(doomed.refs[2]).wait(5s)), Scope::peer);
+  EXPECT_EQ(scope_of(peer.fetch(doomed.refs[2]).wait(scaled(5s))), Scope::peer);
 
   // The client is healthy: it connects to another server and fetches byte-exact.
   ChildProcess other({"5000000"});
   auto peer2 = connect_or_fail(client, other.address);
   auto req = peer2.fetch(other.refs.at(0));
-  ASSERT_FALSE(req.wait(20s));
+  ASSERT_FALSE(req.wait(scaled(20s)));
   EXPECT_TRUE(same_bytes(req.result().tensors[0], *make_pattern(5000000, 1)));
 }
 
@@ -83,7 +83,7 @@ TEST(Process, FetcherKilledMidFetchLeavesTheServerClean) {
                        << open_fds() << "/" << fds_before;
     // And it keeps serving the other peer.
     auto req = other_peer.fetch(small_ref);
-    ASSERT_FALSE(req.wait(30s));
+    ASSERT_FALSE(req.wait(scaled(30s)));
     EXPECT_TRUE(same_bytes(req.result().tensors[0], *small));
   }
 }
@@ -95,7 +95,7 @@ TEST(Process, SpawnedProcessesInheritNoFerrySocket) {
   auto ref = server.put(make_pattern(100000, 9));
   Context client(client_options("client"));
   auto peer = connect_or_fail(client, server.address());
-  ASSERT_FALSE(peer.fetch(ref).wait(30s));  // metadata and data channels are open now
+  ASSERT_FALSE(peer.fetch(ref).wait(scaled(30s)));  // metadata and data channels are open now
   size_t sockets = 0;
   for (const auto& e : std::filesystem::directory_iterator("/proc/self/fd")) {
     std::error_code ec;
@@ -120,7 +120,7 @@ TEST(Process, FrozenServerIsDeclaredDeadByHeartbeats) {
   auto peer = connect_or_fail(client, frozen.address);
   frozen.kill(SIGSTOP);
   auto req = peer.fetch(frozen.refs.at(0));
-  auto ec = req.wait(10s);
+  auto ec = req.wait(scaled(10s));
   EXPECT_EQ(ec, errc::peer_unresponsive) << ec.message();
   EXPECT_EQ(scope_of(ec), Scope::peer);
 }

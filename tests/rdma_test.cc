@@ -69,7 +69,7 @@ TEST_F(Rdma, NegotiatesRdmaAcrossTheVethAndSaysSo) {
   auto bytes = make_pattern(3u << 20, 1);
   auto ref = server.put(bytes);
   auto req = peer.fetch(ref);
-  ASSERT_FALSE(req.wait(60s));
+  ASSERT_FALSE(req.wait(scaled(60s)));
   EXPECT_EQ(req.result().transport, "RDMA");
   EXPECT_TRUE(same_bytes(req.result().tensors[0], *bytes));
   EXPECT_EQ(server.ctx.transport_counts().at("RDMA"), 1u);
@@ -83,7 +83,7 @@ TEST_F(Rdma, PeerWithoutRdmaAgreesOnTcp) {
     auto peer = connect_or_fail(client, tcp_only.address());
     EXPECT_EQ(peer.transport(), "TCP");
     auto req = peer.fetch(tcp_only.put(bytes));
-    ASSERT_FALSE(req.wait(60s));
+    ASSERT_FALSE(req.wait(scaled(60s)));
     EXPECT_TRUE(same_bytes(req.result().tensors[0], *bytes));
   }
   {
@@ -92,7 +92,7 @@ TEST_F(Rdma, PeerWithoutRdmaAgreesOnTcp) {
     auto peer = connect_or_fail(tcp_client, server.address());
     EXPECT_EQ(peer.transport(), "TCP");
     auto req = peer.fetch(server.put(bytes));
-    ASSERT_FALSE(req.wait(60s));
+    ASSERT_FALSE(req.wait(scaled(60s)));
     EXPECT_TRUE(same_bytes(req.result().tensors[0], *bytes));
   }
 }
@@ -120,7 +120,7 @@ TEST_F(Rdma, BusyPollModeMovesTheSameBytes) {
   auto peer = connect_or_fail(client, server.address());
   auto bytes = make_pattern(5u << 20, 3);
   auto req = peer.fetch(server.put(bytes));
-  ASSERT_FALSE(req.wait(60s));
+  ASSERT_FALSE(req.wait(scaled(60s)));
   EXPECT_TRUE(same_bytes(req.result().tensors[0], *bytes));
 }
 
@@ -148,7 +148,7 @@ TEST_F(Rdma, TenThousandViewsOfOneAllocationCostOneRegistration) {
   std::vector<FetchRequest> reqs;
   for (size_t i : sample) reqs.push_back(peer.fetch(refs[i]));
   for (size_t k = 0; k < sample.size(); ++k) {
-    ASSERT_FALSE(reqs[k].wait(60s)) << "view " << sample[k];
+    ASSERT_FALSE(reqs[k].wait(scaled(60s))) << "view " << sample[k];
     ASSERT_TRUE(same_bytes(reqs[k].result().tensors[0], all.subspan(sample[k] * kView, kView)));
   }
   auto c = rdma::registration_counters(server.ctx);
@@ -175,14 +175,14 @@ TEST_F(Rdma, AnAbortMidReadLeavesTheOtherFetchesOnTheQueuePairAlone) {
   auto other = make_pattern(8u << 20, 82);
   auto big_ref = server.put(big);
   auto other_ref = server.put(other);
-  ASSERT_FALSE(peer.fetch(other_ref).wait(60s));  // the queue pair is up
+  ASSERT_FALSE(peer.fetch(other_ref).wait(scaled(60s)));  // the queue pair is up
   auto victim = peer.fetch(big_ref);
   auto bystander = peer.fetch(other_ref);
   std::this_thread::sleep_for(100ms);  // granted, READs posted: 16 MiB takes ~0.5 s on rxe
   ASSERT_FALSE(victim.done()) << "the fetch ended before the abort: the test proves nothing";
   victim.abort();
-  EXPECT_EQ(victim.wait(60s), errc::aborted);
-  auto ec = bystander.wait(60s);
+  EXPECT_EQ(victim.wait(scaled(60s)), errc::aborted);
+  auto ec = bystander.wait(scaled(60s));
   ASSERT_FALSE(ec) << "a fetch beside the aborted one failed: " << ec.message();
   EXPECT_TRUE(same_bytes(bystander.result().tensors[0], *other));
 }
@@ -212,7 +212,7 @@ TEST_F(Rdma, LeaseKeepsMemoryAliveUntilTheReadEnds) {
   ASSERT_FALSE(req.done()) << "the READ finished before the release: the test proves nothing";
   EXPECT_TRUE(server.ctx.release(*ref));
   EXPECT_FALSE(*freed) << "memory freed while a READ may still touch it";
-  ASSERT_FALSE(req.wait(120s));
+  ASSERT_FALSE(req.wait(scaled(120s)));
   EXPECT_TRUE(same_bytes(req.result().tensors[0], expected));
   // The fetcher's release ends the lease; then the object is collected and the memory goes.
   for (int i = 0; i < 1000 && !*freed; ++i) std::this_thread::sleep_for(5ms);
@@ -234,7 +234,7 @@ TEST_F(Rdma, FetchesStayByteExactWithPacketLoss) {
   std::vector<FetchRequest> reqs;
   for (const auto& r : refs) reqs.push_back(peer.fetch(r));
   for (size_t i = 0; i < reqs.size(); ++i) {
-    ASSERT_FALSE(reqs[i].wait(180s));
+    ASSERT_FALSE(reqs[i].wait(scaled(180s)));
     EXPECT_TRUE(same_bytes(reqs[i].result().tensors[0], *data[i]));
   }
 }
@@ -274,7 +274,7 @@ TEST_F(Rdma, WaitingOnStuckReadsCostsNoCpuAndTheyStartAgainOnANewQueuePair) {
   uint32_t restarts = 0;
   int restarted = 0;
   for (auto& r : reqs) {
-    ASSERT_FALSE(r.wait(120s)) << "a fetch over the broken queue pair failed or hung";
+    ASSERT_FALSE(r.wait(scaled(120s))) << "a fetch over the broken queue pair failed or hung";
     EXPECT_EQ(r.result().transport, "RDMA");
     EXPECT_TRUE(same_bytes(r.result().tensors[0], *bytes));
     restarts += r.result().restarts;
@@ -285,7 +285,7 @@ TEST_F(Rdma, WaitingOnStuckReadsCostsNoCpuAndTheyStartAgainOnANewQueuePair) {
   EXPECT_EQ(restarted, 100 - done) << "each fetch stuck on the broken pair starts again";
   // The peer is fine; a new fetch uses the new queue pair.
   auto again = peer.fetch(refs[0]);
-  ASSERT_FALSE(again.wait(120s));
+  ASSERT_FALSE(again.wait(scaled(120s)));
   EXPECT_EQ(again.result().transport, "RDMA");
   EXPECT_TRUE(same_bytes(again.result().tensors[0], *bytes));
 }
@@ -317,7 +317,8 @@ TEST_F(Rdma, AQueuePairBrokenAtTheOwnerRestartsTheFetchesOnIt) {
   }
   int restarted = 0;
   for (auto& r : reqs) {
-    ASSERT_FALSE(r.wait(120s)) << "a fetch failed with the owner's end of its lease, or hung";
+    ASSERT_FALSE(r.wait(scaled(120s)))
+        << "a fetch failed with the owner's end of its lease, or hung";
     EXPECT_EQ(r.result().transport, "RDMA");
     EXPECT_TRUE(same_bytes(r.result().tensors[0], *bytes));
     restarted += r.result().restarts > 0;
@@ -396,7 +397,7 @@ struct HonestPeer {
     worker = std::thread([this, ref, expect] {
       while (!stop) {
         auto r = peer.fetch(ref);
-        auto ec = r.wait(60s);
+        auto ec = r.wait(scaled(60s));
         if (!ec && same_bytes(r.result().tensors[0], expect)) {
           ++ok;
         } else {
@@ -430,7 +431,7 @@ void read_past_the_grant(GrantFixture& f) {
   });
   for (int round = 0; round < 3; ++round) {
     auto r = peer.fetch(f.refs[0]);
-    auto ec = r.wait(60s);
+    auto ec = r.wait(scaled(60s));
     ASSERT_TRUE(ec) << "a READ past the granted range succeeded";
     EXPECT_TRUE(is_remote_access_error(ec)) << ec.category().name() << ": " << ec.message();
     EXPECT_EQ(scope_of(ec), Scope::peer);
@@ -438,7 +439,7 @@ void read_past_the_grant(GrantFixture& f) {
   // The same peer, honest again, gets a new queue pair and its data.
   rdma::set_grant_tamper(attacker, {});
   auto r = peer.fetch(f.refs[0]);
-  ASSERT_FALSE(r.wait(60s));
+  ASSERT_FALSE(r.wait(scaled(60s)));
   EXPECT_TRUE(same_bytes(r.result().tensors[0], f.object(0)));
   honest.finish();
   std::printf("honest peer meanwhile: %d fetches, %d failed\n", honest.ok.load(),
@@ -489,7 +490,7 @@ void expired_grant_reads_nothing(RdmaGrants grants) {
     return true;
   });
   auto first = peer.fetch(f.refs[0]);
-  ASSERT_FALSE(first.wait(60s));
+  ASSERT_FALSE(first.wait(scaled(60s)));
   ASSERT_NE(old_rkey, 0u);
   // The lease ended with the first fetch; its rkey, replayed on a new grant, must not work.
   rdma::set_grant_tamper(client, [&](uint64_t& addr, uint32_t& rkey, uint64_t) {
@@ -498,7 +499,7 @@ void expired_grant_reads_nothing(RdmaGrants grants) {
     return true;
   });
   auto replay = peer.fetch(f.refs[1]);
-  auto ec = replay.wait(60s);
+  auto ec = replay.wait(scaled(60s));
   ASSERT_TRUE(ec) << "an expired rkey still reads the owner's memory";
   EXPECT_TRUE(is_remote_access_error(ec)) << ec.message();
   // A forged rkey: the grant's, off by one.
@@ -507,7 +508,7 @@ void expired_grant_reads_nothing(RdmaGrants grants) {
     return true;
   });
   auto forged = peer.fetch(f.refs[1]);
-  ec = forged.wait(60s);
+  ec = forged.wait(scaled(60s));
   ASSERT_TRUE(ec) << "a forged rkey read the owner's memory";
   EXPECT_TRUE(is_remote_access_error(ec)) << ec.message();
   expect_no_grant_left(f);
@@ -542,13 +543,13 @@ std::error_code read_with_another_peers_grant(RdmaGrants grants) {
     return true;
   });
   auto stolen = pb.fetch(f.refs[1]);
-  auto ec = stolen.wait(60s);
+  auto ec = stolen.wait(scaled(60s));
   if (!ec) {
     EXPECT_TRUE(same_bytes(stolen.result().tensors[0], f.object(0)));
   }
   EXPECT_FALSE(held.done()) << "A's lease ended early: the test proves nothing";
   held.abort();
-  EXPECT_NE(held.wait(60s), errc::timed_out);
+  EXPECT_NE(held.wait(scaled(60s)), errc::timed_out);
   expect_no_grant_left(f);
   return ec;
 }
@@ -582,7 +583,7 @@ TEST_F(Rdma, GrantRegistrationsLastExactlyAsLongAsTheirLease) {
   EXPECT_EQ(before.registrations, 0u) << "a put registered owner memory";
   for (int i = 0; i < 3; ++i) {
     auto req = peer.fetch(ref);
-    ASSERT_FALSE(req.wait(60s));
+    ASSERT_FALSE(req.wait(scaled(60s)));
     EXPECT_TRUE(same_bytes(req.result().tensors[0], *bytes));
   }
   // The release that ends each lease is one-way: wait for the last to arrive.

@@ -146,7 +146,7 @@ TEST(FetchRestarts, AFetchWhoseChannelBrokeStartsAgainOverANewOne) {
   auto ref = f.server->put(data);
   f.on_board([](Board& b) { b.breaks = 2; });
   auto req = f.peer.fetch(ref, {}, f.options);
-  ASSERT_FALSE(req.wait(10s));
+  ASSERT_FALSE(req.wait(scaled(10s)));
   EXPECT_TRUE(same_bytes(req.result().tensors[0], *data));
   EXPECT_EQ(req.result().restarts, 2u);
   EXPECT_EQ(req.result().transport, kFlaky);
@@ -158,7 +158,7 @@ TEST(FetchRestarts, AFetchWhoseChannelBrokeStartsAgainOverANewOne) {
   EXPECT_EQ(f.on_board([](Board& b) { return b.opens; }), 3) << "a new channel per start";
   // The session is unharmed: a plain fetch goes through at once.
   auto again = f.peer.fetch(ref, {}, f.options);
-  ASSERT_FALSE(again.wait(10s));
+  ASSERT_FALSE(again.wait(scaled(10s)));
   EXPECT_EQ(again.result().restarts, 0u);
 }
 
@@ -167,7 +167,7 @@ TEST(FetchRestarts, GivesUpWithTheChannelsErrorAfterThreeRestarts) {
   auto ref = f.server->put(make_pattern(1000, 8));
   f.on_board([](Board& b) { b.breaks = 100; });
   auto req = f.peer.fetch(ref, {}, f.options);
-  EXPECT_EQ(req.wait(10s), errc::peer_unresponsive);
+  EXPECT_EQ(req.wait(scaled(10s)), errc::peer_unresponsive);
   EXPECT_EQ(f.on_board([](Board& b) { return b.request_ids.size(); }), 1u + kMaxFetchRestarts);
 }
 
@@ -184,7 +184,7 @@ TEST(FetchRestarts, ACombiningFetchCombinesOnceAcrossRestarts) {
     for (size_t i = 0; i < into.size(); ++i) into[i] ^= arrived[i];
   };
   auto req = f.peer.fetch(ref, {target}, options);
-  ASSERT_FALSE(req.wait(10s));
+  ASSERT_FALSE(req.wait(scaled(10s)));
   EXPECT_EQ(req.result().restarts, 1u);
   std::vector<std::byte> expected(*data);
   for (auto& b : expected) b ^= std::byte{0x5a};
@@ -204,13 +204,14 @@ TEST(FetchRestarts, AnAbortWhileWaitingForTheNewChannelEndsIt) {
   ASSERT_TRUE(eventually([&] { return f.on_board([](Board& b) { return b.opens; }) == 2; }));
   const auto t0 = std::chrono::steady_clock::now();
   req.abort();
-  EXPECT_EQ(req.wait(5s), errc::aborted);
-  EXPECT_LT(std::chrono::steady_clock::now() - t0, 400ms) << "the abort waited for the channel";
+  EXPECT_EQ(req.wait(scaled(5s)), errc::aborted);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, scaled(400ms))
+      << "the abort waited for the channel";
   std::this_thread::sleep_for(800ms);  // the channel is ready by now
   EXPECT_EQ(f.on_board([](Board& b) { return b.request_ids.size(); }), 1u)
       << "an aborted fetch was started again";
   f.on_board([](Board& b) { b.reopen_delay = 0ms; });
-  EXPECT_FALSE(f.peer.fetch(ref, {}, f.options).wait(10s));
+  EXPECT_FALSE(f.peer.fetch(ref, {}, f.options).wait(scaled(10s)));
 }
 
 // A restart keeps the fetch's deadline: one that never completes after it still times out then.
@@ -225,8 +226,8 @@ TEST(FetchRestarts, TheDeadlineHoldsAcrossARestart) {
   options.timeout = 300ms;
   const auto t0 = std::chrono::steady_clock::now();
   auto req = f.peer.fetch(ref, {}, options);
-  EXPECT_EQ(req.wait(5s), errc::timed_out);
-  EXPECT_LT(std::chrono::steady_clock::now() - t0, 1500ms);
+  EXPECT_EQ(req.wait(scaled(5s)), errc::timed_out);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, scaled(1500ms));
   EXPECT_EQ(f.on_board([](Board& b) { return b.request_ids.size(); }), 2u);
 }
 

@@ -12,7 +12,6 @@
 int main(int argc, char** argv) {
   ferry::test::WorkloadOptions o;
   o.duration = std::chrono::seconds(argc > 1 ? std::atoi(argv[1]) : 600);
-  o.cap = o.duration + std::chrono::seconds(120);
   o.seed = argc > 2 ? std::strtoull(argv[2], nullptr, 10) : std::random_device{}();
   o.aborts = true;
   o.fetcher_children = 3;

@@ -208,10 +208,13 @@ void ShmTransport::on_transport_message(ferry::PeerLink& link, uint64_t rid,
   uint64_t size = 0;
   size_t n = 0;
   in >> name >> size >> n;
-  c.offsets.resize(n);
+  bool ok = in && n == c.op.targets.size();  // before sizing anything by the peer's count
+  c.offsets.resize(ok ? n : 0);
   for (auto& off : c.offsets) in >> off;
-  bool ok = in && n == c.op.targets.size();
-  for (size_t i = 0; ok && i < n; ++i) ok = c.offsets[i] + c.op.targets[i].size() <= size;
+  ok = ok && in;
+  for (size_t i = 0; ok && i < n; ++i) {
+    ok = c.offsets[i] <= size && c.op.targets[i].size() <= size - c.offsets[i];
+  }
   const int fd = ok ? shm_open(name.c_str(), O_RDONLY, 0) : -1;
   void* base = fd >= 0 ? mmap(nullptr, size ? size : 1, PROT_READ, MAP_SHARED, fd, 0) : MAP_FAILED;
   if (fd >= 0) ::close(fd);  // the mapping stays valid
