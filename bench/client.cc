@@ -155,21 +155,23 @@ Result<double> fetch_each(Peer& peer, const std::vector<ObjectRef>& refs,
   std::function<void(size_t, int)> launch;
   launch = [&, st](size_t i, int tries) {
     ++st->outstanding;
-    peer.async_fetch(refs[i], {targets[i]},
-                     [&, st, i, tries](boost::system::error_code ec, FetchResult) {
-                       std::lock_guard lock(st->mu);
-                       --st->outstanding;
-                       const std::error_code e(ec);
-                       if (!st->error && worth_reissuing(e, peer, tries)) {
-                         ++st->reissued;
-                         launch(i, tries + 1);
-                         return;
-                       }
-                       ++st->done;
-                       if (e && !st->error) st->error = e;
-                       if (!st->error && st->next < n) launch(st->next++, 0);
-                       if (st->outstanding == 0) st->cv.notify_all();
-                     });
+    peer.async_fetch(
+        refs[i],
+        targets.empty() ? std::vector<MutableBuffer>{} : std::vector<MutableBuffer>{targets[i]},
+        [&, st, i, tries](boost::system::error_code ec, FetchResult) {
+          std::lock_guard lock(st->mu);
+          --st->outstanding;
+          const std::error_code e(ec);
+          if (!st->error && worth_reissuing(e, peer, tries)) {
+            ++st->reissued;
+            launch(i, tries + 1);
+            return;
+          }
+          ++st->done;
+          if (e && !st->error) st->error = e;
+          if (!st->error && st->next < n) launch(st->next++, 0);
+          if (st->outstanding == 0) st->cv.notify_all();
+        });
   };
   const auto t0 = Clock::now();
   std::unique_lock lock(st->mu);

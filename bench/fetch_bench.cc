@@ -89,6 +89,11 @@ int run_fetch(const FetchArgs& args) {
       .add("p99_us", quantile(lat, 0.99))
       .add("cpu_client_s", cpu.client_s)
       .add("cpu_server_s", cpu.server_s);
+  const auto pool = (*ctx)->pool_stats();
+  out.add("pool_hits", pool.hits)
+      .add("pool_misses", pool.misses)
+      .add("pool_fallbacks", pool.fallbacks)
+      .add("pool_held_bytes", pool.held_bytes);
   if (bytes > 0) {
     out.add("cpu_s_per_gb", (cpu.client_s + std::max(0.0, cpu.server_s)) / (bytes / 1e9));
   }

@@ -94,6 +94,7 @@ int main(int argc, char** argv) {
   r->add_option("--tensors", reg.tensors, "Separate tensors (0: skip)")->capture_default_str();
   r->add_option("--tensor-bytes", tensor_bytes, "Bytes per tensor")->capture_default_str();
   r->add_option("--inflight", reg.inflight, "Fetches in flight")->capture_default_str();
+  r->add_flag("!--no-pool", reg.pool, "Skip the views fetched into ferry's receive pool");
   r->add_option("--grants", reg.grants, "The owner's ContextOptions::rdma_grants")
       ->check(kGrants)
       ->capture_default_str();

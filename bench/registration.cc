@@ -32,9 +32,11 @@ std::string counters_json(Context& ctx) {
   return j.str();
 }
 
-// One case: `count` tensors of `bytes`, views of one allocation or separate allocations.
+// One case: `count` tensors of `bytes`, views of one allocation or separate allocations,
+// fetched into views of one allocation of the fetcher's, or (`pool`) into memory ferry allocates
+// from its receive pool.
 int run_case(const RegistrationArgs& args, const char* name, uint64_t count, uint64_t bytes,
-             bool views) {
+             bool views, bool pool = false) {
   ContextOptions options;
   options.name = "bench-owner";
   options.rdma_grants = parse_rdma_grants(args.grants).value_or(RdmaGrants::automatic);
@@ -83,17 +85,21 @@ int run_case(const RegistrationArgs& args, const char* name, uint64_t count, uin
   if (!fetcher) return 1;
   auto peer = (*fetcher)->connect((*owner)->address());
   if (!peer) return failed("connect: ", peer.error());
-  // Fetch targets: views of one touched allocation.
-  std::unique_ptr<std::byte[]> landing(new std::byte[count * bytes]);
-  std::memset(landing.get(), 0, count * bytes);
+  // Fetch targets: views of one touched allocation; none when ferry allocates.
+  std::unique_ptr<std::byte[]> landing(new std::byte[pool ? 1 : count * bytes]);
   std::vector<MutableBuffer> targets;
-  for (uint64_t i = 0; i < count; ++i) targets.push_back({landing.get() + i * bytes, bytes});
+  if (!pool) {
+    std::memset(landing.get(), 0, count * bytes);
+    for (uint64_t i = 0; i < count; ++i) targets.push_back({landing.get() + i * bytes, bytes});
+  }
+  const std::vector<MutableBuffer> first_target =
+      pool ? std::vector<MutableBuffer>{} : std::vector<MutableBuffer>{targets[0]};
 
   // The first object alone, cold (its owner memory not yet registered) and again warm after
   // two full passes: what a first fetch pays.
   uint64_t reissued = 0;  // fetches issued again after their data channel broke
   auto first = [&]() -> Result<double> {
-    return fetch_each(*peer, {refs[0]}, {targets[0]}, 1, 600s, &reissued);
+    return fetch_each(*peer, {refs[0]}, first_target, 1, 600s, &reissued);
   };
   auto cold = first();
   if (!cold) return failed("fetch: ", cold.error());
@@ -109,7 +115,15 @@ int run_case(const RegistrationArgs& args, const char* name, uint64_t count, uin
   const auto owner_regs = rdma::registration_counters(**owner);
   const double registration_s =
       put_s + (owner_regs ? static_cast<double>(owner_regs->registration_ns) / 1e9 : 0.0);
-  bool same = landing[0] == std::byte{7} && landing[count * bytes - 1] == std::byte{7};
+  bool same = false;
+  if (pool) {
+    auto last = peer->fetch(refs[count - 1]);
+    same = !last.wait(std::chrono::milliseconds(600000)) &&
+           last.result().tensors[0][0] == std::byte{7} &&
+           last.result().tensors[0][bytes - 1] == std::byte{7};
+  } else {
+    same = landing[0] == std::byte{7} && landing[count * bytes - 1] == std::byte{7};
+  }
 
   const double gb = static_cast<double>(count * bytes) / 1e9;
   JsonLine out;
@@ -131,7 +145,9 @@ int run_case(const RegistrationArgs& args, const char* name, uint64_t count, uin
       .add("verified_ends", same ? 1 : 0)
       .add("reissued", reissued)
       .add_raw("owner_counters", counters_json(**owner))
-      .add_raw("fetcher_counters", counters_json(**fetcher));
+      .add_raw("fetcher_counters", counters_json(**fetcher))
+      .add("fetches", 2 * count + 2)
+      .add("pool_regions", (*fetcher)->pool_stats().regions_created);
   std::printf("%s\n", out.str().c_str());
   std::fflush(stdout);
   (*fetcher)->close();
@@ -147,6 +163,9 @@ int run_registration(const RegistrationArgs& args) {
   }
   if (args.tensors > 0) {
     if (int rc = run_case(args, "tensors", args.tensors, args.tensor_bytes, false)) return rc;
+  }
+  if (args.views > 0 && args.pool) {
+    if (int rc = run_case(args, "pool", args.views, args.view_bytes, true, true)) return rc;
   }
   return 0;
 }

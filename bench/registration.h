@@ -20,6 +20,7 @@ struct RegistrationArgs {
   uint64_t tensor_bytes = 2 * 1024 * 1024;
   int inflight = 16;
   std::string grants = "auto";  // the owner's ContextOptions::rdma_grants (parse_rdma_grants)
+  bool pool = true;             // also the views fetched into ferry's receive pool (case "pool")
 };
 
 // Prints one JSON line per case; returns an exit code.

@@ -5,9 +5,12 @@ Suites
   tcp           loopback: ferry-bench fetch vs iperf3, ucx_perftest (tag_bw, ucp_get over TCP),
                 qperf (tcp_bw, tcp_lat), sockperf ping-pong and a raw-socket fetch-shaped
                 ping-pong (ferry-bench pingpong)
+  receive       loopback: fetches into memory ferry allocates (its receive pool) vs into the
+                caller's preallocated buffers, 64 KiB to 64 MiB, alternating
   rdma          inside the soft-RoCE guest (tests/softroce/ferry-vm): ferry over RDMA READ vs
                 ib_read_bw / ib_read_lat on the same rxe devices
-  registration  10,000 x 200 KiB views of one allocation and 1,000 x 2 MiB tensors (in the guest,
+  registration  10,000 x 200 KiB views of one allocation and 1,000 x 2 MiB tensors, and the views
+                fetched into ferry's receive pool (fetcher registrations counted) (in the guest,
                 over RDMA; and on the host over TCP for comparison)
   scale         1, 16, 256, 1,024 peers on one server; 1 and 4,096 fetches in flight (TCP)
   misc          single-core memcpy (the loopback bound), idle CPU with a peer connected
@@ -194,12 +197,13 @@ class Bench:
         return max(self.secs, 4 * size / 50e6) if suite == "rdma" else self.secs
 
     def ferry(self, suite, metric, size, rep, inflight, host="127.0.0.1", env=None,
-              tool="ferry", extra=(), serve_extra=()):
+              tool="ferry", extra=(), serve_extra=(), fetch_extra=()):
         secs = self.window(suite, size)
         srv = [self.fb, "serve", "--listen", f"{host}:0", "--sizes", str(size)] + list(extra)
         srv += list(serve_extra)
         cli = [self.fb, "fetch", "--from", "{addr}", "--size", str(size), "--inflight",
                str(inflight), "--seconds", str(secs), "--server-pid", "{pid}"] + list(extra)
+        cli += list(fetch_extra)
         out, _, _ = run_pair(srv, cli, timeout=180 + 4 * secs, env=env, server_ready=True)
         r = json.loads(out.strip().splitlines()[-1])
         self.add(suite=suite, metric=metric, tool=tool, size=size, rep=rep, inflight=inflight,
@@ -362,6 +366,24 @@ def suite_tcp(b, sizes, reps):
             if size <= 64 * KIB:
                 bw.append(("ferry rate", lambda: b.ferry("tcp", "rate", size, rep, 512)))
             for what, fn in rotate(bw, rep) + rotate(lat, rep):
+                b.guarded(what, fn)
+
+
+RECEIVE_SIZES = [64 * KIB, MIB, 8 * MIB, 64 * MIB]
+
+
+def suite_receive(b, sizes, reps):
+    """Fetches into memory ferry allocates (its receive pool; tool "ferry") against fetches into
+    the caller's preallocated buffers ("ferry-caller"), alternating, same object, same run."""
+    for rep in range(reps):
+        for size in sizes:
+            log(f"receive size {human(size)} rep {rep + 1}/{reps}")
+            runs = [("ferry allocates", lambda: b.ferry("receive", "bw", size, rep,
+                                                        bw_inflight(size),
+                                                        fetch_extra=["--ferry-allocates"])),
+                    ("ferry caller", lambda: b.ferry("receive", "bw", size, rep,
+                                                     bw_inflight(size), tool="ferry-caller"))]
+            for what, fn in rotate(runs, rep):
                 b.guarded(what, fn)
 
 
@@ -596,6 +618,7 @@ def fmt(s, key_digits=3):
 
 PEERS = {
     ("tcp", "bw"): ["iperf3", "ucx-tag_bw", "ucx-ucp_get", "qperf"],
+    ("receive", "bw"): ["ferry-caller"],
     ("tcp", "lat"): ["raw-pingpong", "sockperf", "qperf-rtt"],
     ("rdma", "bw"): ["ib_read_bw"],
     ("rdma", "lat"): ["ib_read_lat", "ferry-busypoll", "ferry-regions", "ferry-tcp", "raw-pingpong"],
@@ -702,6 +725,11 @@ def targets(samples):
         if size <= 4 * KIB and r:
             out.append(f"  RDMA {human(size)} latency p50: ferry / ib_read_lat = {r:.2f} "
                        f"(target <= 1.3): {verdict(r <= 1.3)}")
+    for size in sorted(medians(samples, "receive", "bw", "ferry", "gbps")):
+        r = ratio("receive", "bw", "ferry-caller", size, "gbps")
+        if r:
+            out.append(f"  TCP {human(size)}: into ferry's memory / into the caller's buffers = "
+                       f"{r:.2f} (target >= 0.9): {verdict(r >= 0.9)}")
     for s in samples:
         if s.get("suite") == "registration" and s.get("case") == "views":
             r = s["raw"]
@@ -923,7 +951,8 @@ def report(samples, out_dir, meta):
         share = meta["other_cpu_s"] / (meta["seconds"] * (os.cpu_count() or 1))
         lines.append(f"CPU used by other processes during the run: {meta['other_cpu_s']} s "
                      f"({100 * share:.0f} % of the machine)")
-    for suite, metric in (("tcp", "bw"), ("tcp", "lat"), ("rdma", "bw"), ("rdma", "lat")):
+    for suite, metric in (("tcp", "bw"), ("receive", "bw"), ("tcp", "lat"), ("rdma", "bw"),
+                          ("rdma", "lat")):
         lines += table(samples, suite, metric)
     lines += rate_table(samples)
     lines += other_tables(samples)
@@ -977,6 +1006,8 @@ def host_part(b, args, meta, congestion):
         b.guarded("misc", lambda: suite_misc(b))
     if "tcp" in args.suites:
         suite_tcp(b, args.sizes or (QUICK_TCP_SIZES if args.quick else FULL_TCP_SIZES), args.reps)
+    if "receive" in args.suites:
+        suite_receive(b, RECEIVE_SIZES, args.reps)
     if "registration" in args.suites:
         b.guarded("registration (TCP)", lambda: suite_registration(b, "127.0.0.1", {}, True))
     if "scale" in args.suites:
@@ -998,7 +1029,7 @@ def main():
                          "quick 2); allreduce: --allreduce-reps")
     ap.add_argument("--seconds", type=float, default=None, help="per sample")
     ap.add_argument("--lat-iters", type=int, default=None, help="ib_read_lat iterations")
-    ap.add_argument("--suites", default="tcp,rdma,registration,scale,misc,allreduce")
+    ap.add_argument("--suites", default="tcp,receive,rdma,registration,scale,misc,allreduce")
     ap.add_argument("--sizes", default=None,
                     help="comma-separated sizes in bytes (tcp and rdma suites)")
     ap.add_argument("--allreduce-sizes", default=None,

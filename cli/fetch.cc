@@ -249,6 +249,7 @@ int run_fetch(const FetchArgs& args) {
   FetchSummary summary;
   summary.transport = peer.transport();
   const int rc = fetch_targets(args, peer, targets, summary);
+  summary.pool = (*ctx)->pool_stats();
   (*ctx)->close();  // fails whatever is still in flight after an error
   if (rc != kExitOk) return rc;
   if (!args.manifest.empty()) {

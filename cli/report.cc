@@ -57,6 +57,12 @@ void print_table(std::FILE* out, const FetchSummary& s) {
                 latency_ms(s.latencies, 100));
   row("latency", buf);
   row("verified", verified_text(s));
+  std::snprintf(buf, sizeof buf, "%s held, %llu hits, %llu misses, %llu fallbacks",
+                format_bytes(s.pool.held_bytes).c_str(),
+                static_cast<unsigned long long>(s.pool.hits),
+                static_cast<unsigned long long>(s.pool.misses),
+                static_cast<unsigned long long>(s.pool.fallbacks));
+  row("memory", std::string(buf) + " (receive pool)");
 }
 
 std::string summary_json(const FetchSummary& s) {
@@ -76,6 +82,12 @@ std::string summary_json(const FetchSummary& s) {
     w.value(s.verified == FetchSummary::Verified::kYes);
   }
   w.key("mismatched_objects").value(s.mismatched);
+  w.key("receive_pool").begin_object();
+  w.key("held_bytes").value(s.pool.held_bytes).key("in_use_bytes").value(s.pool.in_use_bytes);
+  w.key("hits").value(s.pool.hits).key("misses").value(s.pool.misses);
+  w.key("fallbacks").value(s.pool.fallbacks).key("fallback_bytes").value(s.pool.fallback_bytes);
+  w.key("regions_created").value(s.pool.regions_created);
+  w.key("regions_trimmed").value(s.pool.regions_trimmed).end_object();
   w.end_object();
   return w.str();
 }

@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "net/context.h"
+
 namespace ferry::cli {
 
 struct FetchSummary {
@@ -20,6 +22,7 @@ struct FetchSummary {
   std::vector<std::chrono::nanoseconds> latencies;  // one per fetch, in any order
   Verified verified = Verified::kNotChecked;
   uint64_t mismatched = 0;  // objects whose bytes differ from the manifest
+  PoolStats pool;           // the receive pool the fetched bytes landed in, at the end
 };
 
 // Latency percentile `p` (0..100, nearest rank) in milliseconds; 0 when there are none.

@@ -23,6 +23,7 @@
 #include "net/registry.h"
 #include "net/session.h"
 #include "net/socket_util.h"
+#include "net/system_memory.h"
 #include "net/tls.h"
 #include "net/wire_convert.h"
 
@@ -52,6 +53,7 @@ bool same_token(const std::string& a, const std::string& b) {
 
 Context::Impl::Impl(ContextOptions opts) : options(std::move(opts)), instance(random_instance()) {
   if (options.threads < 1) options.threads = 1;
+  pool = std::make_shared<mem::Pool>(mem::PoolOptions{options.pool_bytes, options.pool_idle_trim});
   tls = make_tls_contexts(options.tls);
   add_registered_transports(true);
   for (const auto& name : options.transports) {
@@ -128,7 +130,7 @@ bool Context::Impl::add_registered_transports(bool strict) {
                                   entry.name) != options.transports.end();
     if (!wanted || std::find(tried.begin(), tried.end(), entry.name) != tried.end()) continue;
     tried.push_back(entry.name);
-    auto made = entry.factory(TransportEnv{io, store, options});
+    auto made = entry.factory(TransportEnv{io, store, options, pool});
     if (!made) {
       if (strict && !options.transports.empty()) throw std::system_error(made.error(), entry.name);
       FERRY_LOG_INFO("transport {} not available here: {}", entry.name, made.error().message());
@@ -434,6 +436,44 @@ RdmaGrants ContextOptions::default_rdma_grants() {
 
 std::string ContextOptions::default_secret() { return env_text("FERRY_SECRET"); }
 
+size_t ContextOptions::default_pool_bytes() {
+  const size_t fallback = std::min<uint64_t>(uint64_t{2} << 30, physical_memory_bytes() / 4);
+  const std::string v = env_text("FERRY_POOL_BYTES");
+  const size_t bytes = mem::pool_cap_from_env(fallback);
+  if (!v.empty() && bytes == fallback && v != std::to_string(fallback)) {
+    FERRY_LOG_WARN("FERRY_POOL_BYTES={} is not a byte count (such as 1073741824 or 1G): {} bytes",
+                   v, fallback);
+  }
+  return bytes;
+}
+
+void Context::Impl::arm_pool_trim() {
+  const auto period = std::clamp<std::chrono::milliseconds>(
+      options.pool_idle_trim / 2, std::chrono::milliseconds(100), std::chrono::milliseconds(10000));
+  std::lock_guard lock(mu);
+  if (closed) return;
+  pool_timer.expires_after(period);
+  pool_timer.async_wait([weak = weak_from_this()](boost::system::error_code ec) {
+    auto self = weak.lock();
+    if (ec || !self) return;
+    self->pool->trim();
+    self->arm_pool_trim();
+  });
+}
+
+Result<std::shared_ptr<std::byte[]>> Context::allocate(size_t bytes) {
+  if (bytes > physical_memory_bytes()) return errc::resource_exhausted;
+  auto block = impl_->pool->allocate(bytes);
+  if (!block) return errc::resource_exhausted;
+  return block;
+}
+
+PoolStats Context::pool_stats() const {
+  const auto c = impl_->pool->counters();
+  return {c.held_bytes,     c.in_use_bytes,    c.hits,           c.misses, c.fallbacks,
+          c.fallback_bytes, c.regions_created, c.regions_trimmed};
+}
+
 std::string ContextOptions::default_tcp_congestion() { return env_text("FERRY_TCP_CONGESTION"); }
 
 std::string ContextOptions::default_transport() {
@@ -455,6 +495,7 @@ Context::Context(ContextOptions options) : impl_(std::make_shared<Impl>(std::mov
     }
   });
   impl_->work.emplace(asio::make_work_guard(impl_->io));
+  impl_->arm_pool_trim();
   for (int i = 0; i < impl_->options.threads; ++i) {
     impl_->threads.emplace_back([impl = impl_.get()] {
       for (;;) {
@@ -577,6 +618,7 @@ void Context::close() {
       impl_->acceptor->close(ignored);
     }
     impl_->accept_retry.cancel();
+    impl_->pool_timer.cancel();
   }
   std::vector<std::shared_ptr<Session>> sessions;
   {

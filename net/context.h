@@ -97,6 +97,14 @@ struct ContextOptions {
   // plain-TCP peers (errc::tls_required) and a connecting one speaks only TLS. A file that
   // cannot be loaded makes the Context constructor throw std::system_error.
   TlsOptions tls = TlsOptions::from_environment();
+  // The receive pool (mem/pool.h): memory ferry allocates for fetches without targets, for the
+  // collectives' receive space and for allocate(), recycled instead of freed and registered
+  // with each RDMA device once. At most this many bytes are held (default $FERRY_POOL_BYTES,
+  // e.g. "4G", else a quarter of physical memory up to 2 GiB); beyond it allocations get plain
+  // memory and are counted as fallbacks, never refused. 0 turns the pool off.
+  size_t pool_bytes = default_pool_bytes();
+  // A region of the pool wholly free this long is given back to the system.
+  std::chrono::milliseconds pool_idle_trim{10000};
 
   // "auto", or the transport named by $FERRY_TRANSPORT ("rdma" and "tcp" in any case map to the
   // built-in "RDMA" and "TCP").
@@ -104,6 +112,19 @@ struct ContextOptions {
   static std::string default_secret();
   static std::string default_tcp_congestion();
   static RdmaGrants default_rdma_grants();
+  static size_t default_pool_bytes();
+};
+
+// What the receive pool (ContextOptions::pool_bytes) holds and has done; Context::pool_stats().
+struct PoolStats {
+  uint64_t held_bytes = 0;       // bytes of regions mapped now
+  uint64_t in_use_bytes = 0;     // bytes of live blocks (at their size-class size)
+  uint64_t hits = 0;             // allocations served from memory already held
+  uint64_t misses = 0;           // allocations that mapped a new region
+  uint64_t fallbacks = 0;        // allocations served with plain memory (cap reached, or no pool)
+  uint64_t fallback_bytes = 0;   // bytes those asked for, in total
+  uint64_t regions_created = 0;  // regions mapped so far
+  uint64_t regions_trimmed = 0;  // regions given back to the system so far
 };
 
 struct PutOptions {
@@ -177,6 +198,16 @@ class Context {
   // Refs name this context's listen (or advertise) address as their owner: listen() first.
   Result<ObjectRef> put(std::vector<Tensor> tensors, std::shared_ptr<void> owner = nullptr,
                         PutOptions options = {});
+  // `bytes` of memory from the receive pool (ContextOptions::pool_bytes), 64-byte aligned,
+  // contents unspecified: fetch into it (already registered with every RDMA device, so a fetch
+  // registers nothing) or put() it (pass the pointer as `owner`). It returns to the pool when the
+  // last reference goes, from any thread, also after the Context is gone. Beyond the pool's cap it
+  // is plain memory (PoolStats::fallbacks). errc::resource_exhausted when no memory can be had
+  // (more than the machine has, or the system refuses). Any thread.
+  Result<std::shared_ptr<std::byte[]>> allocate(size_t bytes);
+  // The receive pool's gauges and counters. Any thread.
+  PoolStats pool_stats() const;
+
   // Drops the local reference put() gave; collection follows when no peer holds the object.
   bool release(const ObjectRef& ref);
   // Refs of every object in the store.

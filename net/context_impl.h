@@ -19,6 +19,7 @@
 #include <array>
 #include <boost/asio/steady_timer.hpp>
 
+#include "mem/pool.h"
 #include "net/context.h"
 #include "net/meta_stream.h"
 #include "net/tls.h"
@@ -36,6 +37,13 @@ struct Context::Impl : std::enable_shared_from_this<Context::Impl> {
   std::optional<boost::asio::executor_work_guard<boost::asio::io_context::executor_type>> work;
   std::vector<std::thread> threads;
   ObjectStore store;
+  // The receive pool (ContextOptions::pool_bytes); shared with the transports (TransportEnv) and
+  // kept alive by every block it handed out.
+  std::shared_ptr<mem::Pool> pool;
+  // Gives the pool's idle regions back every pool_idle_trim / 2 (at least every 100 ms, at most
+  // every 10 s); cancelled by close(), under mu.
+  boost::asio::steady_timer pool_timer{io};
+  void arm_pool_trim();
   using TransportList = std::vector<std::shared_ptr<TransportManager>>;
   // The transports instantiated so far, best first. Replaced (never changed in place) when a
   // transport registered later is added; read it through transport_list().

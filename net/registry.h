@@ -9,6 +9,7 @@
 #include <system_error>
 #include <vector>
 
+#include "mem/pool.h"
 #include "net/result.h"
 #include "net/transport.h"
 
@@ -21,6 +22,9 @@ struct TransportEnv {
   boost::asio::io_context& io;
   ObjectStore& store;
   const ContextOptions& options;
+  // The context's receive pool: a transport that registers memory registers its regions as they
+  // appear (mem::Pool::add_region_listener), so fetches into pool memory register nothing.
+  std::shared_ptr<mem::Pool> pool;
 };
 
 using TransportFactory =

@@ -6,7 +6,6 @@
 #include <boost/asio/post.hpp>
 #include <boost/asio/read.hpp>
 #include <boost/asio/write.hpp>
-#include <new>
 #include <random>
 
 #include "net/auth.h"
@@ -21,11 +20,11 @@ namespace asio = boost::asio;
 
 namespace {
 
-// One allocation with a 64-byte aligned slot of each of `sizes`, in order: the memory (which owns
-// the slots) and the slots. Null, with nothing allocated, when the sizes add up to more than the
-// machine's memory (a forged or corrupt ref: sizes up to 2^48 parse) or the allocation fails: the
-// caller fails its fetch with errc::resource_exhausted. Never throws.
-std::shared_ptr<std::byte[]> allocate_slots(const std::vector<size_t>& sizes,
+// One block of the receive pool with a 64-byte aligned slot of each of `sizes`, in order: the
+// memory (which owns the slots) and the slots. Null, with nothing allocated, when the sizes add
+// up to more than the machine's memory (a forged or corrupt ref: sizes up to 2^48 parse) or no
+// memory can be had: the caller fails its fetch with errc::resource_exhausted. Never throws.
+std::shared_ptr<std::byte[]> allocate_slots(mem::Pool& pool, const std::vector<size_t>& sizes,
                                             std::vector<MutableBuffer>& slots) noexcept {
   try {
     const uint64_t limit = physical_memory_bytes();
@@ -37,7 +36,7 @@ std::shared_ptr<std::byte[]> allocate_slots(const std::vector<size_t>& sizes,
       offsets.push_back(total);
       total += (n + 63) & ~size_t{63};
     }
-    std::shared_ptr<std::byte[]> memory(new (std::nothrow) std::byte[total ? total : 1]);
+    auto memory = pool.allocate(total);
     if (!memory) return nullptr;
     slots.clear();
     slots.reserve(sizes.size());
@@ -45,7 +44,7 @@ std::shared_ptr<std::byte[]> allocate_slots(const std::vector<size_t>& sizes,
       slots.emplace_back(memory.get() + offsets[i], sizes[i]);
     }
     return memory;
-  } catch (const std::bad_alloc&) {  // the bookkeeping itself (or the shared_ptr's control block)
+  } catch (const std::bad_alloc&) {  // the bookkeeping itself
     return nullptr;
   }
 }
@@ -718,7 +717,7 @@ void Session::do_fetch(std::shared_ptr<detail::FetchState> state, ObjectRef ref,
   if (targets.empty()) {
     std::vector<size_t> sizes;
     for (const auto& t : tensors) sizes.push_back(t.nbytes);
-    result.storage = allocate_slots(sizes, targets);
+    result.storage = allocate_slots(*ctx_->pool, sizes, targets);
     if (!result.storage) {
       FERRY_LOG_WARN(
           "fetch from '{}': object {} announces {} bytes, more than this process can "
@@ -798,7 +797,7 @@ void Session::start_transfer(std::shared_ptr<detail::FetchState> state,
     for (const auto& t : targets) sizes.push_back(t.size());
     pending.combine = std::move(options.combine);
     pending.targets = std::move(targets);
-    pending.landed = allocate_slots(sizes, targets);
+    pending.landed = allocate_slots(*ctx_->pool, sizes, targets);
     if (!pending.landed) {
       state->complete(errc::resource_exhausted);
       return;

@@ -25,7 +25,39 @@ RdmaTransport::RdmaTransport(const TransportEnv& env, std::vector<std::shared_pt
     : devices_(std::move(devices)),
       channel_options_{env.options.busy_poll, env.options.lease_timeout, std::make_shared<Hooks>(),
                        env.options.peer_timeout},
-      open_timeout_(env.options.handshake_timeout) {}
+      open_timeout_(env.options.handshake_timeout) {
+  if (!env.pool) return;
+  // Each region of the receive pool is registered with every device once, when it appears, and
+  // stays registered until it is given back: a fetch into pool memory finds its registration in
+  // the cache (a hit) and registers nothing. A region that cannot be registered is only logged:
+  // a fetch into it registers its target itself, as for any other memory.
+  pool_listener_ = env.pool->add_region_listener(
+      [this](std::span<std::byte> region) {
+        std::vector<std::shared_ptr<Region>> registered;
+        for (const auto& device : devices_) {
+          auto r = device->local_cache().acquire(region.data(), region.size(), region);
+          if (r) {
+            registered.push_back(std::move(r.value()));
+          } else {
+            FERRY_LOG_WARN("rdma: cannot register a receive pool region of {} bytes: {}",
+                           region.size(), r.error().message());
+          }
+        }
+        std::lock_guard lock(mu_);
+        pool_regions_[region.data()] = std::move(registered);
+      },
+      [this](std::span<std::byte> region) {
+        std::vector<std::shared_ptr<Region>> gone;
+        {
+          std::lock_guard lock(mu_);
+          auto it = pool_regions_.find(region.data());
+          if (it == pool_regions_.end()) return;
+          gone = std::move(it->second);
+          pool_regions_.erase(it);
+        }
+        // Deregistered here, outside mu_, before the pool unmaps the region.
+      });
+}
 
 TransportInfo RdmaTransport::local_info() const {
   TransportInfo info;

@@ -62,6 +62,10 @@ class RdmaTransport final : public TransportManager {
   std::vector<std::weak_ptr<RdmaChannel>> channels_;  // for fault injection
   std::unordered_map<ObjectId, std::map<const Device*, std::vector<std::shared_ptr<Region>>>>
       objects_;
+  // The receive pool's regions, registered on every device while the pool holds them; under mu_.
+  std::unordered_map<const std::byte*, std::vector<std::shared_ptr<Region>>> pool_regions_;
+  // Last: unregistered first, so no callback runs while the members above are destroyed.
+  mem::RegionListener pool_listener_;
 };
 
 }  // namespace ferry::rdma
