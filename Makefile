@@ -5,7 +5,7 @@ JOBS     ?= $(shell nproc)
 PREFIX   ?= /usr/local
 CMAKE_FLAGS ?=
 
-.PHONY: all deps build demo demo-rdma test test-asan test-tsan fuzz soak soak-rdma format format-check install clean
+.PHONY: all deps build demo demo-rdma test test-asan test-tsan fuzz soak soak-rdma format format-check install clean python
 
 all: build
 
@@ -17,6 +17,12 @@ $(BUILD)/build.ninja:
 
 build: deps $(BUILD)/build.ninja
 	cmake --build $(BUILD) -j $(JOBS)
+
+# The Python package, built into $(BUILD)/python (Debian's /usr/bin/python3, whose numpy, torch
+# and pybind11 it uses): PYTHONPATH=$(BUILD)/python /usr/bin/python3 -c "import ferry".
+python: build
+	@test -d $(BUILD)/python/ferry || { echo "python: not built (see the 'ferry python:' line of cmake's output)"; exit 1; }
+	@echo "python: built in $(BUILD)/python; use it with: PYTHONPATH=$(abspath $(BUILD))/python /usr/bin/python3"
 
 # A real cross-process transfer on this machine: `ferry serve` and `ferry fetch` on loopback.
 demo: build
@@ -32,13 +38,13 @@ test: build
 # the soft-RoCE tier is left out: emulated RDMA under a sanitizer is too slow to be useful).
 SAN_TESTS = -LE '^(rdma|softroce)$$'
 test-asan: deps
-	cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DFERRY_BUILD_EXAMPLES=OFF \
+	cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DFERRY_BUILD_EXAMPLES=OFF -DFERRY_BUILD_PYTHON=OFF \
 	  -DCMAKE_CXX_FLAGS="-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer"
 	cmake --build build-asan -j $(JOBS)
 	cd build-asan && ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure --timeout 900 $(SAN_TESTS)
 
 test-tsan: deps
-	cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFERRY_BUILD_EXAMPLES=OFF \
+	cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFERRY_BUILD_EXAMPLES=OFF -DFERRY_BUILD_PYTHON=OFF \
 	  -DCMAKE_CXX_FLAGS="-fsanitize=thread"
 	cmake --build build-tsan -j $(JOBS)
 	cd build-tsan && TSAN_OPTIONS=halt_on_error=1 ctest --output-on-failure --timeout 900 $(SAN_TESTS)
@@ -50,7 +56,7 @@ FUZZ_SECONDS ?= 60
 fuzz: deps
 	@command -v clang++ >/dev/null || { echo "fuzz: clang++ is needed (apt-get install clang)"; exit 1; }
 	cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_COMPILER=clang++ \
-	  -DFERRY_FUZZ=ON -DFERRY_BUILD_EXAMPLES=OFF -DFERRY_BUILD_CLI=OFF -DFERRY_BUILD_BENCH=OFF \
+	  -DFERRY_FUZZ=ON -DFERRY_BUILD_EXAMPLES=OFF -DFERRY_BUILD_CLI=OFF -DFERRY_BUILD_BENCH=OFF -DFERRY_BUILD_PYTHON=OFF \
 	  -DCMAKE_CXX_FLAGS="-fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=undefined"
 	cmake --build build-fuzz -j $(JOBS) --target fuzz_frame_decoder fuzz_control
 	@mkdir -p build-fuzz/crashes

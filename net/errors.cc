@@ -74,6 +74,62 @@ const std::error_category& ferry_category() noexcept {
 
 std::error_code make_error_code(errc e) noexcept { return {static_cast<int>(e), ferry_category()}; }
 
+std::string_view errc_name(errc e) noexcept {
+  switch (e) {
+    case errc::ok:
+      return "ok";
+    case errc::timed_out:
+      return "timed_out";
+    case errc::aborted:
+      return "aborted";
+    case errc::object_not_found:
+      return "object_not_found";
+    case errc::size_mismatch:
+      return "size_mismatch";
+    case errc::invalid_argument:
+      return "invalid_argument";
+    case errc::stale_ref:
+      return "stale_ref";
+    case errc::unknown_message:
+      return "unknown_message";
+    case errc::overloaded:
+      return "overloaded";
+    case errc::resource_exhausted:
+      return "resource_exhausted";
+    case errc::peer_closed:
+      return "peer_closed";
+    case errc::connection_failed:
+      return "connection_failed";
+    case errc::protocol_error:
+      return "protocol_error";
+    case errc::frame_too_large:
+      return "frame_too_large";
+    case errc::version_mismatch:
+      return "version_mismatch";
+    case errc::handshake_failed:
+      return "handshake_failed";
+    case errc::peer_unresponsive:
+      return "peer_unresponsive";
+    case errc::transport_unavailable:
+      return "transport_unavailable";
+    case errc::auth_failed:
+      return "auth_failed";
+    case errc::tls_failed:
+      return "tls_failed";
+    case errc::tls_required:
+      return "tls_required";
+    case errc::transport_unknown:
+      return "transport_unknown";
+    case errc::transport_duplicate:
+      return "transport_duplicate";
+    case errc::device_error:
+      return "device_error";
+    case errc::context_closed:
+      return "context_closed";
+  }
+  return "unknown";
+}
+
 Scope scope_of(const std::error_code& ec) noexcept {
   if (!ec) return Scope::none;
   if (ec.category() != ferry_category()) {

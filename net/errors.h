@@ -49,6 +49,9 @@ enum class Scope { none, operation, peer, device, context };
 const std::error_category& ferry_category() noexcept;
 std::error_code make_error_code(errc e) noexcept;
 
+// The enumerator's name ("timed_out", "peer_closed", ...); "unknown" for a value outside the enum.
+std::string_view errc_name(errc e) noexcept;
+
 // The failure scope of any error code (system and Asio errors from sockets are peer scope).
 Scope scope_of(const std::error_code& ec) noexcept;
 std::string_view scope_name(Scope s) noexcept;

@@ -61,6 +61,18 @@ FetchRequest Peer::fetch(ObjectRef ref, std::vector<MutableBuffer> targets,
   return session_->fetch(std::move(ref), std::move(targets), std::move(options), {});
 }
 
+FetchRequest Peer::fetch(ObjectRef ref, std::vector<MutableBuffer> targets, FetchOptions options,
+                         FetchHandler handler) const {
+  if (!session_) {
+    auto state = std::make_shared<detail::FetchState>(0, boost::asio::system_executor());
+    state->set_handler(std::move(handler));
+    state->complete(errc::peer_closed);
+    return FetchRequest(state);
+  }
+  return session_->fetch(std::move(ref), std::move(targets), std::move(options),
+                         std::move(handler));
+}
+
 std::error_code Peer::hold(const ObjectRef& ref, std::chrono::milliseconds timeout) const {
   if (!session_) return errc::peer_closed;
   wire::Envelope env;

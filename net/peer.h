@@ -67,6 +67,12 @@ class Peer {
   // The TransportManager-style form: returns a handle to wait on or abort.
   FetchRequest fetch(ObjectRef ref, std::vector<MutableBuffer> targets = {},
                      FetchOptions options = {}) const;
+  // Both at once: a handle to wait on or abort, and `handler`, which runs once when the fetch
+  // completes (on the context's executor, never inline; an invalid Peer completes it with
+  // peer_closed through the system executor). For bindings that resolve their own futures from
+  // the completion and still need abort().
+  FetchRequest fetch(ObjectRef ref, std::vector<MutableBuffer> targets, FetchOptions options,
+                     FetchHandler handler) const;
 
   // Remote references: hold() keeps the object alive on its owner until release() (or until
   // this connection ends). Blocking with `timeout`; not from an io_context thread.

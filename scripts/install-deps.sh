@@ -8,6 +8,7 @@ packages=(
   libboost1.81-dev libprotobuf-dev protobuf-compiler libfmt-dev libcli11-dev
     libgtest-dev libgmock-dev libibverbs-dev librdmacm-dev libssl-dev
         clang-format clang openssl iproute2
+        pybind11-dev python3-dev python3-numpy python3-pytest python3-torch
 )
 # Extra groups: `install-deps.sh softroce` adds what the soft-RoCE test tier needs; `bench` the
 # peer tools `make bench` runs beside ferry (and builds against: Gloo, Open MPI), python3 for its

@@ -264,7 +264,11 @@ TEST_F(Rdma, WaitingOnStuckReadsCostsNoCpuAndTheyStartAgainOnANewQueuePair) {
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     RecordProperty("idle_cpu_seconds", std::to_string(cpu));
     std::printf("waiting with %d fetches stuck: %.3f s CPU in %.3f s\n", 100 - done, cpu, wall);
-    EXPECT_LT(cpu, 0.1 * wall) << "waiting for completions should sleep, not spin";
+    // A spinning wait costs a whole core; a sleeping one next to nothing. A starved VM charges
+    // its processes for time its vCPUs were not running (steal), so the bound grows with the
+    // machine's slowness, at most to half a core: a spin still fails it.
+    EXPECT_LT(cpu, std::min(0.1 * time_scale(), 0.5) * wall)
+        << "waiting for completions should sleep, not spin";
     // A link that stays down ends with the queue pair in error (rxe retries for a long time;
     // the test does not wait for it): break it now.
     EXPECT_GE(rdma::inject_queue_pair_errors(client), 1u);

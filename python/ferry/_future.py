@@ -1,0 +1,110 @@
+"""ferry.Future: one fetch in flight."""
+
+import asyncio
+import concurrent.futures
+
+from . import _completion
+from ._errors import from_info
+from ._tensors import materialize
+
+
+class Future(concurrent.futures.Future):
+    """One fetch, as a ``concurrent.futures.Future`` that is also awaitable.
+
+    - ``result(timeout=None)`` returns what was fetched (see ``Peer.fetch``) or raises the
+      fetch's error (a ``ferry.FerryError``); ``exception()``, ``done()``, ``add_done_callback()``
+      and ``concurrent.futures.wait()`` / ``as_completed()`` work as usual.
+    - ``await future`` waits inside asyncio without blocking the loop (no polling: the
+      completion is handed to the loop with ``call_soon_threadsafe``). Cancelling the awaiting
+      task aborts the fetch.
+    - ``abort()`` asks ferry to stop the fetch; it then completes with ``ferry.AbortedError``
+      (or with its result, if that came first). ``cancel()`` does the same and returns False:
+      a fetch in flight cannot be cancelled synchronously, because ferry may be writing into its
+      buffers until it has stopped; the future completes only once ferry has let them go.
+    - Done-callbacks run on ferry's completion thread (one per process). They may start other
+      fetches and call anything non-blocking; they must not wait on another ferry future
+      (``result()`` there raises RuntimeError instead of deadlocking).
+    """
+
+    def __init__(self, peer, ref, into, keep):
+        super().__init__()
+        self.set_running_or_notify_cancel()  # running from the start: cancel() cannot pre-empt
+        self._peer = peer  # keeps the connection (and its Context) open while in flight
+        self._ref = ref
+        self._into = into
+        self._keep = keep  # the target buffers, held until ferry has let them go
+        self._request = None
+        self._outcome = None
+
+    @property
+    def ref(self):
+        return self._ref
+
+    @property
+    def transport(self):
+        """The transport that moved the bytes ("TCP", "RDMA"); None until done."""
+        return self._outcome.transport if self._outcome is not None else None
+
+    @property
+    def nbytes(self):
+        return self._outcome.nbytes if self._outcome is not None else None
+
+    @property
+    def elapsed(self):
+        """Seconds from issue to completion; None until done."""
+        return self._outcome.elapsed if self._outcome is not None else None
+
+    @property
+    def restarts(self):
+        return self._outcome.restarts if self._outcome is not None else None
+
+    def abort(self):
+        """Asks the fetch to stop. Never blocks; the future completes with AbortedError unless
+        it completed first."""
+        if self._request is not None:
+            self._request.abort()
+
+    def cancel(self):
+        """Aborts the fetch (see abort()) and returns False: see the class notes."""
+        self.abort()
+        return super().cancel()  # False: the future is running
+
+    def result(self, timeout=None):
+        self._check_not_deadlocking()
+        return super().result(timeout)
+
+    def exception(self, timeout=None):
+        self._check_not_deadlocking()
+        return super().exception(timeout)
+
+    def __await__(self):
+        return asyncio.wrap_future(self).__await__()
+
+    def _check_not_deadlocking(self):
+        if not self.done() and _completion.in_completion_thread():
+            raise RuntimeError(
+                "waiting on a ferry future from a done-callback would deadlock: callbacks run "
+                "on the completion thread, which is what resolves futures (chain another "
+                "callback instead)")
+
+    def _ferry_complete(self, outcome):
+        """Completion thread only: the fetch ended (FetchOutcome)."""
+        self._outcome = outcome
+        peer, self._peer = self._peer, None
+        keep, self._keep = self._keep, None
+        try:
+            if outcome.error is not None:
+                what = f"fetch of object {self._ref.object_id} from {peer.address}"
+                self.set_exception(from_info(outcome.error, what))
+            elif self._into is not None:
+                self.set_result(self._into)
+            else:
+                tensors = [materialize(spec, view)
+                           for spec, view in zip(self._ref.tensors, outcome.views())]
+                self.set_result(tensors[0] if self._ref.single else tensors)
+        except concurrent.futures.InvalidStateError:
+            pass  # already resolved
+        except BaseException as e:  # noqa: BLE001 (building the result failed: say so)
+            if not self.done():
+                self.set_exception(e)
+        del keep, peer

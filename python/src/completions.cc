@@ -1,0 +1,113 @@
+#include "python/src/completions.h"
+
+#include <pthread.h>
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <mutex>
+
+#include "python/src/bindings.h"
+
+namespace py = pybind11;
+
+namespace ferry::python {
+namespace {
+
+struct Item {
+  PyObject* obj;                          // owned reference
+  std::unique_ptr<FetchOutcome> outcome;  // null: just drop `obj`
+};
+
+class CompletionQueue {
+ public:
+  void push(Item item) noexcept {
+    {
+      std::lock_guard lock(mu_);
+      items_.push_back(std::move(item));
+      ++pushed_;
+    }
+    cv_.notify_one();
+  }
+
+  // Blocks (call without the GIL) until there is something to hand over or stop() was called.
+  // Returns everything queued; empty only once stopped.
+  std::deque<Item> take() {
+    std::unique_lock lock(mu_);
+    cv_.wait(lock, [&] { return !items_.empty() || stopped_; });
+    return std::exchange(items_, {});
+  }
+
+  void stop() {
+    {
+      std::lock_guard lock(mu_);
+      stopped_ = true;
+    }
+    cv_.notify_all();
+  }
+
+  std::pair<size_t, uint64_t> counts() const {
+    std::lock_guard lock(mu_);
+    return {items_.size(), pushed_};
+  }
+
+ private:
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Item> items_;
+  uint64_t pushed_ = 0;
+  bool stopped_ = false;
+};
+
+// Never destroyed: io threads may still push while the process exits (static destructors
+// running), and the references queued then are leaked on purpose (Python is gone). A forked
+// child gets a fresh one (the parent's lock may have been held by a thread the child lacks;
+// what it held is leaked).
+CompletionQueue* g_queue = [] {
+  pthread_atfork(nullptr, nullptr, [] { g_queue = new CompletionQueue; });
+  return new CompletionQueue;
+}();
+
+CompletionQueue& queue() { return *g_queue; }
+
+// Blocks without the GIL until there is work; returns [(target, outcome), ...] for completions
+// (drops are done here, with the GIL held), or None once stopped and drained.
+py::object wait_completions() {
+  std::deque<Item> items;
+  {
+    py::gil_scoped_release nogil;
+    items = queue().take();
+  }
+  if (items.empty()) return py::none();
+  py::list out;
+  for (auto& item : items) {
+    auto obj = py::reinterpret_steal<py::object>(item.obj);
+    if (item.outcome) out.append(py::make_tuple(obj, py::cast(std::move(item.outcome))));
+    // otherwise `obj` is dropped here, with the GIL held
+  }
+  return out;
+}
+
+}  // namespace
+
+void queue_drop(PyObject* obj) noexcept {
+  if (obj) queue().push({obj, nullptr});
+}
+
+void queue_completion(PyObject* target, std::unique_ptr<FetchOutcome> outcome) noexcept {
+  if (target) queue().push({target, std::move(outcome)});
+}
+
+void bind_completions(py::module_& m) {
+  m.def("_wait_completions", &wait_completions,
+        "Completion thread only: waits (GIL released) and returns [(future, FetchOutcome)], "
+        "or None once _stop_completions() was called and the queue is drained.");
+  m.def(
+      "_stop_completions", [] { queue().stop(); },
+      "Makes _wait_completions() return None once drained (interpreter exit).");
+  m.def(
+      "_completion_counts", [] { return queue().counts(); },
+      "(items queued now, items queued since start): for tests.");
+}
+
+}  // namespace ferry::python

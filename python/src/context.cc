@@ -1,0 +1,310 @@
+// `_ferry.Context` and `_ferry.Peer`: thin handles over ferry::Context and ferry::Peer for
+// ferry/_context.py. Every call that can block (construct, listen, connect, close, hold,
+// release, list) lets the GIL go while it runs; none runs Python on a ferry thread.
+#include <pybind11/stl.h>
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "net/context.h"
+#include "net/errors.h"
+#include "python/src/bindings.h"
+#include "python/src/completions.h"
+#include "python/src/errors.h"
+#include "python/src/fetch.h"
+
+namespace py = pybind11;
+using std::chrono::milliseconds;
+
+namespace ferry::python {
+namespace {
+
+// Runs f() with the GIL released; its result is used after the GIL is back.
+template <typename F>
+auto without_gil(F&& f) {
+  py::gil_scoped_release nogil;
+  return f();
+}
+
+// ContextOptions from the keyword arguments ferry.Context passed on (durations already in ms);
+// an option left out keeps ferry's default (some come from the environment).
+ContextOptions options_from(const py::dict& given) {
+  ContextOptions o;
+  for (const auto& [k, v] : given) {
+    const auto key = k.cast<std::string>();
+    auto ms = [&] { return milliseconds(v.cast<int64_t>()); };
+    if (key == "name")
+      o.name = v.cast<std::string>();
+    else if (key == "threads")
+      o.threads = v.cast<int>();
+    else if (key == "transports")
+      o.transports = v.cast<std::vector<std::string>>();
+    else if (key == "transport")
+      o.transport = v.cast<std::string>();
+    else if (key == "max_frame_bytes")
+      o.max_frame_bytes = v.cast<uint32_t>();
+    else if (key == "max_queued_control_bytes")
+      o.max_queued_control_bytes = v.cast<size_t>();
+    else if (key == "max_requests_per_peer")
+      o.max_requests_per_peer = v.cast<size_t>();
+    else if (key == "connect_timeout")
+      o.connect_timeout = ms();
+    else if (key == "handshake_timeout")
+      o.handshake_timeout = ms();
+    else if (key == "heartbeat_interval")
+      o.heartbeat_interval = ms();
+    else if (key == "peer_timeout")
+      o.peer_timeout = ms();
+    else if (key == "lease_timeout")
+      o.lease_timeout = ms();
+    else if (key == "pool_idle_trim")
+      o.pool_idle_trim = ms();
+    else if (key == "tcp_chunk_bytes")
+      o.tcp_chunk_bytes = v.cast<size_t>();
+    else if (key == "tcp_congestion")
+      o.tcp_congestion = v.cast<std::string>();
+    else if (key == "busy_poll")
+      o.busy_poll = v.cast<bool>();
+    else if (key == "secret")
+      o.secret = v.cast<std::string>();
+    else if (key == "pool_bytes")
+      o.pool_bytes = v.cast<size_t>();
+    else if (key == "rdma_grants") {
+      auto grants = parse_rdma_grants(v.cast<std::string>());
+      if (!grants) {
+        throw py::value_error("rdma_grants must be auto, windows, registrations or regions");
+      }
+      o.rdma_grants = *grants;
+    } else if (key == "tls") {
+      using Paths = std::tuple<std::string, std::string, std::string>;
+      auto [certificate, key_file, ca] = v.cast<Paths>();
+      o.tls = TlsOptions{certificate, key_file, ca};
+    } else {
+      throw py::value_error("unknown Context option: " + key);
+    }
+  }
+  return o;
+}
+
+// What C++ peers see of a tensor: ferry's dtype and the shape, or raw bytes (dtype -1: one
+// ferry has no name for, e.g. numpy uint32; the Python description in ferry.ObjectRef keeps it).
+TensorMeta meta_of(int dtype, const std::vector<int64_t>& shape, uint64_t nbytes) {
+  if (dtype < 0) return TensorMeta::bytes(nbytes);
+  auto d = static_cast<DType>(dtype);
+  if (dtype_size(d) == 0) throw py::value_error("unknown ferry dtype " + std::to_string(dtype));
+  TensorMeta m = TensorMeta::dense(shape, d);
+  if (m.nbytes != nbytes) throw py::value_error("tensor shape and dtype do not match its bytes");
+  return m;
+}
+
+class PeerHandle {
+ public:
+  PeerHandle(Peer peer, std::shared_ptr<InflightFetches> inflight, std::string address)
+      : peer_(std::move(peer)), inflight_(std::move(inflight)), address_(std::move(address)) {}
+  PeerHandle(const PeerHandle&) = delete;
+  PeerHandle& operator=(const PeerHandle&) = delete;
+  // The Python Peer is gone: so is its connection (no fetch of it is in flight, since each
+  // keeps its Python Peer alive).
+  ~PeerHandle() { peer_.close(); }
+
+  const std::string& address() const { return address_; }
+  bool is_open() const { return peer_.is_open(); }
+  std::string transport() const { return peer_.transport(); }
+
+  FetchRequest fetch(ObjectRef ref, const std::vector<std::pair<uintptr_t, size_t>>& targets,
+                     int64_t timeout_ms, std::string transport, py::object future) {
+    std::vector<MutableBuffer> buffers;
+    buffers.reserve(targets.size());
+    for (const auto& [address, size] : targets) {
+      buffers.emplace_back(reinterpret_cast<std::byte*>(address), size);
+    }
+    FetchOptions options;
+    options.timeout = milliseconds(timeout_ms);
+    options.transport = std::move(transport);
+    return start_fetch(peer_, inflight_, std::move(ref), std::move(buffers), std::move(options),
+                       std::move(future));
+  }
+
+  void hold(const ObjectRef& ref, int64_t timeout_ms) {
+    auto ec = without_gil([&] { return peer_.hold(ref, milliseconds(timeout_ms)); });
+    if (ec) raise_error(ec, "hold");
+  }
+
+  void release(const ObjectRef& ref, int64_t timeout_ms) {
+    auto ec = without_gil([&] { return peer_.release(ref, milliseconds(timeout_ms)); });
+    if (ec) raise_error(ec, "release");
+  }
+
+  std::vector<ObjectRef> list(int64_t timeout_ms) {
+    auto refs = without_gil([&] { return peer_.list(milliseconds(timeout_ms)); });
+    if (!refs) raise_error(refs.error(), "list");
+    return std::move(refs).value();
+  }
+
+  void close() { peer_.close(); }
+
+ private:
+  Peer peer_;
+  std::shared_ptr<InflightFetches> inflight_;
+  std::string address_;
+};
+
+class ContextHandle {
+ public:
+  explicit ContextHandle(const py::dict& given) {
+    ContextOptions options = options_from(given);
+    std::error_code thrown;
+    std::string what;
+    auto made = without_gil([&]() -> Result<std::unique_ptr<Context>> {
+      try {
+        return Context::create(std::move(options));
+      } catch (const std::system_error& e) {  // TLS files that cannot be loaded
+        thrown = e.code();
+        what = e.what();
+        return thrown;
+      }
+    });
+    if (thrown) raise_error(thrown, what);
+    if (!made) raise_error(made.error(), "Context");
+    ctx_ = std::shared_ptr<Context>(std::move(made).value());
+  }
+
+  // Python dropped the context (GIL held): close it, without the GIL, if it is still open.
+  ~ContextHandle() { close(); }
+
+  uint16_t listen(const std::string& host_port) {
+    auto c = ctx();
+    auto port = without_gil([&] { return c->listen(host_port); });
+    if (!port) raise_error(port.error(), "listen on " + host_port);
+    return *port;
+  }
+
+  std::string address() { return ctx()->address(); }
+  void set_advertise_address(std::string host_port) {
+    ctx()->set_advertise_address(std::move(host_port));
+  }
+
+  // tensors: (address, nbytes, ferry dtype or -1 for raw bytes, shape). `keepalive` is held
+  // until the object is collected, then dropped on the completion thread.
+  using TensorArg = std::tuple<uintptr_t, uint64_t, int, std::vector<int64_t>>;
+  ObjectRef put(const std::vector<TensorArg>& tensors, py::object keepalive, std::string transport,
+                bool exclusive, bool copy, std::string name) {
+    auto c = ctx();
+    std::vector<Tensor> views;
+    views.reserve(tensors.size());
+    for (const auto& [address, nbytes, dtype, shape] : tensors) {
+      views.push_back(Tensor{{reinterpret_cast<const std::byte*>(address), nbytes},
+                             meta_of(dtype, shape, nbytes)});
+    }
+    std::shared_ptr<void> owner;
+    if (!copy && !keepalive.is_none()) {
+      owner = std::shared_ptr<void>(keepalive.release().ptr(),
+                                    [](void* obj) { queue_drop(static_cast<PyObject*>(obj)); });
+    }
+    PutOptions options;
+    options.transport = std::move(transport);
+    options.exclusive = exclusive;
+    options.copy = copy;
+    options.name = std::move(name);
+    auto ref =
+        without_gil([&] { return c->put(std::move(views), std::move(owner), std::move(options)); });
+    if (!ref) raise_error(ref.error(), "put");
+    return std::move(ref).value();
+  }
+
+  bool release(const ObjectRef& ref) {
+    auto c = ctx();
+    py::gil_scoped_release nogil;
+    return c->release(ref);
+  }
+
+  std::vector<ObjectRef> refs() { return ctx()->refs(); }
+
+  std::unique_ptr<PeerHandle> connect(const std::string& address) {
+    auto c = ctx();
+    auto peer = without_gil([&] { return c->connect(address); });
+    if (!peer) raise_error(peer.error(), "connect to " + address);
+    return std::make_unique<PeerHandle>(std::move(peer).value(), inflight_, address);
+  }
+
+  // Idempotent. Fetches whose completion will never come fail with context_closed. GIL held.
+  void close() {
+    if (!ctx_) return;
+    auto ctx = std::move(ctx_);  // from here other calls raise context_closed
+    py::gil_scoped_release nogil;
+    shut(std::move(ctx));
+  }
+  bool closed() const { return !ctx_; }
+
+  std::vector<std::string> transports() { return ctx()->transports(); }
+  size_t peer_count() { return ctx()->peer_count(); }
+  size_t inflight() const { return inflight_->size(); }
+  py::dict pool_stats() {
+    const PoolStats s = ctx()->pool_stats();
+    py::dict d;
+    d["held_bytes"] = s.held_bytes;
+    d["in_use_bytes"] = s.in_use_bytes;
+    d["hits"] = s.hits;
+    d["misses"] = s.misses;
+    d["fallbacks"] = s.fallbacks;
+    d["fallback_bytes"] = s.fallback_bytes;
+    d["regions_created"] = s.regions_created;
+    d["regions_trimmed"] = s.regions_trimmed;
+    return d;
+  }
+
+ private:
+  // The context, for one call (a concurrent close() leaves it to that call). GIL held.
+  std::shared_ptr<Context> ctx() {
+    if (!ctx_) raise_error(make_error_code(errc::context_closed));
+    return ctx_;
+  }
+
+  // Closes `ctx`, fails the fetches that will never complete, and lets the store go (the
+  // objects put, once no Peer handle keeps the context's state either). GIL released.
+  void shut(std::shared_ptr<Context> ctx) {
+    ctx->close();  // joins the io threads: every handler has run or never will
+    inflight_->fail_all(make_error_code(errc::context_closed));
+    ctx.reset();  // destroyed here unless a call in flight on another thread still has it
+  }
+
+  std::shared_ptr<Context> ctx_;  // null once closed; read and written with the GIL held
+  std::shared_ptr<InflightFetches> inflight_ = std::make_shared<InflightFetches>();
+};
+
+}  // namespace
+
+void bind_context(py::module_& m) {
+  py::class_<PeerHandle>(m, "Peer", "ferry::Peer (see ferry.Peer)")
+      .def_property_readonly("address", &PeerHandle::address)
+      .def_property_readonly("is_open", &PeerHandle::is_open)
+      .def_property_readonly("transport", &PeerHandle::transport)
+      .def("fetch", &PeerHandle::fetch, py::arg("ref"), py::arg("targets"), py::arg("timeout_ms"),
+           py::arg("transport"), py::arg("future"))
+      .def("hold", &PeerHandle::hold)
+      .def("release", &PeerHandle::release)
+      .def("list", &PeerHandle::list)
+      .def("close", &PeerHandle::close);
+
+  py::class_<ContextHandle>(m, "Context", "ferry::Context (see ferry.Context)")
+      .def(py::init<const py::dict&>(), py::arg("options"))
+      .def("listen", &ContextHandle::listen)
+      .def_property_readonly("address", &ContextHandle::address)
+      .def("set_advertise_address", &ContextHandle::set_advertise_address)
+      .def("put", &ContextHandle::put, py::arg("tensors"), py::arg("keepalive"),
+           py::arg("transport"), py::arg("exclusive"), py::arg("copy"), py::arg("name"))
+      .def("release", &ContextHandle::release)
+      .def("refs", &ContextHandle::refs)
+      .def("connect", &ContextHandle::connect)
+      .def("close", &ContextHandle::close)
+      .def_property_readonly("closed", &ContextHandle::closed)
+      .def("transports", &ContextHandle::transports)
+      .def("peer_count", &ContextHandle::peer_count)
+      .def("inflight", &ContextHandle::inflight)
+      .def("pool_stats", &ContextHandle::pool_stats);
+}
+
+}  // namespace ferry::python

@@ -1,0 +1,121 @@
+#include "python/src/fetch.h"
+
+#include <pybind11/numpy.h>
+
+#include "net/errors.h"
+#include "net/peer.h"
+#include "python/src/bindings.h"
+#include "python/src/errors.h"
+
+namespace py = pybind11;
+
+namespace ferry::python {
+namespace {
+
+// A zero-copy uint8 view of `bytes` inside ferry's `storage`, keeping `storage` alive.
+py::array_t<uint8_t> view_of(const std::shared_ptr<std::byte[]>& storage, MutableBuffer bytes) {
+  if (bytes.empty()) return py::array_t<uint8_t>(0);
+  auto* owner = new std::shared_ptr<std::byte[]>(storage);
+  py::capsule base(owner, [](void* p) { delete static_cast<std::shared_ptr<std::byte[]>*>(p); });
+  return py::array_t<uint8_t>({static_cast<py::ssize_t>(bytes.size())}, {1},
+                              reinterpret_cast<const uint8_t*>(bytes.data()), base);
+}
+
+}  // namespace
+
+bool PendingFetch::finish(std::error_code ec, FetchResult result) {
+  if (finished_.exchange(true)) return false;
+  auto outcome = std::make_unique<FetchOutcome>(FetchOutcome{ec, std::move(result)});
+  queue_completion(future_.release(), std::move(outcome));
+  return true;
+}
+
+uint64_t InflightFetches::add(std::shared_ptr<PendingFetch> fetch) {
+  std::lock_guard lock(mu_);
+  const uint64_t key = next_++;
+  fetches_.emplace(key, std::move(fetch));
+  return key;
+}
+
+void InflightFetches::remove(uint64_t key) {
+  std::shared_ptr<PendingFetch> gone;  // destroyed outside the lock
+  std::lock_guard lock(mu_);
+  if (auto it = fetches_.find(key); it != fetches_.end()) {
+    gone = std::move(it->second);
+    fetches_.erase(it);
+  }
+}
+
+void InflightFetches::fail_all(std::error_code ec) {
+  std::unordered_map<uint64_t, std::shared_ptr<PendingFetch>> all;
+  {
+    std::lock_guard lock(mu_);
+    all.swap(fetches_);
+  }
+  for (auto& [key, fetch] : all) fetch->finish(ec, FetchResult{});
+}
+
+size_t InflightFetches::size() const {
+  std::lock_guard lock(mu_);
+  return fetches_.size();
+}
+
+FetchRequest start_fetch(const Peer& peer, const std::shared_ptr<InflightFetches>& inflight,
+                         ObjectRef ref, std::vector<MutableBuffer> targets, FetchOptions options,
+                         py::object future) {
+  auto pending = std::make_shared<PendingFetch>(PyRef(std::move(future)));
+  if (!peer.valid()) {
+    pending->finish(make_error_code(errc::peer_closed), FetchResult{.ref = std::move(ref)});
+    return FetchRequest();
+  }
+  const uint64_t key = inflight->add(pending);
+  // Runs on an io thread: no GIL, no Python; the queue takes it from here.
+  auto handler = [pending, weak = std::weak_ptr<InflightFetches>(inflight), key](
+                     boost::system::error_code ec, FetchResult result) {
+    pending->finish(std::error_code(ec), std::move(result));
+    if (auto in = weak.lock()) in->remove(key);
+  };
+  try {
+    return peer.fetch(std::move(ref), std::move(targets), std::move(options),
+                      FetchHandler(std::move(handler)));
+  } catch (...) {
+    inflight->remove(key);
+    throw;
+  }
+}
+
+void bind_fetch(py::module_& m) {
+  py::class_<FetchRequest>(m, "FetchRequest", "ferry::FetchRequest: abort a fetch in flight")
+      .def_property_readonly("id", &FetchRequest::id)
+      .def("done", &FetchRequest::done)
+      .def("abort", &FetchRequest::abort,
+           "Asks the fetch to stop: it completes with errc::aborted unless it completed first. "
+           "Never blocks.");
+
+  py::class_<FetchOutcome>(m, "FetchOutcome", "What one fetch ended with")
+      .def_property_readonly("error",
+                             [](const FetchOutcome& o) -> py::object {
+                               if (!o.ec) return py::none();
+                               return error_info(o.ec);
+                             })
+      .def_property_readonly("transport", [](const FetchOutcome& o) { return o.result.transport; })
+      .def_property_readonly("nbytes", [](const FetchOutcome& o) { return o.result.bytes; })
+      .def_property_readonly(
+          "elapsed", [](const FetchOutcome& o) { return o.result.elapsed.count() / 1e9; },
+          "seconds from issue to completion")
+      .def_property_readonly("restarts", [](const FetchOutcome& o) { return o.result.restarts; })
+      .def_property_readonly("allocated",
+                             [](const FetchOutcome& o) { return o.result.storage != nullptr; })
+      .def(
+          "views",
+          [](const FetchOutcome& o) {
+            py::list out;
+            if (!o.result.storage) return out;
+            for (const auto& t : o.result.tensors) out.append(view_of(o.result.storage, t));
+            return out;
+          },
+          "Success with ferry's memory: one writable uint8 array per tensor, viewing that memory "
+          "(zero copy) and keeping it alive. Empty when the fetch landed in given targets.");
+}
+
+}  // namespace ferry::python

@@ -1,0 +1,169 @@
+"""Fixtures shared by the ferry Python tests: real processes on real loopback sockets.
+
+Every wait has a deadline: futures are waited with result(timeout=...), child processes
+through Child (reads with select, waits with timeouts, kills at teardown).
+"""
+
+import os
+import selectors
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+HELPER = os.path.join(os.path.dirname(__file__), "ferry_helper.py")
+DEADLINE = 60.0  # seconds any single wait in these tests may take at most
+
+
+def have_torch():
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+class Child:
+    """A Python child process with line-based stdin/stdout and bounded waits."""
+
+    def __init__(self, *args, script=HELPER, code=None):
+        argv = [sys.executable, "-c", code] if code is not None else [sys.executable, script]
+        self.proc = subprocess.Popen(argv + [str(a) for a in args], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     bufsize=0)
+        self._buffer = b""
+
+    @property
+    def pid(self):
+        return self.proc.pid
+
+    def send(self, line):
+        self.proc.stdin.write(line.encode() if isinstance(line, str) else line)
+        self.proc.stdin.flush()
+
+    def read_line(self, timeout=DEADLINE):
+        deadline = time.monotonic() + timeout
+        with selectors.DefaultSelector() as sel:
+            sel.register(self.proc.stdout, selectors.EVENT_READ)
+            while b"\n" not in self._buffer:
+                left = deadline - time.monotonic()
+                if left <= 0 or not sel.select(left):
+                    raise AssertionError(f"child {self.pid}: no output within {timeout} s"
+                                         f"{self._stderr_tail()}")
+                chunk = os.read(self.proc.stdout.fileno(), 1 << 20)
+                if not chunk:
+                    raise AssertionError(f"child {self.pid} exited (rc {self.proc.wait(5)})"
+                                         f"{self._stderr_tail()}")
+                self._buffer += chunk
+        line, _, self._buffer = self._buffer.partition(b"\n")
+        return line.decode()
+
+    def wait(self, timeout=DEADLINE):
+        """The exit code; AssertionError (and the child killed) if it has not exited in time."""
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise AssertionError(f"child {self.pid} still running after {timeout} s") from None
+
+    def rest(self):
+        """Everything the child wrote after the lines read so far (call once it has exited)."""
+        rest, self._buffer = self._buffer + self.proc.stdout.read(), b""
+        return rest.decode(errors="replace")
+
+    def stderr(self):
+        if self.proc.poll() is None:
+            return ""
+        return self.proc.stderr.read().decode(errors="replace")
+
+    def _stderr_tail(self):
+        if self.proc.poll() is None:
+            return ""
+        return "\n--- child stderr ---\n" + self.stderr()[-3000:]
+
+    def signal(self, sig):
+        if self.proc.poll() is None:
+            os.kill(self.pid, sig)
+            if sig == signal.SIGSTOP:  # returns once every thread of it has stopped
+                deadline = time.monotonic() + DEADLINE
+                while self._state() not in ("T", "", "Z"):
+                    assert time.monotonic() < deadline, f"child {self.pid} did not stop"
+                    time.sleep(0.001)
+
+    def _state(self):
+        """"T" once every thread is stopped, "" once gone, else some thread's state."""
+        try:
+            states = set()
+            for task in os.listdir(f"/proc/{self.pid}/task"):
+                with open(f"/proc/{self.pid}/task/{task}/stat") as f:
+                    states.add(f.read().rpartition(")")[2].split()[0])
+        except OSError:
+            return ""
+        return "T" if states <= {"T", "t"} else min(states - {"T", "t"})
+
+    def kill(self):
+        if self.proc.poll() is None:
+            self.proc.kill()  # SIGKILL ends a stopped process too
+        self.proc.wait(10)
+
+    def close(self):
+        if self.proc.poll() is None:
+            self.signal(signal.SIGCONT)
+            try:
+                self.proc.stdin.close()  # EOF: helpers exit on their own
+                self.proc.wait(10)
+            except (OSError, subprocess.TimeoutExpired):
+                pass
+        self.kill()
+        for f in (self.proc.stdout, self.proc.stderr):
+            f.close()
+
+
+@pytest.fixture
+def child():
+    """Factory: child(*args, code=...) starts a Child; all are killed at teardown."""
+    children = []
+
+    def start(*args, **kwargs):
+        c = Child(*args, **kwargs)
+        children.append(c)
+        return c
+
+    yield start
+    for c in children:
+        c.close()
+
+
+@pytest.fixture
+def owner(child):
+    """A helper process owning objects(with_torch): .refs {name: ref}, .pid, .child."""
+    from ferry_helper import decode
+
+    class Owner:
+        def __init__(self):
+            args = ["own"] + (["--torch"] if have_torch() else [])
+            self.child = child(*args)
+            info = decode(self.child.read_line())
+            self.pid = info["pid"]
+            self.refs = info["refs"]
+
+    return Owner()
+
+
+@pytest.fixture
+def ctx():
+    import ferry
+
+    with ferry.Context(name="test") as c:
+        yield c
+
+
+@pytest.fixture
+def local_owner():
+    """An owning Context in this process (for tests about this process's own puts)."""
+    import ferry
+
+    with ferry.Context("127.0.0.1:0", name="test-owner") as c:
+        yield c

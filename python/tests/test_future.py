@@ -1,0 +1,206 @@
+"""ferry.Future: concurrent.futures behaviour, asyncio, callbacks, abort, cancel, timeouts.
+
+A stopped owner (SIGSTOP) makes a fetch that surely stays in flight: what is asserted about
+abort, timeout and dropped futures does not race the fetch's own completion."""
+
+import asyncio
+import concurrent.futures
+import gc
+import signal
+import threading
+import time
+
+import numpy as np
+import pytest
+
+ferry = pytest.importorskip("ferry", reason="ferry is not built (PYTHONPATH=build/python)")
+
+from ferry_helper import objects, same  # noqa: E402
+
+
+@pytest.fixture
+def stopped(owner, ctx):
+    """(peer, ref) where the owner process is stopped: fetches stay in flight until SIGCONT."""
+    peer = ctx.connect(owner.refs["np_float32"])
+    peer.fetch(owner.refs["np_float32"]).result(30)  # the data channel is up
+    owner.child.signal(signal.SIGSTOP)
+    yield peer, owner.refs["np_float32"]
+    owner.child.signal(signal.SIGCONT)
+
+
+def test_is_a_concurrent_future(owner, ctx):
+    peer = ctx.connect(owner.refs["np_int64"])
+    futures = [peer.fetch(owner.refs["np_int64"]) for _ in range(8)]
+    assert all(isinstance(f, concurrent.futures.Future) for f in futures)
+    done, not_done = concurrent.futures.wait(futures, timeout=60)
+    assert not not_done
+    for f in concurrent.futures.as_completed(futures, timeout=60):
+        assert f.done() and f.exception() is None
+        assert f.elapsed > 0 and f.restarts == 0
+
+
+def test_await_in_asyncio(owner, ctx):
+    peer = ctx.connect(owner.refs["np_int64"])
+    want = objects(False)
+
+    async def main():
+        ticks = 0
+
+        async def ticker():  # the loop keeps running while fetches are awaited
+            nonlocal ticks
+            while True:
+                ticks += 1
+                await asyncio.sleep(0)
+
+        task = asyncio.create_task(ticker())
+        single = await asyncio.wait_for(peer.fetch(owner.refs["np_int64"]), 60)
+        many = await asyncio.wait_for(
+            asyncio.gather(*(peer.fetch(owner.refs["list"]) for _ in range(20))), 60)
+        task.cancel()
+        return single, many, ticks
+
+    single, many, ticks = asyncio.run(main())
+    same(want["np_int64"], single)
+    for m in many:
+        same(want["list"], m)
+    assert ticks > 0
+
+
+def test_cancelling_an_awaiting_task_aborts_the_fetch(stopped):
+    peer, ref = stopped
+    future = peer.fetch(ref)
+
+    async def main():
+        task = asyncio.ensure_future(future)
+        await asyncio.sleep(0.05)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(main())
+    with pytest.raises(ferry.AbortedError):
+        future.result(timeout=30)
+
+
+def test_done_callback_fetches_again(owner, ctx):
+    peer = ctx.connect(owner.refs["np_float16"])
+    ref = owner.refs["np_float16"]
+    results, finished = [], threading.Event()
+
+    def chain(future):
+        results.append(future.result())  # done: returns at once
+        if len(results) < 20:
+            peer.fetch(ref).add_done_callback(chain)
+        else:
+            finished.set()
+
+    peer.fetch(ref).add_done_callback(chain)
+    assert finished.wait(60)
+    want = objects(False)["np_float16"]
+    for r in results:
+        same(want, r)
+
+
+def test_waiting_inside_a_callback_raises_instead_of_deadlocking(stopped):
+    peer, ref = stopped
+    seen, called = [], threading.Event()
+
+    def callback(_):
+        inner = peer.fetch(ref)  # stays in flight: the owner is stopped
+        try:
+            inner.result(timeout=1)
+        except RuntimeError as e:
+            seen.append(e)
+        inner.abort()
+        called.set()
+
+    first = peer.fetch(ref)
+    first.add_done_callback(callback)
+    first.abort()
+    assert called.wait(30)
+    assert seen and "deadlock" in str(seen[0])
+
+
+def test_abort(stopped):
+    peer, ref = stopped
+    future = peer.fetch(ref)
+    time.sleep(0.05)
+    assert not future.done()
+    future.abort()
+    with pytest.raises(ferry.AbortedError) as info:
+        future.result(timeout=30)
+    assert info.value.code == ferry.Errc.aborted and info.value.scope == "operation"
+    assert peer.is_open  # the peer stays usable
+
+
+def test_cancel_aborts_and_reports_running(stopped):
+    peer, ref = stopped
+    future = peer.fetch(ref)
+    assert future.cancel() is False  # a fetch in flight cannot be cancelled synchronously
+    assert isinstance(future.exception(timeout=30), ferry.AbortedError)
+    assert not future.cancelled()
+
+
+def test_timeout(stopped):
+    peer, ref = stopped
+    started = time.monotonic()
+    future = peer.fetch(ref, timeout=0.3)
+    with pytest.raises(ferry.TimeoutError) as info:
+        future.result(timeout=30)
+    assert isinstance(info.value, TimeoutError)  # the built-in
+    assert info.value.code == ferry.Errc.timed_out
+    assert 0.25 < time.monotonic() - started < 10
+
+
+def test_result_timeout_is_the_waits_own(stopped):
+    peer, ref = stopped
+    future = peer.fetch(ref)
+    with pytest.raises(concurrent.futures.TimeoutError):
+        future.result(timeout=0.1)
+    assert not future.done()  # the fetch goes on
+    future.abort()
+    assert isinstance(future.exception(timeout=30), ferry.AbortedError)
+
+
+def test_dropped_futures_still_complete(owner, ctx):
+    peer = ctx.connect(owner.refs["np_big"])
+    into = np.empty_like(objects(False)["np_big"])
+    for _ in range(10):
+        peer.fetch(owner.refs["np_big"])  # dropped at once
+    peer.fetch(owner.refs["np_big"], into=into)  # dropped too: the target stays alive meanwhile
+    del peer
+    gc.collect()
+    deadline = time.monotonic() + 60
+    while ctx.inflight and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert ctx.inflight == 0
+    same(objects(False)["np_big"], into)
+
+
+def test_closing_the_context_fails_fetches_in_flight(stopped):
+    peer, ref = stopped
+    futures = [peer.fetch(ref) for _ in range(5)]
+    peer._context.close()
+    for f in futures:
+        error = f.exception(timeout=30)
+        assert isinstance(error, ferry.FerryError), error
+        assert error.scope in ("peer", "context")
+
+
+def test_blocking_calls_let_other_threads_run(stopped):
+    peer, ref = stopped
+    ticks, stop = [0], threading.Event()
+
+    def spin():
+        while not stop.is_set():
+            ticks[0] += 1
+
+    spinner = threading.Thread(target=spin)
+    spinner.start()
+    try:
+        with pytest.raises(ferry.TimeoutError):
+            peer.hold(ref, timeout=0.5)  # the owner is stopped: no answer
+    finally:
+        stop.set()
+        spinner.join(10)
+    assert ticks[0] > 1000  # the spinner ran while hold() waited
