@@ -51,6 +51,13 @@ double cpu_seconds() {
          (ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e6;
 }
 
+// User-mode CPU only: where a completion loop that polls instead of sleeping spends its time.
+double user_cpu_seconds() {
+  rusage ru{};
+  getrusage(RUSAGE_SELF, &ru);
+  return ru.ru_utime.tv_sec + ru.ru_utime.tv_usec / 1e6;
+}
+
 class Rdma : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -257,17 +264,21 @@ TEST_F(Rdma, WaitingOnStuckReadsCostsNoCpuAndTheyStartAgainOnANewQueuePair) {
     for (auto& r : reqs) done += r.done();
     ASSERT_LT(done, 100) << "fetches completed despite the dropped RoCE traffic";
     const double cpu0 = cpu_seconds();
+    const double user0 = user_cpu_seconds();
     const auto t0 = std::chrono::steady_clock::now();
     std::this_thread::sleep_for(1500ms);
     const double cpu = cpu_seconds() - cpu0;
+    const double user = user_cpu_seconds() - user0;
     const double wall =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     RecordProperty("idle_cpu_seconds", std::to_string(cpu));
-    std::printf("waiting with %d fetches stuck: %.3f s CPU in %.3f s\n", 100 - done, cpu, wall);
-    // A spinning wait costs a whole core; a sleeping one next to nothing. A starved VM charges
-    // its processes for time its vCPUs were not running (steal), so the bound grows with the
-    // machine's slowness, at most to half a core: a spin still fails it.
-    EXPECT_LT(cpu, std::min(0.1 * time_scale(), 0.5) * wall)
+    std::printf("waiting with %d fetches stuck: %.3f s CPU (%.3f s of it user) in %.3f s\n",
+                100 - done, cpu, user, wall);
+    // A wait that polls instead of sleeping costs a whole core in user mode (the completion
+    // queue is a ring in user memory). The kernel's share is rxe retrying the dropped READs, in
+    // softirqs charged to whoever runs: measured at 0.3 to 1.3 s of these 1.5 s on a guest
+    // whose host was busy, and not ferry's to bound, so it is printed, not asserted.
+    EXPECT_LT(user, std::min(0.1 * time_scale(), 0.5) * wall)
         << "waiting for completions should sleep, not spin";
     // A link that stays down ends with the queue pair in error (rxe retries for a long time;
     // the test does not wait for it): break it now.
