@@ -19,6 +19,12 @@ Suites
                 TCP BTL (mpi-allreduce under mpirun); float32 sum; timed as NCCL's tests
                 time them (calls back to back, the mean over ranks), algbw and busbw as they
                 define them (busbw = algbw * 2(n-1)/n)
+  python        loopback, two processes: ferry from Python (bench/python_bench.py, the ferry
+                package from --python-path) into numpy buffers and into ferry's memory, beside
+                ferry-bench fetch (C++) the same two ways and what a Python user has without
+                ferry: pickle through multiprocessing.shared_memory (Ray's custom-transport
+                example), torch.distributed send/recv over gloo, pickle over a TCP socket;
+                bandwidth 4 KiB to 64 MiB, latency (1 in flight) at 4 and 64 KiB
 
 Output (in --out): samples.json (every sample), report.txt (the table printed on stdout),
 *.png (gnuplot), and rdma-samples.json from the guest. Only the standard library is used.
@@ -53,6 +59,12 @@ FULL_ALLREDUCE_SIZES = [4 * KIB, 16 * KIB, 64 * KIB, 256 * KIB, 1 * MIB, 4 * MIB
                         64 * MIB]
 QUICK_ALLREDUCE_SIZES = [4 * KIB, 64 * KIB, 1 * MIB, 16 * MIB, 64 * MIB]
 ALLREDUCE_RANKS = 4
+FULL_PYTHON_SIZES = [4 * KIB, 64 * KIB, 1 * MIB, 8 * MIB, 64 * MIB]
+QUICK_PYTHON_SIZES = [4 * KIB, 1 * MIB, 64 * MIB]
+PYTHON_LAT_SIZES = (4 * KIB, 64 * KIB)  # the python suite's latency rows (1 in flight)
+# bench/python_bench.py's tools: ferry into numpy buffers ("ferry", so paired_ratios gives
+# ferry / peer), ferry into its own memory, and the peers.
+PYTHON_PEERS = ["shm-pickle", "torch-gloo", "pickle-socket"]
 
 
 def log(*a):
@@ -165,6 +177,7 @@ class Bench:
         self.fb = os.path.abspath(args.ferry_bench)
         self.secs = args.seconds
         self.samples = []
+        self.python_skipped = {}  # python suite: tool -> why it cannot run here
 
     def add(self, **s):
         self.samples.append(s)
@@ -210,6 +223,37 @@ class Bench:
                  gbps=r["gbps"], p50_us=r["p50_us"], p99_us=r["p99_us"],
                  fetches_per_s=r["fetches_per_s"], cpu_s_per_gb=r.get("cpu_s_per_gb"),
                  transport=r["transport"], raw=r)
+
+    def python(self, metric, tool, size, rep, inflight):
+        """One sample of bench/python_bench.py: tool "ferry" (ferry-py into numpy buffers),
+        "ferry-py-alloc" (into ferry's memory) or a peer. A tool that cannot run here (exit 77:
+        ferry or torch.distributed's gloo missing) is recorded once as skipped, then left out."""
+        if tool in self.python_skipped:
+            return
+        sub = "ferry-py" if tool in ("ferry", "ferry-py-alloc") else tool
+        argv = [self.args.python, os.path.join(HERE, "python_bench.py"), sub, "--size",
+                str(size), "--inflight", str(inflight), "--seconds", str(self.secs)]
+        if tool == "ferry":
+            argv.append("--into")
+        path = [self.args.python_path] + [x for x in [os.environ.get("PYTHONPATH")] if x]
+        p = Proc(argv, env={"PYTHONPATH": os.pathsep.join(path)})
+        # Bound: start-up (torch imports in a few seconds), the window, and the drain of the
+        # slowest peer (64 MiB pickled: about a second a transfer on the 2-core VM, 4 queued).
+        rc, out, err, _ = p.wait(180 + 4 * self.secs)
+        last = (out.strip().splitlines() or ["{}"])[-1]
+        if rc == 77:
+            reason = json.loads(last).get("skipped", err.strip()[-300:])
+            self.python_skipped[tool] = reason
+            log(f"SKIPPED: python {tool}: {reason}")
+            self.samples.append({"suite": "python", "tool": tool, "skipped": reason})
+            return
+        if rc != 0:
+            what = "timed out" if rc == 124 else f"exited {rc}"
+            raise RuntimeError(f"python_bench.py {sub} {what}: {err.strip()[-800:]}")
+        r = json.loads(last)
+        self.add(suite="python", metric=metric, tool=tool, size=size, rep=rep,
+                 inflight=inflight, gbps=r["gbps"], p50_us=r["p50_us"], p99_us=r["p99_us"],
+                 fetches_per_s=r["fetches_per_s"], cpu_s_per_gb=r.get("cpu_s_per_gb"), raw=r)
 
     def pingpong(self, size, rep, host="127.0.0.1", suite="tcp"):
         srv = [self.fb, "pingpong-serve", "--listen", f"{host}:0"]
@@ -384,6 +428,31 @@ def suite_receive(b, sizes, reps):
                     ("ferry caller", lambda: b.ferry("receive", "bw", size, rep,
                                                      bw_inflight(size), tool="ferry-caller"))]
             for what, fn in rotate(runs, rep):
+                b.guarded(what, fn)
+
+
+def suite_python(b, sizes, reps):
+    """ferry from Python beside ferry from C++ and beside Python's usual ways of moving an array
+    between two processes (bench/python_bench.py): per size and repetition each tool once, the
+    order rotating; bandwidth with bw_inflight(size) transfers outstanding, latency (1 in
+    flight) at PYTHON_LAT_SIZES."""
+    for rep in range(reps):
+        for size in sizes:
+            log(f"python size {human(size)} rep {rep + 1}/{reps}")
+            k = bw_inflight(size)
+            bw = [("ferry-cpp", lambda: b.ferry("python", "bw", size, rep, k, tool="ferry-cpp")),
+                  ("ferry-cpp-alloc", lambda: b.ferry("python", "bw", size, rep, k,
+                                                      tool="ferry-cpp-alloc",
+                                                      fetch_extra=["--ferry-allocates"]))]
+            bw += [(f"python {t}", lambda t=t: b.python("bw", t, size, rep, k))
+                   for t in ["ferry", "ferry-py-alloc"] + PYTHON_PEERS]
+            lat = []
+            if size in PYTHON_LAT_SIZES:
+                lat = [("ferry-cpp lat", lambda: b.ferry("python", "lat", size, rep, 1,
+                                                         tool="ferry-cpp"))]
+                lat += [(f"python {t} lat", lambda t=t: b.python("lat", t, size, rep, 1))
+                        for t in ["ferry"] + PYTHON_PEERS]
+            for what, fn in rotate(bw, rep) + (rotate(lat, rep) if lat else []):
                 b.guarded(what, fn)
 
 
@@ -667,6 +736,137 @@ def table(samples, suite, metric):
     return lines
 
 
+def paired(samples, suite, metric, num, den, key, size, diff=False):
+    """num / den (diff: num - den) within each repetition, as paired_ratios does for ferry /
+    peer, for any two tools: a stat, or None."""
+    by_rep = {}
+    for s in samples:
+        if (s.get("suite") == suite and s.get("metric") == metric and s.get("size") == size
+                and s.get("tool") in (num, den) and isinstance(s.get(key), (int, float))):
+            by_rep.setdefault(s.get("rep"), {})[s["tool"]] = s[key]
+    return stat([(r[num] - r[den]) if diff else r[num] / r[den] for r in by_rep.values()
+                 if num in r and den in r and (diff or r[den])])
+
+
+PYTHON_BW_COLUMNS = [  # (heading, tool), and the ratio heading beside it, (num, den)
+    ("ferry-py", "ferry", None),
+    ("ferry-cpp", "ferry-cpp", ("py/cpp", "ferry", "ferry-cpp")),
+    ("ferry-py-alloc", "ferry-py-alloc", None),
+    ("ferry-cpp-alloc", "ferry-cpp-alloc", ("py/cpp alloc", "ferry-py-alloc", "ferry-cpp-alloc")),
+    ("shm-pickle", "shm-pickle", ("ferry/shm", "ferry", "shm-pickle")),
+    ("torch-gloo", "torch-gloo", ("ferry/gloo", "ferry", "torch-gloo")),
+    ("pickle-socket", "pickle-socket", ("ferry/pickle", "ferry", "pickle-socket")),
+]
+
+
+def python_tables(samples):
+    lines = [f"\nSKIPPED: python {s['tool']}: {s['skipped']}" for s in samples
+             if s.get("suite") == "python" and s.get("skipped")]
+    sizes = sorted({s["size"] for s in samples if s.get("suite") == "python" and
+                    s.get("metric") == "bw" and "gbps" in s})
+    if sizes:
+        lines.append("\nPYTHON bandwidth, loopback, two processes (GB/s; median [min-max] of the "
+                     "repetitions; ratios within each repetition, median [min-max]; ferry-py = "
+                     "ferry from Python into numpy buffers, -alloc = into ferry's memory, "
+                     "-cpp = ferry-bench fetch)")
+        head = f"{'size':>6}"
+        for name, _, r in PYTHON_BW_COLUMNS:
+            head += f" | {name:>18}" + (f" {r[0]:>16}" if r else "")
+        lines.append(head)
+        for size in sizes:
+            row = f"{human(size):>6}"
+            for _, tool, r in PYTHON_BW_COLUMNS:
+                row += f" | {fmt(medians(samples, 'python', 'bw', tool, 'gbps').get(size)):>18}"
+                if r:
+                    rs = paired(samples, "python", "bw", r[1], r[2], "gbps", size)
+                    row += f" {fmt(rs, 2):>16}"
+            lines.append(row)
+        for size in sizes:
+            cells = []
+            for tool in ("ferry", "ferry-cpp", "shm-pickle", "torch-gloo", "pickle-socket"):
+                cpu = stat([s.get("cpu_s_per_gb") for s in samples if s.get("suite") == "python"
+                            and s.get("metric") == "bw" and s.get("tool") == tool and
+                            s.get("size") == size])
+                faults = stat([(s.get("raw") or {}).get("faults_per_transfer") for s in samples
+                               if s.get("suite") == "python" and s.get("metric") == "bw" and
+                               s.get("tool") == tool and s.get("size") == size])
+                if cpu or faults:
+                    cells.append(f"{tool} {fmt(cpu)} s/GB" +
+                                 (f", {faults['median']:.3g} faults" if faults else ""))
+            lines.append(f"{human(size):>6} CPU (both sides) and page faults per transfer: "
+                         + "; ".join(cells))
+    lat_sizes = sorted({s["size"] for s in samples if s.get("suite") == "python" and
+                        s.get("metric") == "lat" and "p50_us" in s})
+    if lat_sizes:
+        lines.append("\nPYTHON latency, 1 in flight (p50 us; median [min-max] of the repetitions; "
+                     "py-cpp = ferry-py p50 - ferry-cpp p50 within each repetition)")
+        tools = ["ferry", "ferry-cpp"] + PYTHON_PEERS
+        head = f"{'size':>6}" + "".join(f" | {('ferry-py' if t == 'ferry' else t):>18}"
+                                        for t in tools)
+        lines.append(head + f" | {'py-cpp us':>18} | {'ferry-py p99':>18}")
+        for size in lat_sizes:
+            row = f"{human(size):>6}"
+            for t in tools:
+                row += f" | {fmt(medians(samples, 'python', 'lat', t, 'p50_us').get(size)):>18}"
+            d = paired(samples, "python", "lat", "ferry", "ferry-cpp", "p50_us", size, diff=True)
+            p99 = medians(samples, "python", "lat", "ferry", "p99_us").get(size)
+            lines.append(row + f" | {fmt(d):>18} | {fmt(p99):>18}")
+        for size in lat_sizes:
+            raw = [s["raw"] for s in samples if s.get("suite") == "python" and
+                   s.get("metric") == "lat" and s.get("tool") == "ferry" and
+                   s.get("size") == size and isinstance(s.get("raw"), dict)]
+            parts = [(k, stat([r.get(k) for r in raw])) for k in
+                     ("native_p50_us", "python_extra_p50_us", "issue_call_p50_us")]
+            if any(v for _, v in parts):
+                lines.append(f"{human(size):>6} ferry-py, where the time goes (p50 us): ferry's "
+                             f"own span {fmt(parts[0][1])}, Python's span beyond it "
+                             f"{fmt(parts[1][1])}, the issuing call {fmt(parts[2][1])}")
+    return lines
+
+
+def python_markdown(samples):
+    """The python suite's tables in Markdown (appended to tables.md)."""
+    sizes = sorted({s["size"] for s in samples if s.get("suite") == "python" and
+                    s.get("metric") == "bw" and "gbps" in s})
+    if not sizes:
+        return ""
+
+    def cell(x, ratio=False):
+        if not x:
+            return ""
+        d = (lambda v: f"{v:.2g}") if ratio else (lambda v: f"{v:.3g}")
+        return f"{d(x['median'])} [{d(x['min'])}–{d(x['max'])}]" if ratio else d(x["median"])
+
+    out = ["", "**Python, loopback, bandwidth (GB/s)**", ""]
+    names = ["size"]
+    for name, _, r in PYTHON_BW_COLUMNS:
+        names += [name] + ([r[0]] if r else [])
+    out += ["| " + " | ".join(names) + " |", "|" + " --- |" * len(names)]
+    for size in sizes:
+        cells = [human(size).replace("K", " KiB").replace("M", " MiB")]
+        for _, tool, r in PYTHON_BW_COLUMNS:
+            cells.append(cell(medians(samples, "python", "bw", tool, "gbps").get(size)))
+            if r:
+                cells.append(cell(paired(samples, "python", "bw", r[1], r[2], "gbps", size), True))
+        out.append("| " + " | ".join(cells) + " |")
+    lat_sizes = sorted({s["size"] for s in samples if s.get("suite") == "python" and
+                        s.get("metric") == "lat" and "p50_us" in s})
+    if lat_sizes:
+        tools = ["ferry", "ferry-cpp"] + PYTHON_PEERS
+        names = (["size"] + [("ferry-py" if t == "ferry" else t) + " p50" for t in tools] +
+                 ["ferry-py − ferry-cpp", "ferry-py p99"])
+        out += ["", "**Python, loopback, latency, 1 in flight (µs)**", "",
+                "| " + " | ".join(names) + " |", "|" + " --- |" * len(names)]
+        for size in lat_sizes:
+            cells = [human(size).replace("K", " KiB").replace("M", " MiB")]
+            cells += [cell(medians(samples, "python", "lat", t, "p50_us").get(size)) for t in tools]
+            d = paired(samples, "python", "lat", "ferry", "ferry-cpp", "p50_us", size, diff=True)
+            cells.append(f"{d['median']:.0f} [{d['min']:.0f}–{d['max']:.0f}]" if d else "")
+            cells.append(cell(medians(samples, "python", "lat", "ferry", "p99_us").get(size)))
+            out.append("| " + " | ".join(cells) + " |")
+    return "\n".join(out) + "\n"
+
+
 def rate_table(samples):
     rate = medians(samples, "tcp", "rate", "ferry", "fetches_per_s")
     if not rate:
@@ -749,6 +949,41 @@ def targets(samples):
         else:
             out.append(f"  allreduce {human(size)}: not evaluated (no peer measured: SKIPPED or "
                        "failed, see above)")
+    for size in sorted({s["size"] for s in samples if s.get("suite") == "python" and
+                        s.get("metric") == "bw" and "gbps" in s}):
+        if size < MIB:
+            continue
+        if not med("python", "bw", "ferry", size, "gbps"):
+            out.append(f"  Python {human(size)}: not evaluated (ferry from Python not measured: "
+                       "SKIPPED or failed, see above)")
+            continue
+        for num, den, what in (("ferry", "ferry-cpp", "into buffers"),
+                               ("ferry-py-alloc", "ferry-cpp-alloc", "into ferry's memory")):
+            r = paired(samples, "python", "bw", num, den, "gbps", size)
+            if r:
+                out.append(f"  Python {human(size)}: ferry from Python / from C++ ({what}) = "
+                           f"{r['median']:.2f} (target >= 0.95): {verdict(r['median'] >= 0.95)}")
+        # The better of torch-gloo and pickle-socket: the higher median of this size.
+        peers = [((med("python", "bw", t, size, "gbps") or 0), t)
+                 for t in ("torch-gloo", "pickle-socket")]
+        best_bw, best = max(peers)
+        r = ratio("python", "bw", best, size, "gbps") if best_bw else None
+        if r:
+            out.append(f"  Python {human(size)}: ferry / better of torch-gloo and pickle-socket "
+                       f"({best}) = {r:.2f} (target >= 1.5): {verdict(r >= 1.5)}")
+        else:
+            out.append(f"  Python {human(size)}: ferry / torch-gloo, pickle-socket: not evaluated "
+                       "(neither measured: SKIPPED or failed, see above)")
+        r = ratio("python", "bw", "shm-pickle", size, "gbps")
+        if r:
+            out.append(f"  Python {human(size)}: ferry / shm-pickle = {r:.2f} (target >= 1.0): "
+                       f"{verdict(r >= 1.0)}")
+    for size in sorted({s["size"] for s in samples if s.get("suite") == "python" and
+                        s.get("metric") == "lat" and "p50_us" in s}):
+        d = paired(samples, "python", "lat", "ferry", "ferry-cpp", "p50_us", size, diff=True)
+        if d:
+            out.append(f"  Python {human(size)} latency p50: ferry from Python - from C++ = "
+                       f"{d['median']:+.1f} us (target <= +15 us): {verdict(d['median'] <= 15)}")
     for s in samples:
         if s.get("metric") == "idle":
             out.append(f"  idle CPU with a peer connected ({s['transport']}): "
@@ -877,6 +1112,11 @@ def plots(samples, out_dir):
             title = f"{suite.upper()} {'bandwidth' if metric == 'bw' else 'latency'} vs size"
             charts.append((f"{suite}-{metric}", series, title, "object / message size (bytes)",
                            ylabel))
+    charts.append(("python-bw", median_series(samples, "python", "bw",
+                                              ["ferry", "ferry-cpp", "ferry-py-alloc",
+                                               "ferry-cpp-alloc"] + PYTHON_PEERS, "gbps"),
+                   "Python, loopback, two processes: bandwidth vs size (ferry = from Python)",
+                   "object size (bytes)", "GB/s"))
     charts.append(("allreduce-busbw",
                    median_series(samples, "allreduce", "bw", ["ferry"] + ALLREDUCE_PEERS,
                                  "busbw_gbps"),
@@ -957,6 +1197,7 @@ def report(samples, out_dir, meta):
     lines += rate_table(samples)
     lines += other_tables(samples)
     lines += allreduce_table(samples)
+    lines += python_tables(samples)
     lines += targets(samples)
     reissued = [s for s in samples
                 if s.get("metric") in ("bw", "lat") and isinstance(s.get("raw"), dict)
@@ -975,7 +1216,7 @@ def report(samples, out_dir, meta):
         f.write(text)
     print(text, flush=True)
     with open(os.path.join(out_dir, "tables.md"), "w") as f:
-        f.write(markdown.tables(samples, meta))
+        f.write(markdown.tables(samples, meta) + python_markdown(samples))
 
 
 # ---------------------------------------------------------------- main
@@ -1012,6 +1253,9 @@ def host_part(b, args, meta, congestion):
         b.guarded("registration (TCP)", lambda: suite_registration(b, "127.0.0.1", {}, True))
     if "scale" in args.suites:
         b.guarded("scale", lambda: suite_scale(b, args.quick))
+    if "python" in args.suites:
+        suite_python(b, args.sizes or (QUICK_PYTHON_SIZES if args.quick else FULL_PYTHON_SIZES),
+                     args.reps)
     if "allreduce" in args.suites:
         suite_allreduce(b, args.allreduce_sizes or (QUICK_ALLREDUCE_SIZES if args.quick else
                                                     FULL_ALLREDUCE_SIZES),
@@ -1029,9 +1273,16 @@ def main():
                          "quick 2); allreduce: --allreduce-reps")
     ap.add_argument("--seconds", type=float, default=None, help="per sample")
     ap.add_argument("--lat-iters", type=int, default=None, help="ib_read_lat iterations")
-    ap.add_argument("--suites", default="tcp,receive,rdma,registration,scale,misc,allreduce")
+    ap.add_argument("--suites",
+                    default="tcp,receive,rdma,registration,scale,misc,allreduce,python")
     ap.add_argument("--sizes", default=None,
-                    help="comma-separated sizes in bytes (tcp and rdma suites)")
+                    help="comma-separated sizes in bytes (tcp, rdma and python suites)")
+    ap.add_argument("--python", default=sys.executable,
+                    help="python suite: the interpreter that runs bench/python_bench.py (the "
+                         "one the ferry package was built for; default: this one)")
+    ap.add_argument("--python-path", default=None,
+                    help="python suite: the folder holding the ferry package (default: "
+                         "BUILD/python, beside ferry-bench's build folder)")
     ap.add_argument("--allreduce-sizes", default=None,
                     help="comma-separated bytes per allreduce (multiples of 4)")
     ap.add_argument("--allreduce-samples", type=int, default=None,
@@ -1077,6 +1328,10 @@ def main():
         args.seconds = 0.5 if args.quick else 1.0
     if args.lat_iters is None:
         args.lat_iters = 300 if args.quick else 1000
+    if args.python_path is None:
+        args.python_path = os.path.join(os.path.dirname(os.path.dirname(
+            os.path.abspath(args.ferry_bench))), "python")
+    args.python_path = os.path.abspath(args.python_path)
     out_dir = os.path.abspath(args.out or os.path.join(os.path.dirname(
         os.path.abspath(args.ferry_bench)), "results"))
     os.makedirs(out_dir, exist_ok=True)
