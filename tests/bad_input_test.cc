@@ -391,7 +391,15 @@ TEST_F(BadInput, AThousandUnauthenticatedConnectionsCostLittleAndDelayNoOne) {
       "%zu unauthenticated connections: the server process grew by %.1f MiB; a new "
       "client connected and fetched in %.3f s\n",
       fds.size(), grew_mib, took);
-  EXPECT_LT(grew_mib, 40.0) << "unauthenticated connections cost more than the documented bound";
+#if defined(__SANITIZE_ADDRESS__)
+  // AddressSanitizer keeps freed memory in its quarantine and pads every allocation: its RSS
+  // says little about ferry's bound, which make test checks.
+  const double bound_mib = 400.0;
+#else
+  const double bound_mib = 40.0;
+#endif
+  EXPECT_LT(grew_mib, bound_mib)
+      << "unauthenticated connections cost more than the documented bound";
   for (int fd : fds) ::close(fd);
 }
 
