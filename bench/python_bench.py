@@ -25,10 +25,16 @@ fetches_per_s, p50_us, p99_us, cpu_s_per_gb, ...):
                  it length-prefixed (TCP_NODELAY); this process receives into a bytearray and
                  unpickles it; K requests outstanding
 
-Each transfer is timed from issue (the fetch or request) to completion (the callback, the
-unpickled array, the finished irecv). Bandwidth credits each transfer with the share of its span
-inside the measured window (as ferry-bench does); percentiles are over the transfers issued and
-completed inside it. Exit status 77 with {"skipped": reason} when a tool cannot run here.
+Each tool first makes one untimed transfer, then warms up. Each transfer is timed from issue
+(the fetch or request) to completion (the callback, the unpickled array, the finished irecv).
+Bandwidth credits each transfer with the share of its span inside the measured window (as
+ferry-bench does; torch-gloo's window is instead a count of transfers both ranks agree on after a
+calibration phase); percentiles are over the transfers issued and completed inside it (transfers
+slower than the window: those completed in it, else those overlapping it: "latency_of" says).
+Every line also has both processes' CPU seconds and page faults per transfer; ferry-py adds
+where a fetch's time goes (ferry's own span of it, Python's beyond it, the issuing call) and,
+with --from HOST:PORT, fetches from a `ferry-bench serve` instead of a Python owner. Exit status
+77 with {"skipped": reason} when a tool cannot run here (ferry or torch's Gloo missing).
 """
 
 import argparse

@@ -834,7 +834,8 @@ def python_markdown(samples):
     def cell(x, ratio=False):
         if not x:
             return ""
-        d = (lambda v: f"{v:.2g}") if ratio else (lambda v: f"{v:.3g}")
+        d = (lambda v: f"{v:.2g}") if ratio else (lambda v: f"{v:,.0f}" if v >= 1000 else
+                                                  f"{v:.3g}")
         return f"{d(x['median'])} [{d(x['min'])}–{d(x['max'])}]" if ratio else d(x["median"])
 
     out = ["", "**Python, loopback, bandwidth (GB/s)**", ""]
