@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any, List, Optional
 
 from ._context import Context
-from ._errors import AbortedError, Errc, ObjectNotFoundError
+from ._errors import AbortedError, Errc
 from ._ref import ObjectRef
 
 try:  # Ray's own interface when Ray is installed: ferry then is a real Ray transport
@@ -290,4 +290,4 @@ def _forget_fetch(obj_id, future):
 
 
 __all__ = ["BACKEND", "FerryCommunicatorMetadata", "FerryFetchRequest", "FerryTensorTransport",
-           "FerryTransportMetadata", "HAVE_RAY", "ObjectNotFoundError"]
+           "FerryTransportMetadata", "HAVE_RAY"]

@@ -173,12 +173,19 @@ def test_target_buffers_of_the_wrong_size_or_count_are_refused(actors):
 
 # ---------------------------------------------------------------- failures
 
-def test_source_killed_mid_fetch_fails_the_destination_promptly(actors):
+def stuck_fetch(actors, obj_id, seed, nbytes):
+    """A source and a destination with a fetch of `obj_id` in flight that cannot progress (the
+    source is stopped after the connection is made); returns (source, destination, metadata)."""
     source, destination = actors(), actors()
-    meta, _ = source.call("extract", "obj-k", "numpy", 3, [(16 << 20,)])
+    meta, _ = source.call("extract", obj_id, "numpy", seed, [(nbytes,)])
     connect(source, destination)
     source.stop()
-    destination.call("fetch", "obj-k", meta, None)
+    destination.call("fetch", obj_id, meta, None)
+    return source, destination, meta
+
+
+def test_source_killed_mid_fetch_fails_the_destination_promptly(actors):
+    source, destination, _ = stuck_fetch(actors, "obj-k", 3, 16 << 20)
     t0 = time.monotonic()
     source.kill()
     with pytest.raises(ferry.ConnectionError):
@@ -187,11 +194,7 @@ def test_source_killed_mid_fetch_fails_the_destination_promptly(actors):
 
 
 def test_abort_on_the_destination_ends_its_fetch_and_refuses_later_ones(actors):
-    source, destination = actors(), actors()
-    meta, _ = source.call("extract", "obj-a", "numpy", 4, [(4 << 20,)])
-    connect(source, destination)
-    source.stop()
-    destination.call("fetch", "obj-a", meta, None)
+    source, destination, meta = stuck_fetch(actors, "obj-a", 4, 4 << 20)
     t0 = time.monotonic()
     destination.call("abort", "obj-a")
     with pytest.raises(ferry.AbortedError):
