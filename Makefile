@@ -5,7 +5,7 @@ JOBS     ?= $(shell nproc)
 PREFIX   ?= /usr/local
 CMAKE_FLAGS ?=
 
-.PHONY: all deps build demo demo-rdma test test-asan test-tsan fuzz soak soak-rdma format format-check install clean python
+.PHONY: all deps build bench-bundle bench-bundle-test demo demo-rdma test test-asan test-tsan fuzz soak soak-rdma format format-check install clean python
 
 all: build
 
@@ -23,6 +23,20 @@ build: deps $(BUILD)/build.ninja
 python: build
 	@test -d $(BUILD)/python/ferry || { echo "python: not built (see the 'ferry python:' line of cmake's output)"; exit 1; }
 	@echo "python: built in $(BUILD)/python; use it with: PYTHONPATH=$(abspath $(BUILD))/python /usr/bin/python3"
+
+# A folder (and tarball) that runs the allreduce and TCP benchmarks on another x86-64 Linux
+# machine with only glibc >= 2.36 and python3: ferry-bench, Gloo, Open MPI, iperf3 and every
+# library they load (bench/bundle/README.txt). bench-bundle-test runs it here with the system's
+# copies of all of those hidden (a private mount namespace; root).
+BUNDLE ?= $(BUILD)/ferry-bench-bundle
+bench-bundle: deps
+	@scripts/install-deps.sh bundle
+	cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Release $(CMAKE_FLAGS)
+	cmake --build $(BUILD) -j $(JOBS) --target ferry-bench ferry gloo-allreduce mpi-allreduce
+	scripts/bench-bundle.sh $(BUILD) $(BUNDLE)
+
+bench-bundle-test: bench-bundle
+	bench/bundle/hidden_test.sh $(BUNDLE)
 
 # A real cross-process transfer on this machine: `ferry serve` and `ferry fetch` on loopback.
 demo: build

@@ -83,6 +83,8 @@ int run_allreduce(const AllreduceArgs& args) {
   if (args.doubling_threshold) group_options.doubling_threshold = args.doubling_threshold;
   if (args.segment_bytes) group_options.segment_bytes = args.segment_bytes;
   if (args.ring_threshold) group_options.ring_threshold = args.ring_threshold;
+  group_options.busy_wait = args.busy_wait;
+  if (args.busy_wait_below) group_options.busy_wait_below = args.busy_wait_below;
   if (args.busy_spin_us >= 0)
     group_options.busy_spin = std::chrono::microseconds(args.busy_spin_us);
   collective::Status why;

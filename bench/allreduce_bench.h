@@ -24,13 +24,17 @@ struct AllreduceArgs {
   int reps = 5;    // timed samples per size (AllreduceLoopArgs)
   int calls = 10;  // back-to-back calls per sample
   int warmup = 3;
-  int threads = 1;                  // io_context threads of the rank's Context
+  // io_context threads of the rank's Context: 2, as docs/collectives.md advises for calls of
+  // MiBs (GroupOptions::busy_wait_below: the io threads move their bytes).
+  int threads = 2;
   double join_timeout_s = 30;       // rendezvous + Group::join
   double call_timeout_s = 60;       // GroupOptions::timeout: each collective call
   uint64_t doubling_threshold = 0;  // 0: GroupOptions' default
   uint64_t segment_bytes = 0;       // 0: GroupOptions' default
   uint64_t ring_threshold = 0;      // 0: GroupOptions' default
   int64_t busy_spin_us = -1;        // GroupOptions::busy_spin (-1: its default)
+  bool busy_wait = true;            // GroupOptions::busy_wait
+  uint64_t busy_wait_below = 0;     // GroupOptions::busy_wait_below (0: its default)
 };
 
 // Returns an exit code; rank 0's result lines go to stdout.

@@ -7,7 +7,9 @@ it starts, over the default and over a TCP_CONGESTION set before connect, so set
 /32 entry for 127.0.0.1 in table local (the entry connections to 127.0.0.1 take, not the
 127.0.0.0/8 one) puts every tool of the run on the same algorithm without touching the sysctl.
 The route is restored when the block ends (normally, by an exception, SIGINT or SIGTERM); a
-SIGKILL leaves it set, so the restore command is logged first.
+SIGKILL leaves it set, so the restore command is logged first. Where the route cannot be set
+(no `ip` command, as for a bench bundle on a bare machine, or no such route) the system default is set for the run through
+/proc/sys/net/ipv4/tcp_congestion_control, and restored the same way; the report says which.
 """
 
 import contextlib
@@ -59,6 +61,43 @@ def _without_congctl(route):
     return keep
 
 
+SYSCTL = "/proc/sys/net/ipv4/tcp_congestion_control"
+
+
+@contextlib.contextmanager
+def _system_default(algo, system, why, log):
+    """Sets the system's default congestion control to `algo` for the block (root, where the
+    route cannot be set: `why`)."""
+    try:
+        with open(SYSCTL, "w") as f:
+            f.write(algo)
+    except OSError as e:
+        yield f"{mixed(algo, system)} ({why}, and {SYSCTL} could not be set: {e})"
+        return
+    log(f"every connection on {algo}: the sysctl net.ipv4.tcp_congestion_control, set for this "
+        f"run ({why}); if this run is killed, restore with: echo {system} > {SYSCTL}")
+    previous = signal.getsignal(signal.SIGTERM)
+
+    def terminated(signum, frame):
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, terminated)
+    try:
+        seen = loopback_connection_congestion()
+        if seen != (algo, algo):
+            yield f"{mixed(algo, system)} (the sysctl was set to {algo} but connections got {seen})"
+        else:
+            yield (f"every tool: {algo} (the sysctl net.ipv4.tcp_congestion_control set for the "
+                   f"run: {why}; the system's default {system} restored after)")
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        try:
+            with open(SYSCTL, "w") as f:
+                f.write(system)
+        except OSError as e:
+            log(f"WARNING: {SYSCTL} was not restored to {system}: {e}")
+
+
 def loopback_connection_congestion():
     """(client's, server's) congestion control of a fresh connection to 127.0.0.1."""
     with socket.socket() as lst:
@@ -85,6 +124,10 @@ def same_loopback_congestion(algo, log):
     original = "" if why else _local_route()
     if not why and not original:
         why = "no table-local route for 127.0.0.1"
+    if why and os.geteuid() == 0:
+        with _system_default(algo, system, why, log) as line:
+            yield line
+        return
     if why:
         yield f"{mixed(algo, system)} (the route could not be set: {why})"
         return

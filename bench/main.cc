@@ -83,6 +83,10 @@ int main(int argc, char** argv) {
   pc->add_option("--size", pp_size, "Answer size")->capture_default_str();
   pc->add_option("--seconds", pp.seconds, "Measured seconds")->capture_default_str();
   pc->add_option("--warmup", pp.warmup, "Unmeasured seconds first")->capture_default_str();
+  pc->add_option("--inflight", pp.inflight,
+                 "Answers asked for at a time, each into a buffer of its own")
+      ->check(CLI::Range(1, 1024))
+      ->capture_default_str();
 
   RegistrationArgs reg;
   std::string view_bytes = "200K";
@@ -135,6 +139,11 @@ int main(int argc, char** argv) {
   a->add_option("--segment", ar_segment, "GroupOptions::segment_bytes (0: default)");
   a->add_option("--busy-spin", ar.busy_spin_us, "GroupOptions::busy_spin in us (-1: default)")
       ->capture_default_str();
+  a->add_flag("!--no-busy-wait", ar.busy_wait,
+              "GroupOptions::busy_wait off: the io threads (--threads) run the calls");
+  std::string ar_busy_below = "0";
+  a->add_option("--busy-wait-below", ar_busy_below,
+                "GroupOptions::busy_wait_below: calls from this size do not poll (0: default)");
 
   try {
     app.parse(argc, argv);
@@ -168,6 +177,7 @@ int main(int argc, char** argv) {
       if (ar_doubling != "0") ar.doubling_threshold = one_size(ar_doubling);
       if (ar_segment != "0") ar.segment_bytes = one_size(ar_segment);
       if (ar_ring != "0") ar.ring_threshold = one_size(ar_ring);
+      if (ar_busy_below != "0") ar.busy_wait_below = one_size(ar_busy_below);
       return run_allreduce(ar);
     }
   } catch (const CLI::ParseError& e) {

@@ -11,7 +11,7 @@ import json
 import os
 import sys
 
-from samples import KIB, MIB, better_allreduce_peer, grant_label, medians, paired_ratios
+from samples import KIB, MIB, better_allreduce_peer, by_ranks, grant_label, medians, paired_ratios
 
 
 def size_label(n):
@@ -55,12 +55,15 @@ def header(names):
 
 def tcp_bw(s):
     sizes = sorted(medians(s, "tcp", "bw", "ferry", "gbps"))
-    out = header(["size", "ferry", "iperf3", "ferry / iperf3", "ucx tag_bw", "ferry / tag_bw",
+    out = header(["size", "ferry", "raw stream", "ferry / raw", "iperf3", "ferry / iperf3",
+                  "ucx tag_bw", "ferry / tag_bw",
                   "ucx ucp_get", "ferry / ucp_get", "ferry fetches/s, 512 in flight",
                   "ferry CPU s/GB (both sides)"])
     for n in sizes:
         rate = med(s, "tcp", "rate", "ferry", "fetches_per_s", n)
         out.append(row([size_label(n), num(med(s, "tcp", "bw", "ferry", "gbps", n)),
+                        num(med(s, "tcp", "bw", "raw-stream", "gbps", n)),
+                        ratio(s, "tcp", "bw", "raw-stream", "gbps", n),
                         num(med(s, "tcp", "bw", "iperf3", "gbps", n)),
                         ratio(s, "tcp", "bw", "iperf3", "gbps", n),
                         num(med(s, "tcp", "bw", "ucx-tag_bw", "gbps", n)),
@@ -169,11 +172,13 @@ def allreduce(s):
 def tables(samples, meta):
     parts = [f"<!-- from samples.json of `{meta.get('command', '?')}` at commit "
              f"`{meta.get('commit', '?')}`, started {meta.get('started', '?')} -->"]
-    for title, fn in (("TCP, loopback, bandwidth (GB/s)", tcp_bw),
-                      ("TCP, loopback, latency (µs)", tcp_lat),
-                      ("RDMA READ, soft-RoCE in the guest (latency µs)", rdma),
-                      ("Registration", registration), ("Scale", scale),
-                      ("Allreduce, 4 local ranks", allreduce)):
+    sections = [("TCP, loopback, bandwidth (GB/s)", tcp_bw),
+                ("TCP, loopback, latency (µs)", tcp_lat),
+                ("RDMA READ, soft-RoCE in the guest (latency µs)", rdma),
+                ("Registration", registration), ("Scale", scale)]
+    sections += [(f"Allreduce, {n} local ranks", lambda _, sub=sub: allreduce(sub))
+                 for n, sub in by_ranks(samples)]
+    for title, fn in sections:
         body = fn(samples)
         if len(body) > 2:
             parts += ["", f"**{title}**", ""] + body

@@ -6,6 +6,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -111,7 +112,15 @@ int run_pingpong(const PingPongArgs& args) {
     return 1;
   }
   like_a_data_channel(fd);
-  std::vector<char> buf(args.size);
+  // One landing buffer per answer in flight: the working set of a fetch window of as many
+  // preallocated targets.
+  const uint64_t inflight = std::max<uint64_t>(1, args.inflight);
+  std::vector<std::vector<char>> bufs(inflight, std::vector<char>(args.size));
+  for (auto& b : bufs) std::memset(b.data(), 0, b.size());  // touched before the clock starts
+  const uint64_t want = args.size;
+  for (uint64_t i = 1; i < inflight; ++i) {
+    if (!write_all(fd, &want, sizeof(want))) return 1;
+  }
   std::vector<double> rtts;
   const auto start = Clock::now();
   const auto measure_from = start + std::chrono::duration_cast<Clock::duration>(
@@ -122,12 +131,14 @@ int run_pingpong(const PingPongArgs& args) {
   double cpu_from = cpu0;
   Clock::time_point t = start;
   bool measuring = false;
-  while (t < end) {
+  // The request for answer k + inflight - 1 goes out before answer k is read, so inflight
+  // answers are asked for at any time. With one in flight each sample is a round trip.
+  for (uint64_t k = 0; t < end; ++k) {
     if (!measuring && t >= measure_from) {
       measuring = true;
       cpu_from = self_cpu_seconds();
     }
-    const uint64_t want = args.size;
+    auto& buf = bufs[k % inflight];
     if (!write_all(fd, &want, sizeof(want)) || !read_all(fd, buf.data(), buf.size())) {
       std::fprintf(stderr, "pingpong: the server went away\n");
       return 1;
@@ -144,6 +155,7 @@ int run_pingpong(const PingPongArgs& args) {
   JsonLine out;
   out.add("tool", "pingpong")
       .add("size", args.size)
+      .add("inflight", inflight)
       .add("fetches", n)
       .add("seconds", secs)
       .add("gbps", bytes / secs / 1e9)

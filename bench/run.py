@@ -45,8 +45,8 @@ import time
 
 import markdown
 from loopback_cc import mixed, same_loopback_congestion, system_congestion
-from samples import (ALLREDUCE_PEERS, KIB, MIB, better_allreduce_peer, grant_label, human,
-                     medians, paired_ratios, stat)
+from samples import (ALLREDUCE_PEERS, KIB, MIB, better_allreduce_peer, by_ranks, grant_label,
+                     human, medians, paired_ratios, stat)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -58,7 +58,7 @@ QUICK_RDMA_SIZES = [8, 4 * KIB, 64 * KIB, 1 * MIB]
 FULL_ALLREDUCE_SIZES = [4 * KIB, 16 * KIB, 64 * KIB, 256 * KIB, 1 * MIB, 4 * MIB, 16 * MIB,
                         64 * MIB]
 QUICK_ALLREDUCE_SIZES = [4 * KIB, 64 * KIB, 1 * MIB, 16 * MIB, 64 * MIB]
-ALLREDUCE_RANKS = 4
+ALLREDUCE_RANKS = [4]  # --allreduce-ranks
 FULL_PYTHON_SIZES = [4 * KIB, 64 * KIB, 1 * MIB, 8 * MIB, 64 * MIB]
 QUICK_PYTHON_SIZES = [4 * KIB, 1 * MIB, 64 * MIB]
 PYTHON_LAT_SIZES = (4 * KIB, 64 * KIB)  # the python suite's latency rows (1 in flight)
@@ -255,15 +255,19 @@ class Bench:
                  inflight=inflight, gbps=r["gbps"], p50_us=r["p50_us"], p99_us=r["p99_us"],
                  fetches_per_s=r["fetches_per_s"], cpu_s_per_gb=r.get("cpu_s_per_gb"), raw=r)
 
-    def pingpong(self, size, rep, host="127.0.0.1", suite="tcp"):
+    def pingpong(self, size, rep, host="127.0.0.1", suite="tcp", inflight=1):
+        """The raw-socket baseline (bench/pingpong.h): one request in flight is the latency
+        peer (raw-pingpong); a window of `inflight` answers, each landing in a buffer of its own,
+        is the bandwidth peer with ferry's working set (raw-stream)."""
         srv = [self.fb, "pingpong-serve", "--listen", f"{host}:0"]
         cli = [self.fb, "pingpong", "--to", "{addr}", "--size", str(size), "--seconds",
-               str(self.secs)]
+               str(self.secs), "--inflight", str(inflight)]
         out, _, _ = run_pair(srv, cli, timeout=60 + 4 * self.secs, server_ready=True)
         r = json.loads(out.strip().splitlines()[-1])
-        self.add(suite=suite, metric="lat", tool="raw-pingpong", size=size, rep=rep,
-                 gbps=r["gbps"], p50_us=r["p50_us"], p99_us=r["p99_us"],
-                 fetches_per_s=r["fetches_per_s"], raw=r)
+        self.add(suite=suite, metric="lat" if inflight == 1 else "bw",
+                 tool="raw-pingpong" if inflight == 1 else "raw-stream", size=size, rep=rep,
+                 inflight=inflight, gbps=r["gbps"], p50_us=r["p50_us"], p99_us=r["p99_us"],
+                 fetches_per_s=r["fetches_per_s"], cpu_s_per_gb=None, raw=r)
 
     # iperf3 --------------------------------------------------------------------------------
     def iperf3(self, size, rep):
@@ -393,11 +397,27 @@ def bw_inflight(size):
     return max(4, min(16, (4 * MIB) // size))
 
 
-def suite_tcp(b, sizes, reps):
+# The TCP suite's peers and the program each needs: one not installed is SKIPPED, once.
+TCP_PEER_PROGRAMS = {"iperf3": "iperf3", "ucx tag_bw": "ucx_perftest",
+                     "ucx ucp_get": "ucx_perftest", "qperf tcp_bw": "qperf",
+                     "qperf tcp_lat": "qperf", "sockperf": "sockperf"}
+
+
+def suite_tcp(b, sizes, reps, deadline=None):
+    missing = sorted({what for what, prog in TCP_PEER_PROGRAMS.items() if not shutil.which(prog)})
+    for what in missing:
+        log(f"SKIPPED: tcp {what}: {TCP_PEER_PROGRAMS[what]} not found")
+        b.samples.append({"suite": "tcp", "tool": what, "skipped":
+                          f"{TCP_PEER_PROGRAMS[what]} not found"})
     for rep in range(reps):
+        if rep > 0 and deadline and time.time() > deadline:
+            log(f"tcp: time budget reached after {rep} of {reps} repetitions")
+            b.samples.append({"suite": "tcp", "budget_reps": rep})
+            break
         for size in sizes:
             log(f"tcp size {human(size)} rep {rep + 1}/{reps}")
             bw = [("ferry", lambda: b.ferry("tcp", "bw", size, rep, bw_inflight(size))),
+                  ("raw stream", lambda: b.pingpong(size, rep, inflight=bw_inflight(size))),
                   ("iperf3", lambda: b.iperf3(size, rep)),
                   ("ucx tag_bw", lambda: b.ucx("tag_bw", size, rep)),
                   ("ucx ucp_get", lambda: b.ucx("ucp_get", size, rep)),
@@ -410,7 +430,8 @@ def suite_tcp(b, sizes, reps):
             if size <= 64 * KIB:
                 bw.append(("ferry rate", lambda: b.ferry("tcp", "rate", size, rep, 512)))
             for what, fn in rotate(bw, rep) + rotate(lat, rep):
-                b.guarded(what, fn)
+                if what not in missing:
+                    b.guarded(what, fn)
 
 
 RECEIVE_SIZES = [64 * KIB, MIB, 8 * MIB, 64 * MIB]
@@ -580,10 +601,10 @@ def run_ranks(argvs, timeout, env=None):
     return results
 
 
-def allreduce_tool(b, tool, sizes, samples, calls, warmup):
-    """One run of `tool` over every size: ALLREDUCE_RANKS local ranks; returns rank 0's JSON
-    lines. Raises SkipTool when the tool is not built / not installed."""
-    n = ALLREDUCE_RANKS
+def allreduce_tool(b, tool, n, sizes, samples, calls, warmup):
+    """One run of `tool` over every size: n local ranks; returns rank 0's JSON lines. Raises
+    SkipTool when the tool is not built / not installed. A tool "ferry:NAME" is ferry-bench
+    allreduce with the extra arguments --allreduce-variants gave NAME."""
     size_arg = ",".join(map(str, sizes))
     common = ["--sizes", size_arg, "--reps", str(samples), "--calls", str(calls),
               "--warmup", str(warmup)]
@@ -605,13 +626,14 @@ def allreduce_tool(b, tool, sizes, samples, calls, warmup):
                   "--mca", "btl", "tcp,self", "--mca", "btl_tcp_if_include", "lo",
                   exe] + common]
     else:
-        exe = b.fb if tool == "ferry" else os.path.join(here, "gloo-allreduce")
+        ferry = is_ferry(tool)
+        exe = b.fb if ferry else os.path.join(here, "gloo-allreduce")
         if not os.access(exe, os.X_OK):
             raise SkipTool("gloo-allreduce not built (libgloo-dev was not installed when the "
                            "build was configured; make bench installs it and reconfigures)")
         import tempfile
-        rdv = tempfile.mkdtemp(prefix=f"ferry-bench-{tool}-")
-        sub = ["allreduce"] if tool == "ferry" else []
+        rdv = tempfile.mkdtemp(prefix="ferry-bench-allreduce-")
+        sub = ["allreduce"] + b.args.allreduce_variants.get(tool, []) if ferry else []
         argvs = [[exe] + sub + ["--rank", str(r), "--ranks", str(n), "--rendezvous", rdv,
                                 "--host", "127.0.0.1"] + common for r in range(n)]
     try:
@@ -635,41 +657,54 @@ class SkipTool(Exception):
     pass
 
 
-def suite_allreduce(b, sizes, reps, samples, calls, warmup):
-    """ferry, Gloo and Open MPI, alternating (the order rotates by repetition); each run is
-    ALLREDUCE_RANKS fresh processes that sweep every size. First one discarded run of each tool
-    (one sample per size): on the 2-vCPU VM the first seconds of load after an idle spell are
-    slower for whichever tool runs then (four trials each after 8 s idle: Open MPI's 1 MiB
-    0.81-1.01 ms in the first run against 0.67-0.69 warm; ferry's first run of an invocation was
-    slow in three of four suites, 0.97-1.39 against 0.69-0.72 in its later runs), and the
-    rotation would hand that to the tool that goes first."""
-    log("allreduce warm-up: one discarded run of each tool")
-    for tool in ["ferry"] + ALLREDUCE_PEERS:
+def is_ferry(tool):
+    """ferry itself or one of its --allreduce-variants ("ferry:NAME")."""
+    return tool == "ferry" or tool.startswith("ferry:")
+
+
+def suite_allreduce(b, n, sizes, reps, samples, calls, warmup, deadline=None):
+    """ferry (and its --allreduce-variants), Gloo and Open MPI at n ranks, alternating (the order
+    rotates by repetition); each run is n fresh processes that sweep every size. With a
+    deadline, no repetition starts after it (the first always runs). First one discarded run of
+    each tool (one sample per size): on the 2-vCPU VM the first seconds of load after an idle
+    spell are slower for whichever tool runs then (four trials each after 8 s idle: Open MPI's
+    1 MiB 0.81-1.01 ms in the first run against 0.67-0.69 warm; ferry's first run of an
+    invocation was slow in three of four suites, 0.97-1.39 against 0.69-0.72 in its later runs),
+    and the rotation would hand that to the tool that goes first."""
+    tools = ["ferry"] + list(b.args.allreduce_variants) + ALLREDUCE_PEERS
+    log(f"allreduce, {n} ranks, warm-up: one discarded run of each tool")
+    for tool in tools:
         try:
-            allreduce_tool(b, tool, sizes, 1, calls, warmup)
+            allreduce_tool(b, tool, n, sizes, 1, calls, warmup)
         except Exception as e:  # the measured runs report it (SKIPPED or a failure)
             log(f"allreduce warm-up {tool}: {e}")
     skipped = {}
     for rep in range(reps):
-        for tool in rotate(["ferry"] + ALLREDUCE_PEERS, rep):
+        if rep > 0 and deadline and time.time() > deadline:
+            log(f"allreduce, {n} ranks: time budget reached after {rep} of {reps} repetitions")
+            b.samples.append({"suite": "allreduce", "ranks": n, "budget_reps": rep})
+            break
+        for tool in rotate(tools, rep):
             if tool in skipped:
                 continue
-            log(f"allreduce {tool} rep {rep + 1}/{reps}")
+            log(f"allreduce {tool}, {n} ranks, rep {rep + 1}/{reps}")
 
             def one(tool=tool, rep=rep):
                 try:
-                    lines = allreduce_tool(b, tool, sizes, samples, calls, warmup)
+                    lines = allreduce_tool(b, tool, n, sizes, samples, calls, warmup)
                 except SkipTool as e:
                     skipped[tool] = str(e)
                     log(f"SKIPPED: allreduce {tool}: {e}")
-                    b.samples.append({"suite": "allreduce", "tool": tool, "skipped": str(e)})
+                    b.samples.append({"suite": "allreduce", "tool": tool, "ranks": n,
+                                      "skipped": str(e)})
                     return
                 for r in lines:
                     b.add(suite="allreduce", metric="bw", tool=tool, size=r["size"], rep=rep,
-                          ranks=r["ranks"], gbps=r["busbw_gbps"], busbw_gbps=r["busbw_gbps"],
+                          ranks=n, argv=b.args.allreduce_variants.get(tool, []),
+                          gbps=r["busbw_gbps"], busbw_gbps=r["busbw_gbps"],
                           algbw_gbps=r["algbw_gbps"], median_s=r["median_s"],
                           samples_s=r["samples_s"], raw=r)
-            b.guarded(f"allreduce {tool}", one)
+            b.guarded(f"allreduce {tool} ({n} ranks)", one)
 
 
 # ---------------------------------------------------------------- report
@@ -686,7 +721,7 @@ def fmt(s, key_digits=3):
 
 
 PEERS = {
-    ("tcp", "bw"): ["iperf3", "ucx-tag_bw", "ucx-ucp_get", "qperf"],
+    ("tcp", "bw"): ["raw-stream", "iperf3", "ucx-tag_bw", "ucx-ucp_get", "qperf"],
     ("receive", "bw"): ["ferry-caller"],
     ("tcp", "lat"): ["raw-pingpong", "sockperf", "qperf-rtt"],
     ("rdma", "bw"): ["ib_read_bw"],
@@ -904,6 +939,10 @@ def targets(samples):
         if r:
             out.append(f"  TCP {human(size)}: ferry / best streaming peer ({best}) = {r:.2f} "
                        f"(target >= 1.0): {verdict(r >= 1.0)}")
+        r = ratio("tcp", "bw", "raw-stream", size, "gbps")
+        if r:
+            out.append(f"  TCP {human(size)}: ferry / raw stream into as many buffers = {r:.2f} "
+                       f"(target >= 0.95): {verdict(r >= 0.95)}")
         r = ratio("tcp", "bw", "ucx-ucp_get", size, "gbps")
         if r:
             out.append(f"  TCP {human(size)}: ferry / ucx ucp_get = {r:.2f} "
@@ -938,18 +977,24 @@ def targets(samples):
             grants = f", {grant_label(r)}" if r["transport"] == "RDMA" else ""
             out.append(f"  {r['count']} x {human(r['bytes'])} views ({r['transport']}{grants}) "
                        f"registered in {ms:.1f} ms (target < 100 ms): {verdict(ms < 100)}")
-    for size in sorted(medians(samples, "allreduce", "bw", "ferry", "busbw_gbps")):
-        if size < MIB:
-            continue
-        # The better peer of this size: the higher median busbw of Gloo and Open MPI.
-        best, r = better_allreduce_peer(samples, size)
-        if r:
-            out.append(f"  allreduce {human(size)}, {ALLREDUCE_RANKS} ranks: ferry / better peer "
-                       f"({best}) = {r['median']:.2f} (target >= 1.0): "
-                       f"{verdict(r['median'] >= 1.0)}")
-        else:
-            out.append(f"  allreduce {human(size)}: not evaluated (no peer measured: SKIPPED or "
-                       "failed, see above)")
+    for n, sub in by_ranks(samples):
+        for size in sorted(medians(sub, "allreduce", "bw", "ferry", "busbw_gbps")):
+            if size == 64 * KIB:
+                r = paired_ratios(sub, "allreduce", "bw", "mpi", "busbw_gbps", size)
+                if r:
+                    out.append(f"  allreduce 64K, {n} ranks: ferry / mpi = {r['median']:.2f} "
+                               f"(target >= 0.8): {verdict(r['median'] >= 0.8)}")
+            if size < MIB:
+                continue
+            # The better peer of this size: the higher median busbw of Gloo and Open MPI.
+            best, r = better_allreduce_peer(sub, size)
+            if r:
+                out.append(f"  allreduce {human(size)}, {n} ranks: ferry / better peer "
+                           f"({best}) = {r['median']:.2f} (target >= 1.0): "
+                           f"{verdict(r['median'] >= 1.0)}")
+            else:
+                out.append(f"  allreduce {human(size)}, {n} ranks: not evaluated (no peer "
+                           "measured: SKIPPED or failed, see above)")
     for size in sorted({s["size"] for s in samples if s.get("suite") == "python" and
                         s.get("metric") == "bw" and "gbps" in s}):
         if size < MIB:
@@ -992,18 +1037,21 @@ def targets(samples):
     return out
 
 
-def allreduce_table(samples):
+def allreduce_table(samples, n):
     ferry = medians(samples, "allreduce", "bw", "ferry", "busbw_gbps")
     lines = []
     for s in samples:
         if s.get("suite") == "allreduce" and s.get("skipped"):
-            lines.append(f"\nSKIPPED: allreduce {s['tool']}: {s['skipped']}")
+            lines.append(f"\nSKIPPED: allreduce {s['tool']} ({n} ranks): {s['skipped']}")
+        if s.get("suite") == "allreduce" and s.get("budget_reps"):
+            lines.append(f"\nallreduce, {n} ranks: {s['budget_reps']} repetitions (the time "
+                         "budget ended the suite there)")
     if not ferry:
         return lines
     peers = [p for p in ALLREDUCE_PEERS if medians(samples, "allreduce", "bw", p, "busbw_gbps")]
     runs = len({s.get("rep") for s in samples if s.get("suite") == "allreduce" and
                 s.get("tool") == "ferry" and "median_s" in s})
-    lines.append(f"\nAllreduce, {ALLREDUCE_RANKS} local ranks over loopback TCP, float32 sum "
+    lines.append(f"\nAllreduce, {n} local ranks over loopback TCP, float32 sum "
                  "(time per call: calls back to back, the mean over ranks, as NCCL's tests time "
                  "them; busbw GB/s = size / time * 2(n-1)/n, their definition; median [min-max] "
                  f"of {runs} runs' medians; ratio = ferry / peer within each run, median "
@@ -1021,9 +1069,24 @@ def allreduce_table(samples):
             ratio = paired_ratios(samples, "allreduce", "bw", p, "busbw_gbps", size)
             row += f" | {fmt(ps):>22} {fmt(ratio, 2):>16}"
         lines.append(row)
+    variants = sorted({s["tool"] for s in samples if s.get("suite") == "allreduce" and
+                       s.get("tool", "").startswith("ferry:") and "busbw_gbps" in s})
+    if variants:
+        args = {s["tool"]: " ".join(s.get("argv", [])) for s in samples
+                if s.get("suite") == "allreduce" and s.get("tool") in variants}
+        lines.append(f"\nferry's variants, {n} ranks (busbw GB/s, median [min-max]; ratio = "
+                     "variant / ferry's default within each run): " +
+                     "; ".join(f"{v[6:]} = {args.get(v) or '?'}" for v in variants))
+        lines.append(f"{'size':>6} " + " ".join(f"{v[6:] + ' busbw':>22} {v[6:] + '/ferry':>14}"
+                                               for v in variants))
+        for size in sorted(ferry):
+            row = f"{human(size):>6} "
+            for v in variants:
+                ps = medians(samples, "allreduce", "bw", v, "busbw_gbps").get(size)
+                ratio = paired(samples, "allreduce", "bw", v, "ferry", "busbw_gbps", size)
+                row += f"{fmt(ps):>22} {fmt(ratio, 2):>14} "
+            lines.append(row.rstrip())
     return lines
-
-
 
 
 def other_tables(samples):
@@ -1118,12 +1181,13 @@ def plots(samples, out_dir):
                                                "ferry-cpp-alloc"] + PYTHON_PEERS, "gbps"),
                    "Python, loopback, two processes: bandwidth vs size (ferry = from Python)",
                    "object size (bytes)", "GB/s"))
-    charts.append(("allreduce-busbw",
-                   median_series(samples, "allreduce", "bw", ["ferry"] + ALLREDUCE_PEERS,
-                                 "busbw_gbps"),
-                   f"Allreduce, {ALLREDUCE_RANKS} local ranks over loopback TCP, float32 sum: "
-                   "bus bandwidth vs size", "allreduce size (bytes)",
-                   "busbw GB/s (algbw * 2(n-1)/n)"))
+    for n, sub in by_ranks(samples):
+        charts.append((f"allreduce-busbw" + ("" if n == 4 else f"-{n}"),
+                       median_series(sub, "allreduce", "bw", ["ferry"] + ALLREDUCE_PEERS,
+                                     "busbw_gbps"),
+                       f"Allreduce, {n} local ranks over loopback TCP, float32 sum: "
+                       "bus bandwidth vs size", "allreduce size (bytes)",
+                       "busbw GB/s (algbw * 2(n-1)/n)"))
     made = []
     for name, series, title, xlabel, ylabel in charts:
         if series:
@@ -1171,7 +1235,13 @@ def cpu_busy():
 
 
 def commit():
-    """The source measured: the commit, "+ changes" when the work tree differs from it."""
+    """The source measured: the commit, "+ changes" when the work tree differs from it (in a
+    bench bundle: what its VERSION file says)."""
+    version = os.path.join(ROOT, "VERSION")
+    if os.path.exists(version):
+        for line in open(version):
+            if line.startswith("source: "):
+                return line[len("source: "):].strip() + " (bench bundle)"
     try:
         head = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"],
                               capture_output=True, text=True, timeout=10).stdout.strip()
@@ -1195,9 +1265,14 @@ def report(samples, out_dir, meta):
     for suite, metric in (("tcp", "bw"), ("receive", "bw"), ("tcp", "lat"), ("rdma", "bw"),
                           ("rdma", "lat")):
         lines += table(samples, suite, metric)
+    lines += [f"\nSKIPPED: tcp {s['tool']}: {s['skipped']}" for s in samples
+              if s.get("suite") == "tcp" and s.get("skipped")]
+    lines += [f"\ntcp: {s['budget_reps']} repetitions (the time budget ended the suite there)"
+              for s in samples if s.get("suite") == "tcp" and s.get("budget_reps")]
     lines += rate_table(samples)
     lines += other_tables(samples)
-    lines += allreduce_table(samples)
+    for n, sub in by_ranks(samples):
+        lines += allreduce_table(sub, n)
     lines += python_tables(samples)
     lines += targets(samples)
     reissued = [s for s in samples
@@ -1246,8 +1321,22 @@ def host_part(b, args, meta, congestion):
     log(f"ferry bench on {meta['machine']}")
     if "misc" in args.suites:
         b.guarded("misc", lambda: suite_misc(b))
+    # With --budget, each suite may start repetitions until its share of the budget is spent
+    # (weights below; the allreduce suite gets one share per rank count).
+    shares = []  # in the order the suites run
     if "tcp" in args.suites:
-        suite_tcp(b, args.sizes or (QUICK_TCP_SIZES if args.quick else FULL_TCP_SIZES), args.reps)
+        shares.append(("tcp", None, 2))
+    if "allreduce" in args.suites:
+        shares += [("allreduce", n, 3) for n in args.allreduce_ranks]
+    total = sum(w for _, _, w in shares) or 1
+    t0 = time.time()
+    deadlines, spent = {}, 0
+    for suite, n, w in shares:
+        spent += w
+        deadlines[(suite, n)] = t0 + args.budget * spent / total if args.budget else None
+    if "tcp" in args.suites:
+        suite_tcp(b, args.sizes or (QUICK_TCP_SIZES if args.quick else FULL_TCP_SIZES), args.reps,
+                  deadlines[("tcp", None)])
     if "receive" in args.suites:
         suite_receive(b, RECEIVE_SIZES, args.reps)
     if "registration" in args.suites:
@@ -1258,10 +1347,11 @@ def host_part(b, args, meta, congestion):
         suite_python(b, args.sizes or (QUICK_PYTHON_SIZES if args.quick else FULL_PYTHON_SIZES),
                      args.reps)
     if "allreduce" in args.suites:
-        suite_allreduce(b, args.allreduce_sizes or (QUICK_ALLREDUCE_SIZES if args.quick else
-                                                    FULL_ALLREDUCE_SIZES),
-                        args.allreduce_reps, args.allreduce_samples, args.allreduce_calls,
-                        args.allreduce_warmup)
+        for n in args.allreduce_ranks:
+            suite_allreduce(b, n, args.allreduce_sizes or (QUICK_ALLREDUCE_SIZES if args.quick
+                                                           else FULL_ALLREDUCE_SIZES),
+                            args.allreduce_reps, args.allreduce_samples, args.allreduce_calls,
+                            args.allreduce_warmup, deadlines[("allreduce", n)])
 
 
 def main():
@@ -1297,6 +1387,15 @@ def main():
                          "it): one run of either tool can sit in a slow mode of the VM for its "
                          "whole length (1 MiB: 0.6, 0.9 or 1.2 ms a call), so the ratio's median "
                          "needs more paired runs than the other suites")
+    ap.add_argument("--allreduce-ranks", default="4",
+                    help="comma-separated rank counts for the allreduce suite (default 4)")
+    ap.add_argument("--allreduce-variants", default="",
+                    help="extra ferry configurations measured beside the default, "
+                         "'NAME=ARGS;NAME=ARGS' (ARGS: ferry-bench allreduce options, e.g. "
+                         "'ring=--ring-threshold 1M;seg2m=--ring-threshold 1M --segment 2M')")
+    ap.add_argument("--budget", type=float, default=None,
+                    help="seconds: no suite starts a repetition after its share of this is spent "
+                         "(the first repetition always runs; tcp and allreduce suites)")
     ap.add_argument("--loopback-congestion", choices=["same", "system"], default="same",
                     help="same (default): every tool's loopback connections on the algorithm "
                          "ferry's use within one host (%s), by a route's congctl for 127.0.0.1 "
@@ -1312,6 +1411,14 @@ def main():
     ap.add_argument("--inside-guest", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     args.suites = set(args.suites.split(","))
+    args.allreduce_ranks = [int(x) for x in args.allreduce_ranks.split(",")]
+    variants = {}
+    for item in filter(None, (x.strip() for x in args.allreduce_variants.split(";"))):
+        name, _, rest = item.partition("=")
+        if not name or not rest:
+            ap.error(f"--allreduce-variants: expected NAME=ARGS, got '{item}'")
+        variants["ferry:" + name.strip()] = rest.split()
+    args.allreduce_variants = variants
     args.sizes = [int(x) for x in args.sizes.split(",")] if args.sizes else None
     args.allreduce_sizes = ([int(x) for x in args.allreduce_sizes.split(",")]
                             if args.allreduce_sizes else None)

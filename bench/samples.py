@@ -57,3 +57,11 @@ def grant_label(raw):
     if grants == "auto":
         grants = "auto: registrations on rxe"
     return f"grants {grants}"
+
+
+def by_ranks(samples):
+    """[(ranks, samples)] for each rank count the allreduce suite ran at: every other suite's
+    samples and that count's allreduce samples (samples from before --allreduce-ranks: 4)."""
+    counts = sorted({s.get("ranks", 4) for s in samples if s.get("suite") == "allreduce"})
+    return [(n, [s for s in samples if s.get("suite") != "allreduce" or
+                 s.get("ranks", 4) == n]) for n in counts]

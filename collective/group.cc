@@ -6,6 +6,7 @@
 #include <condition_variable>
 #include <cstring>
 #include <deque>
+#include <limits>
 #include <mutex>
 #include <thread>
 
@@ -60,9 +61,14 @@ struct Offers {
 // One collective call: what this rank offers (released when every rank is done) and what it
 // fetches, under one deadline.
 struct Group::Op {
-  Op(Group& g, std::string what) : g(g), what(std::move(what)), seq(++g.seq_) {
+  // `bytes`: the call's tensor, which decides whether it polls (GroupOptions::busy_wait_below).
+  Op(Group& g, std::string what, size_t bytes) : g(g), what(std::move(what)), seq(++g.seq_) {
     deadline = Clock::now() + g.options_.timeout;
-    if (g.options_.busy_wait) busy = Context::BusyPoll(g.ctx_, g.options_.busy_linger);
+    if (g.options_.busy_wait && bytes < g.busy_wait_below_) {
+      busy = Context::BusyPoll(g.ctx_, g.options_.busy_linger);
+    } else {
+      Context::BusyPoll::resume(g.ctx_);  // the io threads run this call
+    }
     watch();
   }
   // Withdraws the offers and returns once the store has collected them (leases end by the
@@ -405,13 +411,26 @@ struct Group::Op {
   std::vector<ObjectRef> offered;
   std::vector<Pending> pending;
   std::shared_ptr<Offers> offers = std::make_shared<Offers>();
-  Context::BusyPoll busy;  // while the call runs, with GroupOptions::busy_wait
+  Context::BusyPoll busy;  // while the call runs, when it polls (GroupOptions::busy_wait)
 };
 
 // ---------------------------------------------------------------- forming the group
 
 Group::Group(Context& ctx, std::vector<std::string> addresses, int rank, GroupOptions options)
-    : ctx_(ctx), addresses_(std::move(addresses)), rank_(rank), options_(std::move(options)) {}
+    : ctx_(ctx), addresses_(std::move(addresses)), rank_(rank), options_(std::move(options)) {
+  if (options_.busy_wait_below) {
+    busy_wait_below_ = *options_.busy_wait_below;
+  } else {
+    const auto host = [](const std::string& address) {
+      return address.substr(0, address.rfind(':'));
+    };
+    const auto here = host(addresses_[rank_]);
+    const auto local = static_cast<unsigned>(std::count_if(
+        addresses_.begin(), addresses_.end(), [&](const auto& a) { return host(a) == here; }));
+    const bool spare = std::thread::hardware_concurrency() >= 2 * local;
+    busy_wait_below_ = spare ? size_t{1} << 20 : std::numeric_limits<size_t>::max();
+  }
+}
 
 Group::~Group() {
   for (auto& w : watches_) w.req.abort();
@@ -478,7 +497,7 @@ Result<std::unique_ptr<Group>> Group::join(Context& ctx, std::vector<std::string
   const auto deadline = Clock::now() + g->options_.join_timeout;
   if (auto s = g->connect_all(deadline); !s) return report(s);
   // Every rank offers "join" and fetches everyone else's, within the join deadline.
-  Op op(*g, "join");
+  Op op(*g, "join", 0);
   op.deadline = deadline;
   if (auto missing = op.meet("join"); !missing.empty()) {
     Status s{errc::timed_out, missing.front(),
@@ -503,7 +522,7 @@ Status Group::allreduce(std::span<std::byte> data, DType dtype, ReduceOp op) {
   if (esize == 0 || data.size() % esize) {
     return {errc::invalid_argument, -1, "allreduce: size is not whole elements of the dtype"};
   }
-  Op o(*this, "allreduce");
+  Op o(*this, "allreduce", data.size());
   const int n = size();
   if (n == 1) return {};
   if (data.size() < options_.doubling_threshold) return doubling(o, data, dtype, op);
@@ -803,7 +822,7 @@ Status Group::direct_reduce_scatter(Op& o, std::span<const std::byte> in, size_t
 Status Group::broadcast(std::span<std::byte> data, int root) {
   if (!failed_) return failed_;
   if (root < 0 || root >= size()) return {errc::invalid_argument, root, "broadcast: bad root"};
-  Op o(*this, "broadcast");
+  Op o(*this, "broadcast", data.size());
   if (size() == 1) return {};
   if (rank_ == root) {
     if (auto s = o.offer("bc", data, o.others()); !s) return s;
@@ -819,7 +838,7 @@ Status Group::allgather(std::span<const std::byte> in, std::span<std::byte> out)
   if (out.size() != n * in.size()) {
     return {errc::invalid_argument, -1, "allgather: out must be size() * in.size() bytes"};
   }
-  Op o(*this, "allgather");
+  Op o(*this, "allgather", out.size());
   copy_into(out.subspan(static_cast<size_t>(rank_) * in.size()), in);
   if (n == 1) return {};
   if ((n & (n - 1)) == 0) {
@@ -866,7 +885,7 @@ Status Group::reduce_scatter(std::span<const std::byte> in, std::span<std::byte>
   if (out.size() != chunk_of(in, count, esize, rank_, n).size()) {
     return {errc::invalid_argument, -1, "reduce_scatter: out must be this rank's chunk"};
   }
-  Op o(*this, "reduce_scatter");
+  Op o(*this, "reduce_scatter", in.size());
   if (n == 1) {
     copy_into(out, in);
     return {};

@@ -33,6 +33,7 @@
 #include <atomic>
 #include <chrono>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -48,27 +49,42 @@ struct GroupOptions {
   std::string name = "group";  // tells groups of the same processes apart
   std::chrono::milliseconds join_timeout{30000};
   std::chrono::milliseconds timeout{60000};  // each collective call
-  // Bytes: allreduce by recursive doubling below (the latency algorithm: log2(N) messages per
-  // rank where the direct exchange took N-1; 4 local ranks over TCP: 30 % less time a call from
-  // 4 B to 64 KiB, 8 ranks half; level with halving at 128 KiB, behind it from 256 KiB).
-  size_t doubling_threshold = 64u << 10;
+  // Bytes: allreduce by recursive doubling below (the latency algorithm: log2(N) steps where
+  // halving takes 2 log2(N)). At 64 KiB doubling took 0.75-0.85 of halving's time on 16 cores,
+  // 4 and 8 ranks; on the 2-core VM the two were level at 128 KiB and halving ahead from 256 KiB
+  // (bench/README.md, "Many cores").
+  size_t doubling_threshold = 128u << 10;
   // Bytes: below, exchange (RS + AG), or recursive halving for a power-of-two size; the ring from
-  // here. On 4 local ranks over TCP halving beat the ring by 11-18 % at 16 and 64 MiB and lost by
-  // about 7 % at 256 MiB (docs/collectives.md).
+  // here. On 16 cores, 2 io threads moving the bytes, the ring (1 MiB segments) against halving
+  // at 16 / 64 MiB: 4 ranks 1.07 / 0.96x, 8 ranks 0.86 / 0.95x, behind at 1-4 MiB; on the 2-core
+  // VM halving was ahead up to 64 MiB and 7 % behind at 256 MiB (bench/README.md, "Many cores").
   size_t ring_threshold = 128u << 20;
   size_t segment_bytes = 512u << 10;  // ring pipeline unit (each a fetch of its own)
-  // During a call, poll instead of sleeping: the calling thread runs the context itself
-  // (Context::BusyPoll; its io threads park) and yields the core when nothing was ready, like
-  // Open MPI's progress engine, so each step costs no wake-up and no thread hand-off. Costs up
-  // to a core per rank while a call runs; between calls (after busy_linger) the io threads sleep.
+  // During a call of fewer than busy_wait_below bytes, poll instead of sleeping: the calling
+  // thread runs the context itself (Context::BusyPoll; its io threads park) and yields the core
+  // when nothing was ready, like Open MPI's progress engine, so each step costs no wake-up and no
+  // thread hand-off. Costs up to a core per rank while a call runs; between calls (after
+  // busy_linger) the io threads sleep.
   bool busy_wait = true;
+  // Bytes (the call's tensor): from here a call does not poll. The Context's io threads move
+  // the bytes (each connection's reads and writes on its own strand, the first halving step
+  // reduced as it lands) while the calling thread reduces the rest and sleeps in between: with
+  // cores to spare the socket copies and reductions overlap, where one polling thread did them
+  // in turn. Needs 2 io threads (ContextOptions::threads) to pay: on 16 cores, 4 and 8 ranks,
+  // 1.0-1.3x polling's speed at 1-4 MiB and 1.4-1.6x at 16-64 MiB; below 1 MiB the wake-ups cost
+  // more than the overlap gains. Without cores to spare the overlap has nothing to run on and
+  // polling wins (4 ranks on 2 cores: 1.1-1.9x at 1-16 MiB). Unset (the default): 1 MiB where
+  // this machine has at least 2 cores per rank of the group on it (ranks whose address has this
+  // rank's host), else SIZE_MAX (always poll). docs/collectives.md, "Large calls".
+  std::optional<size_t> busy_wait_below;
   // With busy_wait, how long a waiting rank polls with nothing arriving before it sleeps in the
   // reactor until the next event (and then polls again). Spinning for good keeps every core
   // busy, so the scheduler never finds one idle and more ranks than cores can stay crowded on
   // one core for a whole run: 4 ranks on 2 cores stuck 3 + 1 took 1.3 ms per 1 MiB allreduce
   // instead of 0.7 (bench/README.md). 200 us covers a step's usual gaps there.
   std::chrono::microseconds busy_spin{200};
-  // With busy_wait, how long the io threads stay parked after a call (BusyPoll's linger): a call
+  // With busy_wait, how long the io threads stay parked after a polling call (BusyPoll's
+  // linger; a call that does not poll ends it at once, as it needs them): a call
   // that follows within it starts and ends without waking them (two wake-ups and a thread
   // hand-off of the reactor saved per call: a fifth of a 1 MiB allreduce of 4 ranks on 2 cores).
   // Meanwhile nothing runs the context, so other work on it (another thread's fetch) waits up
@@ -161,6 +177,7 @@ class Group {
   std::vector<std::string> addresses_;
   int rank_;
   GroupOptions options_;
+  size_t busy_wait_below_ = 0;      // options_.busy_wait_below, or what unset means on this machine
   std::vector<Peer> peers_;         // by rank; invalid for this rank
   uint64_t seq_ = 0;                // collectives started
   std::vector<ObjectRef> markers_;  // join, fail and leave markers, kept while it lives

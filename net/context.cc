@@ -568,6 +568,13 @@ Context::BusyPoll::BusyPoll(Context& ctx, std::chrono::microseconds linger)
 
 Context::BusyPoll::~BusyPoll() { end(); }
 
+void Context::BusyPoll::resume(Context& ctx) {
+  auto& impl = *ctx.impl_;
+  if (impl.linger_until.load() == 0) return;
+  impl.linger_until.store(0);
+  impl.unpark();
+}
+
 void Context::BusyPoll::end() {
   if (!impl_) return;
   if (linger_.count() > 0) {

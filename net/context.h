@@ -258,6 +258,10 @@ class Context {
     BusyPoll(BusyPoll&& other) noexcept : impl_(std::move(other.impl_)), linger_(other.linger_) {}
     BusyPoll& operator=(BusyPoll&& other) noexcept;
     explicit operator bool() const { return impl_ != nullptr; }
+    // Ends what earlier holders' linger left: io threads parked only for a linger resume now (a
+    // caller about to wait for them: a collective call that does not poll). Threads parked for a
+    // live holder stay parked. Any thread but an io thread.
+    static void resume(Context& ctx);
 
     // Runs the context's ready handlers on the calling thread (reading its sockets first); returns
     // how many ran (0: nothing was ready, or this one is empty). Never blocks. An exception from a

@@ -12,7 +12,7 @@ packages=(
 )
 # Extra groups: `install-deps.sh softroce` adds what the soft-RoCE test tier needs; `bench` the
 # peer tools `make bench` runs beside ferry (and builds against: Gloo, Open MPI), python3 for its
-# driver and gnuplot for its plots.
+# driver and gnuplot for its plots; `bundle` what make bench-bundle carries.
 for extra in "$@"; do
   case "$extra" in
     # busybox-static is left out: it conflicts with Debian's busybox; ferry-vm unpacks its .deb.
@@ -20,6 +20,8 @@ for extra in "$@"; do
     # libgloo-dev, openmpi-bin and libopenmpi-dev: the allreduce suite's peers (Gloo, Open MPI).
     bench) packages+=(python3 iperf3 perftest ucx-utils qperf sockperf gnuplot-nox
                       libgloo-dev openmpi-bin libopenmpi-dev) ;;
+    # make bench-bundle: the peers it carries, and patchelf to make them relocatable.
+    bundle) packages+=(python3 iperf3 libgloo-dev openmpi-bin libopenmpi-dev patchelf) ;;
     *) echo "install-deps: unknown group '$extra'" >&2; exit 2 ;;
   esac
 done

@@ -316,9 +316,12 @@ double tolerance(DType t, int n) {
 // N ranks in this process, each with its own Context listening on the suite's host.
 class Ranks {
  public:
-  explicit Ranks(int n, collective::GroupOptions options = {}) {
+  // io_threads: each Context's (0: client_options' default).
+  explicit Ranks(int n, collective::GroupOptions options = {}, int io_threads = 0) {
     for (int r = 0; r < n; ++r) {
-      contexts_.push_back(std::make_unique<Context>(client_options("rank" + std::to_string(r))));
+      auto context_options = client_options("rank" + std::to_string(r));
+      if (io_threads > 0) context_options.threads = io_threads;
+      contexts_.push_back(std::make_unique<Context>(std::move(context_options)));
       auto port = contexts_.back()->listen(test_host() + ":0");
       EXPECT_TRUE(port.ok());
       addresses_.push_back(test_host() + ":" + std::to_string(port.ok() ? *port : 0));
@@ -463,7 +466,8 @@ class Collective : public ::testing::TestWithParam<int> {
 TEST_P(Collective, AllreduceEveryOpAndDtypeAndSize) {
   Ranks ranks(GetParam());
   // One element, fewer elements than ranks, odd counts, and sizes on both sides of the
-  // doubling threshold (64 KiB: recursive doubling below, halving or the exchange above).
+  // doubling threshold (128 KiB: recursive doubling below, halving or the exchange above; 40009
+  // elements are 40 KB to 320 KB by dtype).
   for (size_t count : {size_t{1}, size_t{3}, size_t{1001}, size_t{40009}}) {
     for (DType t : kDtypes) {
       for (ReduceOp op : kOps) check_allreduce(ranks, t, op, count);
@@ -480,6 +484,27 @@ TEST_P(Collective, AllreduceOfMiBsEveryDtypeReducedAsItArrives) {
     const size_t count = (3u << 20) / dtype_size(t) + 7;
     for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMax}) check_allreduce(ranks, t, op, count);
   }
+}
+
+// Calls from GroupOptions::busy_wait_below do not poll: the io threads (two per Context here)
+// move the bytes and reduce the first halving step as it lands while the calling thread sleeps
+// and reduces the rest. The default polls throughout on a machine with fewer than 2 cores per
+// rank (this one), so the threshold is set: every collective, the ring included, over that path,
+// and a small call after each large one (it polls again, and finds the io threads running).
+TEST_P(Collective, CallsOfMiBsMovedByTheIoThreadsMatchTheReference) {
+  collective::GroupOptions options;
+  options.busy_wait_below = 1u << 20;
+  options.ring_threshold = 8u << 20;
+  Ranks ranks(GetParam(), options, /*io_threads=*/2);
+  for (DType t : {DType::kFloat32, DType::kBFloat16, DType::kInt64}) {
+    const size_t count = (3u << 20) / dtype_size(t) + 7;
+    check_allreduce(ranks, t, ReduceOp::kSum, count);
+    check_allreduce(ranks, t, ReduceOp::kMax, 5);
+  }
+  check_allreduce(ranks, DType::kFloat32, ReduceOp::kSum, (9u << 20) / 4 + 1);  // the ring
+  check_reduce_scatter(ranks, DType::kFloat64, ReduceOp::kSum, (2u << 20) / 8 * GetParam() + 3);
+  check_broadcast(ranks, DType::kInt32, (2u << 20) / 4 + 1, /*only_root=*/GetParam() - 1);
+  check_allgather(ranks, DType::kFloat32, (1u << 20) / 4 + 1);
 }
 
 // Rank r gets its chunk of the allreduce: every op and dtype, on both sides of the direct
