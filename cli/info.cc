@@ -1,15 +1,61 @@
 #include "cli/info.h"
 
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
 #include "cli/json.h"
 #include "cli/status.h"
 #include "ferry.h"
+#include "net/log.h"
 
 namespace ferry::cli {
 namespace {
+
+// One setting a default context takes from the environment: its effective value and where it
+// came from (docs/configuration.md lists them all).
+struct Setting {
+  std::string variable;  // FERRY_...
+  std::string option;    // the ContextOptions field (or what reads it)
+  std::string value;     // effective, as text
+  std::string source;    // "default" or "environment"
+};
+
+std::string bytes_text(uint64_t bytes) {
+  char text[48];
+  std::snprintf(text, sizeof(text), "%.2f GiB (%llu)", static_cast<double>(bytes) / (1ull << 30),
+                static_cast<unsigned long long>(bytes));
+  return text;
+}
+
+const char* grants_text(RdmaGrants g) {
+  switch (g) {
+    case RdmaGrants::automatic:
+      return "auto";
+    case RdmaGrants::windows:
+      return "windows";
+    case RdmaGrants::registrations:
+      return "registrations";
+    case RdmaGrants::regions:
+      return "regions";
+  }
+  return "?";
+}
+
+const char* log_text(log::Level level) {
+  switch (level) {
+    case log::Level::error:
+      return "error";
+    case log::Level::warn:
+      return "warn";
+    case log::Level::info:
+      return "info";
+    case log::Level::debug:
+      return "debug";
+  }
+  return "?";
+}
 
 std::string join(const std::vector<std::string>& items) {
   std::string out;
@@ -20,9 +66,30 @@ std::string join(const std::vector<std::string>& items) {
   return out.empty() ? "none" : out;
 }
 
+std::vector<Setting> settings_of(const ContextOptions& o) {
+  const auto or_none = [](const std::string& v, const char* none) { return v.empty() ? none : v; };
+  std::vector<Setting> out = {
+      {"FERRY_TRANSPORT", "transport", o.transport, ""},
+      {"FERRY_SECRET", "secret", o.secret.empty() ? "none (no authentication)" : "set (hidden)",
+       ""},
+      {"FERRY_TLS_CERT", "tls.certificate", or_none(o.tls.certificate, "none"), ""},
+      {"FERRY_TLS_KEY", "tls.private_key", or_none(o.tls.private_key, "none"), ""},
+      {"FERRY_TLS_CA", "tls.ca", or_none(o.tls.ca, "none"), ""},
+      {"FERRY_RDMA_GRANTS", "rdma_grants", grants_text(o.rdma_grants), ""},
+      {"FERRY_TCP_CONGESTION", "tcp_congestion",
+       or_none(o.tcp_congestion, "automatic (reno within one host, else the system's)"), ""},
+      {"FERRY_POOL_BYTES", "pool_bytes",
+       o.pool_bytes ? bytes_text(o.pool_bytes) : std::string("0 (receive pool off)"), ""},
+      {"FERRY_LOG", "log level", log_text(log::current_level()), ""},
+  };
+  for (auto& s : out) s.source = std::getenv(s.variable.c_str()) ? "environment" : "default";
+  return out;
+}
+
 void print_text(const std::vector<RegisteredTransport>& registered,
                 const std::vector<std::string>& instantiated,
-                const std::vector<rdma::DeviceInfo>& devices) {
+                const std::vector<rdma::DeviceInfo>& devices,
+                const std::vector<Setting>& settings) {
   std::printf("ferry %s\n", kVersion);
   std::printf("registered transports:\n");
   for (const auto& t : registered) {
@@ -40,11 +107,17 @@ void print_text(const std::vector<RegisteredTransport>& registered,
       for (const auto& gid : port.gids) std::printf("      gid %s\n", gid.c_str());
     }
   }
+  std::printf("settings of a default context (docs/configuration.md):\n");
+  for (const auto& st : settings) {
+    std::printf("  %-21s %-16s %-11s %s\n", st.variable.c_str(), st.option.c_str(),
+                st.source.c_str(), st.value.c_str());
+  }
 }
 
 void print_json(const std::vector<RegisteredTransport>& registered,
                 const std::vector<std::string>& instantiated,
-                const std::vector<rdma::DeviceInfo>& devices) {
+                const std::vector<rdma::DeviceInfo>& devices,
+                const std::vector<Setting>& settings) {
   auto strings = [](JsonWriter& w, const std::vector<std::string>& items) {
     w.begin_array();
     for (const auto& item : items) w.value(item);
@@ -71,7 +144,13 @@ void print_json(const std::vector<RegisteredTransport>& registered,
     }
     w.end_array().end_object();
   }
-  w.end_array().end_object().end_object();
+  w.end_array().end_object();
+  w.key("settings").begin_array();
+  for (const auto& st : settings) {
+    w.begin_object().key("variable").value(st.variable).key("option").value(st.option);
+    w.key("value").value(st.value).key("source").value(st.source).end_object();
+  }
+  w.end_array().end_object();
   std::fputs(w.str().c_str(), stdout);
 }
 
@@ -81,13 +160,14 @@ int run_info(bool json) {
   auto ctx = Context::create();
   if (!ctx) return fail(kExitUsage, "create a default context", ctx.error());
   const auto instantiated = (*ctx)->transports();
+  const auto settings = settings_of((*ctx)->options());
   (*ctx)->close();
   const auto registered = registered_transports();
   const auto devices = rdma::list_devices();
   if (json) {
-    print_json(registered, instantiated, devices);
+    print_json(registered, instantiated, devices, settings);
   } else {
-    print_text(registered, instantiated, devices);
+    print_text(registered, instantiated, devices, settings);
   }
   return kExitOk;
 }

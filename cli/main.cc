@@ -183,7 +183,8 @@ int run(int argc, char** argv) {
   add_fetch(app, fetch_args);
   CollectiveArgs collective_args;
   add_collective(app, collective_args);
-  auto* info = app.add_subcommand("info", "Show the version, transports and RDMA devices");
+  auto* info =
+      app.add_subcommand("info", "Show the version, transports, RDMA devices and the receive pool");
   info->add_flag("--json", info_json, "Print as JSON");
   info->footer(kExitCodeHelp);
   try {

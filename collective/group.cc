@@ -270,11 +270,12 @@ struct Group::Op {
     const bool in_place = out.data() == mine.data();
     // Rank q's part lands in slot q of the Group's scratch (this rank's slot stays unused).
     const size_t size = mine.size();
-    if (g.scratch_.size() < static_cast<size_t>(n) * size) g.scratch_.resize(n * size);
+    auto space = g.scratch(static_cast<size_t>(n) * size);
+    if (!space) return fail(-1, space.error(), "receive space");
     std::vector<std::span<std::byte>> theirs(static_cast<size_t>(n));
     for (int q = 0; q < n; ++q) {
       if (q == g.rank_) continue;
-      theirs[q] = std::span(g.scratch_).subspan(q * size, size);
+      theirs[q] = space->subspan(q * size, size);
       take(q, tag, theirs[q]);
     }
     size_t next = 0;         // into `pending`: the ranks in order, this one skipped
@@ -556,6 +557,18 @@ Status Group::allreduce(std::span<std::byte> data, DType dtype, ReduceOp op) {
   return o.finish();
 }
 
+Result<std::span<std::byte>> Group::scratch(size_t bytes) {
+  if (scratch_bytes_ < bytes || !scratch_) {
+    scratch_.reset();  // the old block goes back to the pool first: it may serve the new one
+    scratch_bytes_ = 0;
+    auto block = ctx_.allocate(std::max<size_t>(bytes, 1));
+    if (!block) return block.error();
+    scratch_ = std::move(*block);
+    scratch_bytes_ = bytes;
+  }
+  return std::span(scratch_.get(), scratch_bytes_);
+}
+
 std::vector<std::pair<size_t, size_t>> Group::segments(size_t count, size_t esize, int q) const {
   auto [first, last] = chunk_range(count, q, size());
   const size_t step = std::max<size_t>(1, options_.segment_bytes / esize);
@@ -598,7 +611,8 @@ Status Group::ring(Op& o, std::span<const std::byte> in, size_t count, size_t es
     step_at[s] = need;
     need += (last - first) * esize;
   }
-  if (scratch_.size() < need) scratch_.resize(need);
+  auto space = scratch(need);
+  if (!space) return o.fail(-1, space.error(), "receive space");
   for (auto [off, len] : segments(count, esize, mod(rank_ - 1))) {
     if (auto s = o.offer(ring_tag("rs", 0, off), in.subspan(off, len), {right}); !s) return s;
   }
@@ -613,7 +627,7 @@ Status Group::ring(Op& o, std::span<const std::byte> in, size_t count, size_t es
   for (int s = 0; s < n - 1; ++s) {
     const size_t base = chunk_range(count, mod(rank_ - s - 2), n).first * esize;
     for (auto [off, len] : segments(count, esize, mod(rank_ - s - 2))) {
-      auto into = std::span(scratch_).subspan(step_at[s] + off - base, len);
+      auto into = space->subspan(step_at[s] + off - base, len);
       o.take(left, ring_tag("rs", s, off), into);
       pieces.push_back({false, s, off, len, into});
     }
@@ -689,7 +703,8 @@ Status Group::halving(Op& o, std::span<std::byte> data, size_t count, size_t esi
     lo = s.keep_lo;
     hi = s.keep_hi;
   }
-  if (scratch_.size() < need) scratch_.resize(need);
+  auto space = scratch(need);
+  if (!space) return o.fail(-1, space.error(), "receive space");
   const auto range = [&](size_t a, size_t b) { return data.subspan(a * esize, (b - a) * esize); };
   const size_t k = steps.size();
   const size_t first = o.pending.size();
@@ -709,7 +724,7 @@ Status Group::halving(Op& o, std::span<std::byte> data, size_t count, size_t esi
       continue;
     }
     o.take(s.partner, "hr" + std::to_string(i),
-           std::span(scratch_).subspan(s.at, (s.keep_hi - s.keep_lo) * esize));
+           space->subspan(s.at, (s.keep_hi - s.keep_lo) * esize));
   }
   for (size_t i = k; i-- > 0;) {
     o.take(steps[i].partner, "hg" + std::to_string(i), range(steps[i].give_lo, steps[i].give_hi));
@@ -723,7 +738,7 @@ Status Group::halving(Op& o, std::span<std::byte> data, size_t count, size_t esi
     if (auto st = o.wait(first + i); !st) return st;
     if (i == 0 && stream) continue;  // reduced as it arrived
     const auto kept = range(s.keep_lo, s.keep_hi);
-    if (auto ec = reduce_into(dtype, op, kept, std::span(scratch_).subspan(s.at, kept.size()))) {
+    if (auto ec = reduce_into(dtype, op, kept, space->subspan(s.at, kept.size()))) {
       return o.fail(-1, ec, "reduce");
     }
   }
@@ -760,8 +775,9 @@ Status Group::doubling(Op& o, std::span<std::byte> data, DType dtype, ReduceOp o
   const auto real = [rem](int v) { return v < rem ? 2 * v + 1 : v + rem; };
   // Slots of scratch_: 0, what the folded partner sends; 1 + 2i, the partner's value at step i;
   // 2 + 2i, this rank's result of step i (when it is the lower one).
-  if (scratch_.size() < (2 * k + 1) * bytes) scratch_.resize((2 * k + 1) * bytes);
-  const auto slot = [&](int j) { return std::span(scratch_).subspan(j * bytes, bytes); };
+  auto space = scratch((2 * k + 1) * bytes);
+  if (!space) return o.fail(-1, space.error(), "receive space");
+  const auto slot = [&](int j) { return space->subspan(j * bytes, bytes); };
   const size_t first = o.pending.size();
   if (paired && rank_ % 2 == 0) {
     if (auto s = o.offer("fold", data, {rank_ + 1}); !s) return s;

@@ -181,9 +181,14 @@ class Group {
   std::vector<Peer> peers_;         // by rank; invalid for this rank
   uint64_t seq_ = 0;                // collectives started
   std::vector<ObjectRef> markers_;  // join, fail and leave markers, kept while it lives
-  // The ring's receive space, kept across calls (page faults and zeroing of a fresh buffer per
-  // call cost about a third of a large allreduce): up to the size of the largest tensor reduced.
-  std::vector<std::byte> scratch_;
+  // The algorithms' receive space, from the Context's receive pool (registered with every RDMA
+  // device already: fetches into it register nothing), kept across calls and grown to the
+  // largest need (page faults and zeroing of a fresh buffer per call cost about a third of a
+  // large allreduce). No call uses it after it returns: its offers are collected by then.
+  std::shared_ptr<std::byte[]> scratch_;
+  size_t scratch_bytes_ = 0;
+  // scratch_, at least `bytes` of it (contents unspecified), or errc::resource_exhausted.
+  Result<std::span<std::byte>> scratch(size_t bytes);
   std::atomic<uint64_t> refetches_{0};
   Status failed_;
   // A fetch of every other rank's fail marker, parked on it while the Group lives (started by

@@ -12,7 +12,13 @@ cleanup() {
 trap cleanup EXIT
 
 "$ferry" --version
-"$ferry" info
+"$ferry" info | tee "$tmp/info.txt"
+grep -qE '^  FERRY_POOL_BYTES +pool_bytes +default ' "$tmp/info.txt" || { echo "ferry info: no pool setting"; exit 1; }
+FERRY_POOL_BYTES=512M "$ferry" info | grep -qE '^  FERRY_POOL_BYTES +pool_bytes +environment +0.50 GiB \(536870912\)' ||
+  { echo "ferry info: FERRY_POOL_BYTES=512M not shown as the effective setting"; exit 1; }
+FERRY_TRANSPORT=tcp "$ferry" info --json >"$tmp/info.json"
+grep -q '"variable": "FERRY_TRANSPORT"' "$tmp/info.json" && grep -q '"source": "environment"' "$tmp/info.json" ||
+  { echo "ferry info --json: no settings with their source"; cat "$tmp/info.json"; exit 1; }
 "$ferry" serve --listen 127.0.0.1:0 --objects 12 --sizes 1-4M --seed 7 \
   --manifest "$tmp/manifest.json" >"$tmp/serve.out" 2>"$tmp/serve.err" &
 server=$!

@@ -778,6 +778,28 @@ TEST(CollectiveLarge, EveryCollectiveOf64MiBOnFourRanks) {
   check_allgather(ranks, DType::kFloat32, count / 4);  // 64 MiB gathered on every rank
 }
 
+// The algorithms' receive space comes from each rank's receive pool (registered memory over
+// RDMA) and is kept across calls: a second call of the same size takes nothing new from it.
+TEST(CollectivePool, ReceiveSpaceComesFromTheContextsPoolAndIsKept) {
+  FERRY_REQUIRE_TEST_HOST();
+  Ranks ranks(4);
+  const size_t count = (4u << 20) / 4;
+  check_allreduce(ranks, DType::kFloat32, ReduceOp::kSum, count);
+  std::vector<PoolStats> after_first;
+  for (int r = 0; r < ranks.size(); ++r) {
+    after_first.push_back(ranks.context(r).pool_stats());
+    // Halving's later steps land in scratch: at least a quarter of the tensor per rank.
+    EXPECT_GE(after_first.back().in_use_bytes, count * 4 / 4) << "rank " << r;
+  }
+  check_allreduce(ranks, DType::kFloat32, ReduceOp::kSum, count);
+  for (int r = 0; r < ranks.size(); ++r) {
+    const auto now = ranks.context(r).pool_stats();
+    EXPECT_EQ(now.hits + now.misses + now.fallbacks,
+              after_first[r].hits + after_first[r].misses + after_first[r].fallbacks)
+        << "rank " << r << " allocated receive space again";
+  }
+}
+
 TEST(CollectiveJoin, AMissingRankIsNamedWithinTheDeadline) {
   FERRY_REQUIRE_TEST_HOST();
   Context a(client_options("a"));
