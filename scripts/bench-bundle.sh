@@ -39,7 +39,7 @@ cp /etc/openmpi/openmpi-mca-params.conf "$out"/ompi/etc/
 cp -r "$pmix"/lib/pmix "$out"/pmix/lib/
 cp -r "$pmix"/share/. "$out"/pmix/share/
 cp "$root"/bench/{run.py,loopback_cc.py,samples.py,markdown.py} "$out"/bench/
-cp "$root"/bench/bundle/run "$root"/bench/bundle/README.txt "$out"/
+cp "$root"/bench/bundle/run "$root"/bench/bundle/README.txt "$root"/scripts/demo.sh "$out"/
 chmod +x "$out"/run
 
 # glibc's own libraries stay the target machine's; everything else an object needs comes along.
