@@ -202,9 +202,9 @@ int fetch_targets(const FetchArgs& args, Peer& peer, const std::vector<Target>& 
   return rc;
 }
 
-}  // namespace
-
-int run_fetch(const FetchArgs& args) {
+// Everything run_fetch does but print the result: fills `summary` with what completed, also when
+// it fails (fail() has reported why). Returns an exit code.
+int fetch_all(const FetchArgs& args, FetchSummary& summary, std::string& from_out) {
   Manifest manifest;
   if (std::string error; !args.manifest.empty() && !read_manifest(args.manifest, manifest, error)) {
     return fail(kExitUsage, "manifest " + args.manifest + ": " + error);
@@ -215,6 +215,7 @@ int run_fetch(const FetchArgs& args) {
     return fail(kExitUsage, "nothing to fetch: give REF..., --manifest FILE or --all");
   }
   const std::string from = peer_address(args, manifest, targets);
+  from_out = from;
   if (from.empty()) return fail(kExitUsage, "no peer to fetch from: give --from HOST:PORT");
   if (!args.out.empty()) {
     std::error_code ec;
@@ -246,7 +247,6 @@ int run_fetch(const FetchArgs& args) {
     }
   }
 
-  FetchSummary summary;
   summary.transport = peer.transport();
   const int rc = fetch_targets(args, peer, targets, summary);
   summary.pool = (*ctx)->pool_stats();
@@ -256,13 +256,23 @@ int run_fetch(const FetchArgs& args) {
     summary.verified =
         summary.mismatched ? FetchSummary::Verified::kFailed : FetchSummary::Verified::kYes;
   }
+  return summary.mismatched ? kExitVerifyFailed : kExitOk;
+}
+
+}  // namespace
+
+int run_fetch(const FetchArgs& args) {
+  FetchSummary summary;
+  std::string from;
+  const int rc = fetch_all(args, summary, from);
   if (args.json) {
+    // Pure JSON on stdout, success or not: what completed, and "error" (null on success).
     std::fputs(summary_json(summary).c_str(), stdout);
-  } else if (!args.quiet) {
+  } else if ((rc == kExitOk || rc == kExitVerifyFailed) && !args.quiet) {
     std::printf("ferry fetch from %s, %d in flight\n", from.c_str(), args.concurrency);
     print_table(stdout, summary);
   }
-  return summary.mismatched ? kExitVerifyFailed : kExitOk;
+  return rc;
 }
 
 }  // namespace ferry::cli

@@ -158,7 +158,11 @@ void print_json(const std::vector<RegisteredTransport>& registered,
 
 int run_info(bool json) {
   auto ctx = Context::create();
-  if (!ctx) return fail(kExitUsage, "create a default context", ctx.error());
+  if (!ctx) {
+    const int rc = fail(kExitUsage, "create a default context", ctx.error());
+    if (json) std::fputs(failure_json().c_str(), stdout);
+    return rc;
+  }
   const auto instantiated = (*ctx)->transports();
   const auto settings = settings_of((*ctx)->options());
   (*ctx)->close();

@@ -85,8 +85,8 @@ void add_serve(CLI::App& app, ServeArgs& a) {
   cmd->footer(
       std::string("Puts random objects (--objects) and/or files (--file) into a ferry store and\n"
                   "serves them until SIGINT/SIGTERM or --duration. Prints one line per object\n"
-                  "(`REF BYTES CHECKSUMS`, or a JSON document with --json), then `ready ADDRESS`\n"
-                  "once peers can connect.\n\n") +
+                  "(`REF BYTES CHECKSUMS`), then `ready ADDRESS` once peers can connect; with\n"
+                  "--json, one JSON document on stdout and the ready line on stderr.\n\n") +
       kExitCodeHelp);
 }
 
@@ -143,8 +143,9 @@ void add_collective(CLI::App& app, CollectiveArgs& a) {
       ->type_name("N")
       ->check(CLI::Range(1, 64))
       ->capture_default_str();
-  cmd->add_option("--sizes", a.sizes, "Tensor sizes (suffixes K, M, G)")
-      ->type_name("SIZE...")
+  cmd->add_option("--sizes", a.sizes, "Tensor sizes (suffixes K, M, G), comma-separated")
+      ->type_name("SIZE,...")
+      ->delimiter(',')
       ->check(check_size)
       ->capture_default_str();
   cmd->add_option("--iterations", a.iterations, "Timed allreduces per size")

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "cli/json.h"
+#include "cli/status.h"
 #include "cli/units.h"
 
 namespace ferry::cli {
@@ -88,6 +89,7 @@ std::string summary_json(const FetchSummary& s) {
   w.key("fallbacks").value(s.pool.fallbacks).key("fallback_bytes").value(s.pool.fallback_bytes);
   w.key("regions_created").value(s.pool.regions_created);
   w.key("regions_trimmed").value(s.pool.regions_trimmed).end_object();
+  write_failure(w);
   w.end_object();
   return w.str();
 }

@@ -31,7 +31,8 @@ double latency_ms(std::vector<std::chrono::nanoseconds> latencies, double p);
 // Writes the summary as an aligned two-column table.
 void print_table(std::FILE* out, const FetchSummary& summary);
 
-// The summary as a JSON document (throughput in GB/s and Gbit/s, latencies in ms).
+// The summary as a JSON document (throughput in GB/s and Gbit/s, latencies in ms), with "error":
+// the first failure reported (cli/status.h), or null.
 std::string summary_json(const FetchSummary& summary);
 
 }  // namespace ferry::cli

@@ -118,7 +118,10 @@ std::error_code put_objects(Context& ctx, std::vector<Blob>& blobs, Manifest& ma
 
 }  // namespace
 
-int run_serve(const ServeArgs& args) {
+namespace {
+
+// run_serve but for the failure document --json prints.
+int serve(const ServeArgs& args) {
   // Block the stop signals before the Context starts its threads, so they inherit the mask and
   // this thread alone receives them through sigwait.
   sigset_t signals;
@@ -185,13 +188,23 @@ int run_serve(const ServeArgs& args) {
     }
   }
   print_objects(manifest, args.json);
-  std::printf("ready %s\n", manifest.server.c_str());
+  // With --json stdout is the one JSON document (it appears once serving has begun); the ready
+  // line goes to stderr.
+  std::fprintf(args.json ? stderr : stdout, "ready %s\n", manifest.server.c_str());
   std::fflush(stdout);
 
   const int sig = wait_for_stop(signals, args.duration);
   std::fprintf(stderr, "ferry serve: %s; stopping\n", sig ? strsignal(sig) : "duration elapsed");
   (*ctx)->close();
   return kExitOk;
+}
+
+}  // namespace
+
+int run_serve(const ServeArgs& args) {
+  const int rc = serve(args);
+  if (rc != kExitOk && args.json) std::fputs(failure_json().c_str(), stdout);
+  return rc;
 }
 
 }  // namespace ferry::cli

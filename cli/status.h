@@ -1,6 +1,7 @@
 // Exit codes of the ferry tool and the one way it reports a failure.
 #pragma once
 
+#include <string>
 #include <string_view>
 #include <system_error>
 
@@ -18,9 +19,28 @@ enum ExitCode : int {
 // The exit-code table, as shown at the end of --help.
 extern const char* const kExitCodeHelp;
 
-// Prints "ferry: <what>: <ec.message()>" to stderr and returns `code`.
+// Prints "ferry: <what>: <ec.message()>" to stderr, remembers it (last_failure) and returns
+// `code`.
 int fail(ExitCode code, std::string_view what, const std::error_code& ec);
-// Prints "ferry: <what>" to stderr and returns `code`.
+// Prints "ferry: <what>" to stderr, remembers it and returns `code`.
 int fail(ExitCode code, std::string_view what);
+
+// The first failure fail() reported in this process (code kExitOk and no text: none), for --json
+// output, which carries it. The error's code and category when it had one. Main thread.
+struct Failure {
+  int exit_code = kExitOk;
+  std::string message;  // as printed, without the "ferry: " prefix
+  std::string error;    // the error's name (errc_name, or the category's message), or ""
+  std::string error_category;
+};
+const Failure& first_failure();
+
+class JsonWriter;
+// Adds "error": {"exit_code", "message", "error", "category"} for first_failure() to an open
+// object, or "error": null when there was none.
+void write_failure(JsonWriter& w);
+// A JSON document holding only that "error" member: what a --json subcommand prints when it
+// fails before it has anything else to say.
+std::string failure_json();
 
 }  // namespace ferry::cli

@@ -744,8 +744,9 @@ void Context::start_connect(std::shared_ptr<Impl> impl, std::string address,
           boost::system::error_code ec, tcp::resolver::results_type results) {
         if (ec) {
           op->timer.cancel();
+          FERRY_LOG_INFO("resolve {} failed: {}", host, ec.message());
           return deliver(std::move(op->handler),
-                         op->timed_out ? errc::timed_out : errc::connection_failed, {});
+                         op->timed_out ? errc::timed_out : errc::host_unresolved, {});
         }
         asio::async_connect(
             op->socket, results,
@@ -755,7 +756,11 @@ void Context::start_connect(std::shared_ptr<Impl> impl, std::string address,
                 op->timer.cancel();
                 FERRY_LOG_INFO("connect to {} failed: {}", address, ec.message());
                 return deliver(std::move(op->handler),
-                               op->timed_out ? errc::timed_out : errc::connection_failed, {});
+                               op->timed_out ? errc::timed_out
+                               : ec == boost::asio::error::connection_refused
+                                   ? errc::connection_refused
+                                   : errc::connection_failed,
+                               {});
               }
               close_on_exec(op->socket.native_handle());
               if (!impl->options.tls.enabled()) {

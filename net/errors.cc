@@ -52,6 +52,10 @@ class FerryCategory final : public std::error_category {
         return "TLS handshake failed (certificate not trusted or not matching, or no TLS there)";
       case errc::tls_required:
         return "the peer requires TLS on the metadata channel (ContextOptions::tls)";
+      case errc::connection_refused:
+        return "connection refused: nothing listens at that address";
+      case errc::host_unresolved:
+        return "the peer's host name could not be resolved";
       case errc::transport_unknown:
         return "no transport registered under that name";
       case errc::transport_duplicate:
@@ -118,6 +122,10 @@ std::string_view errc_name(errc e) noexcept {
       return "tls_failed";
     case errc::tls_required:
       return "tls_required";
+    case errc::connection_refused:
+      return "connection_refused";
+    case errc::host_unresolved:
+      return "host_unresolved";
     case errc::transport_unknown:
       return "transport_unknown";
     case errc::transport_duplicate:

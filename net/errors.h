@@ -35,6 +35,11 @@ enum class errc {
   auth_failed = 28,
   tls_failed = 29,    // TLS handshake failed: certificate not trusted, or the peer has no TLS
   tls_required = 30,  // the peer accepts only TLS on the metadata channel
+  // Connecting: nothing listens at that address (the system refused the connection), and the
+  // host name does not resolve. Other connect failures (unreachable, reset) are
+  // connection_failed; every one is logged with the system's own message.
+  connection_refused = 31,
+  host_unresolved = 32,
   // registry (operation scope at the call site)
   transport_unknown = 40,
   transport_duplicate = 41,

@@ -34,10 +34,29 @@ ls "$tmp/out" | grep -q '\.bin$' || { echo "no files written by --out"; exit 1; 
 "$ferry" fetch --from "$addr" --all --json >"$tmp/all.json"
 grep -q '"objects"' "$tmp/all.json" || { echo "no JSON summary"; cat "$tmp/all.json"; exit 1; }
 
+# --json: stdout is one JSON document, also on failure (the error, and what completed).
+json_ok() { python3 -c 'import json, sys; json.load(open(sys.argv[1]))' "$1"; }
+"$ferry" serve --listen 127.0.0.1:0 --objects 2 --sizes 1K-2K --json --duration 1 \
+  >"$tmp/serve.json" 2>"$tmp/serve.json.err"
+json_ok "$tmp/serve.json" || { echo "serve --json: stdout is not JSON"; cat "$tmp/serve.json"; exit 1; }
+grep -q '^ready ' "$tmp/serve.json.err" || { echo "serve --json: no ready line on stderr"; exit 1; }
+"$ferry" collective -n 2 --sizes 1K,64K --iterations 1 >/dev/null ||
+  { echo "collective --sizes 1K,64K (a comma list) failed"; exit 1; }
+
 set +e
-"$ferry" fetch --from 127.0.0.1:1 --all >/dev/null 2>&1
+"$ferry" fetch --from 127.0.0.1:1 --all --json >"$tmp/refused.json" 2>/dev/null
 rc=$?
 [[ $rc -eq 2 ]] || { echo "unreachable server: exit $rc, want 2"; exit 1; }
+json_ok "$tmp/refused.json" && grep -q '"error": "connection_refused"' "$tmp/refused.json" ||
+  { echo "fetch --json on failure: no JSON error"; cat "$tmp/refused.json"; exit 1; }
+"$ferry" fetch --from no-such-host.invalid:1 --all 2>"$tmp/dns.err"
+rc=$?
+if [[ $rc -eq 5 ]]; then
+  echo "SKIPPED: unresolvable host check: the resolver did not answer in time"
+else
+  [[ $rc -eq 2 ]] && grep -q "could not be resolved" "$tmp/dns.err" ||
+    { echo "unresolvable host: exit $rc, $(cat "$tmp/dns.err")"; exit 1; }
+fi
 # Corrupt one expected checksum: verification must fail with exit 4.
 sed -E '0,/"checksum": *"[0-9a-f]+"/s//"checksum": "0000000000000000"/' "$tmp/manifest.json" >"$tmp/bad.json"
 "$ferry" fetch --from "$addr" --manifest "$tmp/bad.json" >/dev/null 2>&1
