@@ -5,6 +5,8 @@
 #include <string>
 #include <vector>
 
+#include <openssl/opensslv.h>
+
 #include "cli/json.h"
 #include "cli/status.h"
 #include "ferry.h"
@@ -86,18 +88,49 @@ std::vector<Setting> settings_of(const ContextOptions& o) {
   return out;
 }
 
+// How this binary was built.
+std::string build_text() {
+#ifdef NDEBUG
+  std::string text = "optimized (NDEBUG)";
+#else
+  std::string text = "debug (assertions on)";
+#endif
+  text += rdma::compiled_in() ? ", RDMA compiled in (libibverbs, librdmacm)"
+                              : ", RDMA not compiled in (libibverbs-dev was missing)";
+  text += ", TLS: built with ";
+  text += OPENSSL_VERSION_TEXT;
+  return text;
+}
+
+// Whether a registered transport runs in a default context, and if not, why.
+std::string state_of(const RegisteredTransport& t, const std::vector<std::string>& instantiated,
+                     const std::vector<rdma::DeviceInfo>& devices) {
+  for (const auto& name : instantiated) {
+    if (name == t.name) return "on";
+  }
+  if (t.name == "RDMA") {
+    if (!rdma::compiled_in()) return "off: RDMA not compiled in";
+    if (devices.empty()) {
+      return "off: no RDMA device (soft-RoCE: rdma link add rxe0 type rxe netdev IFACE; "
+             "docs/rdma.md)";
+    }
+    return "off: devices found but none could be opened (FERRY_LOG=info says why)";
+  }
+  return "off: it did not start (FERRY_LOG=info says why)";
+}
+
 void print_text(const std::vector<RegisteredTransport>& registered,
                 const std::vector<std::string>& instantiated,
                 const std::vector<rdma::DeviceInfo>& devices,
                 const std::vector<Setting>& settings) {
   std::printf("ferry %s\n", kVersion);
-  std::printf("registered transports:\n");
+  std::printf("build: %s\n", build_text().c_str());
+  std::printf("transports (the memory each moves; state in a default context):\n");
   for (const auto& t : registered) {
-    std::printf("  %-8s devices: %s\n", t.name.c_str(), join(t.devices).c_str());
+    std::printf("  %-8s memory: %-6s %s\n", t.name.c_str(), join(t.devices).c_str(),
+                state_of(t, instantiated, devices).c_str());
   }
   if (registered.empty()) std::printf("  none\n");
-  std::printf("default context transports (best first): %s\n", join(instantiated).c_str());
-  std::printf("RDMA support: %s\n", rdma::compiled_in() ? "compiled in" : "not compiled in");
   std::printf("RDMA devices:%s\n", devices.empty() ? " none" : "");
   for (const auto& dev : devices) {
     std::printf("  %s\n", dev.name.c_str());
@@ -124,10 +157,12 @@ void print_json(const std::vector<RegisteredTransport>& registered,
     w.end_array();
   };
   JsonWriter w;
-  w.begin_object().key("version").value(kVersion).key("registered_transports").begin_array();
+  w.begin_object().key("version").value(kVersion).key("build").value(build_text());
+  w.key("registered_transports").begin_array();
   for (const auto& t : registered) {
     w.begin_object().key("name").value(t.name).key("devices");
     strings(w, t.devices);
+    w.key("state").value(state_of(t, instantiated, devices));
     w.end_object();
   }
   w.end_array().key("context_transports");

@@ -14,6 +14,9 @@ trap cleanup EXIT
 "$ferry" --version
 "$ferry" info | tee "$tmp/info.txt"
 grep -qE '^  FERRY_POOL_BYTES +pool_bytes +default ' "$tmp/info.txt" || { echo "ferry info: no pool setting"; exit 1; }
+grep -q '^build: ' "$tmp/info.txt" && grep -qE '^  TCP +memory: cpu +on$' "$tmp/info.txt" &&
+  grep -qE '^  RDMA +memory: cpu +(on|off: .+)$' "$tmp/info.txt" ||
+  { echo "ferry info: no build line or no transport states"; exit 1; }
 FERRY_POOL_BYTES=512M "$ferry" info | grep -qE '^  FERRY_POOL_BYTES +pool_bytes +environment +0.50 GiB \(536870912\)' ||
   { echo "ferry info: FERRY_POOL_BYTES=512M not shown as the effective setting"; exit 1; }
 FERRY_TRANSPORT=tcp "$ferry" info --json >"$tmp/info.json"
