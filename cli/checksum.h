@@ -1,4 +1,6 @@
-// A fast, non-cryptographic 64-bit checksum of byte buffers, for verifying transfers.
+// The checksum the CLI's manifests carry: XXH3, 64 bits, seed 0 (libxxhash), so that
+// `xxhsum -H3 FILE` checks a file `ferry fetch --out` wrote. Not cryptographic: it catches
+// corruption, not forgery (docs/security.md).
 #pragma once
 
 #include <cstddef>
@@ -10,9 +12,9 @@
 
 namespace ferry::cli {
 
-// Checksum of `data`: four independent multiply/rotate lanes over 8-byte little-endian words,
-// folded and finalized with the length. Any change to a single word changes the result; runs at
-// memory speed (several GB/s). The same bytes always give the same value, on any machine.
+// The manifest's name for it ("checksum_algorithm").
+inline constexpr const char* kChecksumAlgorithm = "xxh3-64";
+// XXH3_64bits of `data`: the same value on any machine; several GB/s.
 uint64_t checksum(std::span<const std::byte> data);
 
 // 16 lowercase hex digits.

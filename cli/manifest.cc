@@ -49,7 +49,8 @@ bool parse_object(const JsonValue& v, ManifestObject& out, std::string& error) {
 
 std::string manifest_to_json(const Manifest& manifest) {
   JsonWriter w;
-  w.begin_object().key("server").value(manifest.server).key("objects").begin_array();
+  w.begin_object().key("server").value(manifest.server);
+  w.key("checksum_algorithm").value(kChecksumAlgorithm).key("objects").begin_array();
   for (const auto& object : manifest.objects) {
     w.begin_object().key("ref").value(object.ref).key("bytes").value(object.bytes);
     w.key("tensors").begin_array();
@@ -81,6 +82,12 @@ bool read_manifest(const std::string& path, Manifest& manifest, std::string& err
   const JsonValue* objects = doc->find("objects");
   if (!server || !server->is_string()) return set_error(error, "missing \"server\" string");
   if (!objects || !objects->is_array()) return set_error(error, "missing \"objects\" array");
+  const JsonValue* algorithm = doc->find("checksum_algorithm");
+  if (!algorithm || !algorithm->is_string() || algorithm->text != kChecksumAlgorithm) {
+    return set_error(error, std::string("checksums are not ") + kChecksumAlgorithm +
+                                " (\"checksum_algorithm\"; a manifest from an older ferry: "
+                                "make it again with ferry serve --manifest)");
+  }
   manifest.server = server->text;
   manifest.objects.clear();
   for (size_t i = 0; i < objects->items.size(); ++i) {

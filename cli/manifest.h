@@ -1,6 +1,7 @@
 // The manifest `ferry serve` writes and `ferry fetch` verifies against:
-// {"server": "host:port", "objects": [{"ref": "ferry1:...", "bytes": N,
-//   "tensors": [{"bytes": N, "checksum": "hex"}]}]}
+// {"server": "host:port", "checksum_algorithm": "xxh3-64", "objects": [{"ref": "ferry1:...",
+//   "bytes": N, "tensors": [{"bytes": N, "checksum": "hex"}]}]}
+// (checksums: cli/checksum.h; a manifest naming another algorithm, or none, is refused).
 #pragma once
 
 #include <cstdint>

@@ -34,6 +34,24 @@ addr=$(awk '/^ready /{print $2}' "$tmp/serve.out")
 
 "$ferry" fetch --from "$addr" --manifest "$tmp/manifest.json" --concurrency 4 --out "$tmp/out"
 ls "$tmp/out" | grep -q '\.bin$' || { echo "no files written by --out"; exit 1; }
+# The manifest's checksums are standard XXH3-64: xxhsum checks the files --out wrote.
+grep -q '"checksum_algorithm": "xxh3-64"' "$tmp/manifest.json" || { echo "manifest names no checksum"; exit 1; }
+if command -v xxhsum >/dev/null; then
+  python3 - "$tmp/manifest.json" "$tmp/out" <<'PY' || exit 1
+import json, os, subprocess, sys
+manifest, out = json.load(open(sys.argv[1])), sys.argv[2]
+want = sorted(t["checksum"] for o in manifest["objects"] for t in o["tensors"])
+files = [os.path.join(out, f) for f in os.listdir(out) if f.endswith(".bin")]
+text = subprocess.run(["xxhsum", "-H3"] + files, capture_output=True, text=True, check=True).stdout
+# xxhsum 0.8 prints "XXH3 (FILE) = <16 hex>" for -H3
+got = sorted(line.rsplit("=", 1)[1].strip().lower() for line in text.splitlines() if "=" in line)
+if got != want:
+    sys.exit(f"xxhsum -H3 disagrees with the manifest: {got[:3]} vs {want[:3]}")
+print(f"xxhsum -H3 agrees with the manifest on {len(got)} files")
+PY
+else
+  echo "SKIPPED: xxhsum not installed (apt-get install xxhash): manifest checksums not cross-checked"
+fi
 "$ferry" fetch --from "$addr" --all --json >"$tmp/all.json"
 grep -q '"objects"' "$tmp/all.json" || { echo "no JSON summary"; cat "$tmp/all.json"; exit 1; }
 
