@@ -32,6 +32,7 @@ from ._errors import (
 from ._future import Future
 from ._ref import ObjectRef
 from ._tensors import TensorSpec
+from . import collective  # last: it builds on the rest (and its exit hook runs before theirs)
 
 __version__ = _ferry.__version__
 
@@ -39,5 +40,5 @@ __all__ = [
     "AbortedError", "AuthenticationError", "ConnectionError", "Context", "ContextClosedError",
     "DeviceError", "Errc", "FerryError", "Future", "InvalidArgumentError", "ObjectNotFoundError",
     "ObjectRef", "OverloadedError", "Peer", "ResourceExhaustedError", "StaleRefError",
-    "TensorSpec", "TimeoutError", "TlsOptions", "TransportError",
+    "TensorSpec", "TimeoutError", "TlsOptions", "TransportError", "collective",
 ]

@@ -238,6 +238,9 @@ class ContextHandle {
     shut(std::move(ctx));
   }
   bool closed() const { return !ctx_; }
+  // The context itself, for the collective bindings (they keep it alive while they use it).
+  // GIL held; ferry.ContextClosedError once closed.
+  std::shared_ptr<Context> shared() { return ctx(); }
 
   std::vector<std::string> transports() { return ctx()->transports(); }
   size_t peer_count() { return ctx()->peer_count(); }
@@ -276,6 +279,10 @@ class ContextHandle {
 };
 
 }  // namespace
+
+std::shared_ptr<Context> native_context(py::handle context) {
+  return context.cast<ContextHandle&>().shared();
+}
 
 void bind_context(py::module_& m) {
   py::class_<PeerHandle>(m, "Peer", "ferry::Peer (see ferry.Peer)")

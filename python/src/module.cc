@@ -13,4 +13,5 @@ PYBIND11_MODULE(_ferry, m) {
   ferry::python::bind_object_ref(m);
   ferry::python::bind_fetch(m);
   ferry::python::bind_context(m);
+  ferry::python::bind_collective(m);
 }
