@@ -12,6 +12,7 @@
 #include "net/object_ref.h"
 #include "net/peer.h"
 #include "net/registry.h"
+#include "net/stats.h"
 #include "net/transport.h"
 #include "rdma/devices.h"
 #include "rdma/rdma.h"

@@ -75,6 +75,9 @@ void add_serve(CLI::App& app, ServeArgs& a) {
   cmd->add_option("--manifest", a.manifest, "Write refs and checksums to FILE (JSON)")
       ->type_name("FILE");
   cmd->add_flag("--json", a.json, "Print the objects as a JSON document");
+  cmd->add_option("--metrics", a.metrics,
+                  "Serve Prometheus metrics (Context::stats) at http://IP:PORT/metrics")
+      ->type_name("IP:PORT");
   cmd->add_option("--duration", a.duration, "Stop after SECONDS (default: on SIGINT/SIGTERM)")
       ->type_name("SECONDS")
       ->check(CLI::NonNegativeNumber.description(""));

@@ -14,6 +14,7 @@
 
 #include "cli/checksum.h"
 #include "cli/manifest.h"
+#include "cli/metrics.h"
 #include "cli/status.h"
 #include "cli/units.h"
 #include "cli/workload.h"
@@ -186,6 +187,18 @@ int serve(const ServeArgs& args) {
     if (!write_manifest(args.manifest, manifest, error)) {
       return fail(kExitUsage, "write manifest " + args.manifest + ": " + error);
     }
+  }
+  MetricsServer metrics;
+  if (!args.metrics.empty()) {
+    std::string bound;
+    auto render = [c = ctx->get()] { return prometheus_text(c->stats()); };
+    if (auto ec = metrics.start(args.metrics, std::move(render), bound)) {
+      return fail(
+          ec == errc::invalid_argument ? kExitUsage : kExitConnect,
+          "--metrics " + args.metrics + (ec == errc::invalid_argument ? ": expected IP:PORT" : ""),
+          ec);
+    }
+    std::fprintf(stderr, "metrics http://%s/metrics\n", bound.c_str());
   }
   print_objects(manifest, args.json);
   // With --json stdout is the one JSON document (it appears once serving has begun); the ready

@@ -19,6 +19,7 @@ struct ServeArgs {
   bool json = false;
   double duration = 0;  // seconds; 0 = until SIGINT/SIGTERM
   int threads = 1;
+  std::string metrics;  // IP:PORT to serve Prometheus metrics at (GET /metrics); "" = none
 };
 
 // Runs the server: listens, puts the objects, prints them and "ready <address>", then serves

@@ -890,6 +890,15 @@ std::map<std::string, uint64_t> Context::transport_counts() const {
   return impl_->negotiated;
 }
 
+Stats Context::stats() const {
+  Stats s;
+  impl_->stats->snapshot(s);
+  s.connections_by_transport = transport_counts();
+  s.peers = peer_count();
+  s.pool = pool_stats();
+  return s;
+}
+
 boost::asio::io_context& Context::io_context() { return impl_->io; }
 const ContextOptions& Context::options() const { return impl_->options; }
 uint64_t Context::instance() const { return impl_->instance; }

@@ -115,6 +115,8 @@ struct ContextOptions {
   static size_t default_pool_bytes();
 };
 
+struct Stats;  // net/stats.h
+
 // What the receive pool (ContextOptions::pool_bytes) holds and has done; Context::pool_stats().
 struct PoolStats {
   uint64_t held_bytes = 0;       // bytes of regions mapped now
@@ -222,6 +224,9 @@ class Context {
   size_t peer_count() const;
   // How many peer connections negotiated each transport since the context started.
   std::map<std::string, uint64_t> transport_counts() const;
+  // What this context has done since it started (net/stats.h): fetches and serves, bytes and
+  // errors by code, fetch latency, connections, the receive pool. A snapshot; any thread.
+  Stats stats() const;
 
   boost::asio::io_context& io_context();
   const ContextOptions& options() const;

@@ -22,6 +22,7 @@
 #include "mem/pool.h"
 #include "net/context.h"
 #include "net/meta_stream.h"
+#include "net/stats.h"
 #include "net/tls.h"
 
 namespace ferry {
@@ -101,6 +102,8 @@ struct Context::Impl : std::enable_shared_from_this<Context::Impl> {
   void park_while_busy();
   void unpark();
   std::map<std::string, uint64_t> negotiated;  // under mu
+  // Context::stats()'s counters (fetches count themselves through FetchState).
+  std::shared_ptr<detail::StatsRecorder> stats = std::make_shared<detail::StatsRecorder>();
 
   // Counts the transport a new peer connection chose and says so once, loudly when it is not
   // the best this side has (the peer, or the route to it, lacks it).

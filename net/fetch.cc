@@ -2,6 +2,7 @@
 
 #include "net/completion.h"
 #include "net/errors.h"
+#include "net/stats.h"
 
 namespace ferry::detail {
 
@@ -17,6 +18,10 @@ bool FetchState::complete(std::error_code ec) {
     ec_ = ec;
     handler.swap(handler_);
     abort_hook_ = nullptr;
+  }
+  if (stats_) {
+    stats_->fetch_done(ec, result_.bytes, result_.transport,
+                       std::chrono::steady_clock::now() - started_);
   }
   cv_.notify_all();
   if (handler) {
@@ -45,6 +50,13 @@ std::optional<std::error_code> FetchState::outcome() const {
   std::lock_guard lock(mu_);
   if (!done_) return std::nullopt;
   return ec_;
+}
+
+void FetchState::set_stats(std::shared_ptr<StatsRecorder> stats,
+                           std::chrono::steady_clock::time_point started) {
+  std::lock_guard lock(mu_);
+  stats_ = std::move(stats);
+  started_ = started;
 }
 
 void FetchState::set_handler(FetchHandler handler) {

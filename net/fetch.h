@@ -67,6 +67,8 @@ using FetchHandler = boost::asio::any_completion_handler<FetchSignature>;
 
 namespace detail {
 
+class StatsRecorder;
+
 // Shared by the FetchRequest handle, the session that runs the fetch and the handler.
 class FetchState {
  public:
@@ -89,6 +91,10 @@ class FetchState {
   FetchResult& result() { return result_; }
 
   void set_handler(FetchHandler handler);
+  // Counts this fetch in `stats` when it completes (its outcome, bytes, transport and the time
+  // since `started`). Before the fetch can complete; the session's thread.
+  void set_stats(std::shared_ptr<StatsRecorder> stats,
+                 std::chrono::steady_clock::time_point started);
   // Asks the running side to abort (set by the session). Safe from any thread, any time.
   void set_abort_hook(std::function<void()> hook);
   void request_abort();
@@ -104,6 +110,8 @@ class FetchState {
   // optional: Boost 1.81's any_completion_handler cannot be moved while empty.
   std::optional<FetchHandler> handler_;
   std::function<void()> abort_hook_;
+  std::shared_ptr<StatsRecorder> stats_;
+  std::chrono::steady_clock::time_point started_;
 };
 
 }  // namespace detail

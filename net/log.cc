@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -10,7 +11,33 @@
 
 namespace ferry::log {
 
+namespace {
+
+constexpr int kFromEnvironment = -1;
+std::atomic<int> level_override{kFromEnvironment};
+
+std::mutex& sink_mu() {
+  static std::mutex mu;
+  return mu;
+}
+Sink& sink() {
+  static Sink s;
+  return s;
+}
+
+}  // namespace
+
+void set_level(Level level) { level_override.store(static_cast<int>(level)); }
+
+void set_sink(Sink s) {
+  std::lock_guard lock(sink_mu());
+  sink() = std::move(s);
+}
+
 Level current_level() {
+  if (const int o = level_override.load(std::memory_order_relaxed); o != kFromEnvironment) {
+    return static_cast<Level>(o);
+  }
   static const Level level = [] {
     const char* v = std::getenv("FERRY_LOG");
     if (!v) return Level::warn;
@@ -23,9 +50,15 @@ Level current_level() {
 }
 
 void write(Level level, std::string_view message) {
-  static std::mutex mu;
   static constexpr const char* kNames[] = {"error", "warn", "info", "debug"};
-  std::lock_guard lock(mu);
+  std::lock_guard lock(sink_mu());
+  if (sink()) {
+    try {
+      sink()(level, message);
+      return;
+    } catch (...) {  // the application's sink failed: the line goes to stderr instead
+    }
+  }
   if (level == Level::debug) {
     // Debug lines carry the time (s since the first line) and the thread: they are read to
     // follow one operation across threads and processes.

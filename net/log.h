@@ -1,16 +1,30 @@
-// Minimal leveled logging to stderr. FERRY_LOG=error|warn|info|debug (default warn).
+// Minimal leveled logging: to stderr, or to the host application's sink (set_sink).
+// FERRY_LOG=error|warn|info|debug (default warn), or set_level().
 #pragma once
 
 #include <fmt/format.h>
 
+#include <functional>
 #include <string_view>
 
 namespace ferry::log {
 
 enum class Level { error = 0, warn = 1, info = 2, debug = 3 };
 
+// The most verbose level written: set_level()'s, else $FERRY_LOG's, else warn. Any thread.
 Level current_level();
+// Overrides $FERRY_LOG from now on. Any thread.
+void set_level(Level level);
+// Writes one line (the level check is the caller's): to the sink if one is set, else stderr.
 void write(Level level, std::string_view message);
+
+// Where ferry's log lines go instead of stderr: the host application's logger. Called with the
+// level and the message (no prefix, no newline) for every line current_level() lets through,
+// one at a time (under a lock), on whichever ferry thread logs: it must return promptly and
+// must not call into ferry. An empty Sink restores stderr. Any thread; lines being written
+// while it changes go to the old or the new one.
+using Sink = std::function<void(Level, std::string_view)>;
+void set_sink(Sink sink);
 
 template <typename... Args>
 void at(Level level, fmt::format_string<Args...> f, Args&&... args) {

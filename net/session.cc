@@ -411,29 +411,34 @@ std::error_code Session::dispatch(const wire::Envelope& env) {
 
 // ---------------------------------------------------------------- owner side
 
+// A request this side will not serve: counted (Context::stats) and answered with the error.
+void Session::refuse(uint64_t rid, std::error_code ec, const std::string& text, bool fatal) {
+  ctx_->stats->serve_done(ec, 0, {});
+  send_error(rid, ec, text, fatal);
+}
+
 void Session::handle_fetch(uint64_t rid, const wire::Fetch& msg) {
   if (serving_.count(rid) || parked_.count(rid) || rid % 2 == next_request_id_ % 2) {
-    send_error(rid, errc::invalid_argument, "request id in use, or not one the peer may use",
-               false);
+    refuse(rid, errc::invalid_argument, "request id in use, or not one the peer may use", false);
     return;
   }
   if (serving_.size() + parked_.size() >= ctx_->options.max_requests_per_peer) {
     // Bounded: a peer that floods requests (or never reads what it asked for) gets errors, not
     // an ever-growing share of this process.
-    send_error(
+    refuse(
         rid, errc::overloaded,
         "more than " + std::to_string(ctx_->options.max_requests_per_peer) + " requests in flight",
         false);
     return;
   }
   if (msg.owner_instance() != 0 && msg.owner_instance() != ctx_->instance) {
-    send_error(rid, errc::stale_ref, "ref is from an earlier instance of this owner", false);
+    refuse(rid, errc::stale_ref, "ref is from an earlier instance of this owner", false);
     return;
   }
   std::error_code ec;
   auto transport = pick_transport(msg.transport(), {}, ec);
   if (!transport) {
-    send_error(rid, ec, "transport '" + msg.transport() + "' is not available", false);
+    refuse(rid, ec, "transport '" + msg.transport() + "' is not available", false);
     return;
   }
   ObjectId id = msg.object_id();
@@ -451,18 +456,18 @@ void Session::handle_fetch(uint64_t rid, const wire::Fetch& msg) {
   }
   auto pin = ctx_->store.pin(id);
   if (!pin) {
-    send_error(rid, errc::object_not_found,
-               msg.name().empty()
-                   ? "object " + std::to_string(id) + " not found on '" + ctx_->options.name + "'"
-                   : "object named '" + msg.name() + "' is gone from '" + ctx_->options.name + "'",
-               false);
+    refuse(rid, errc::object_not_found,
+           msg.name().empty()
+               ? "object " + std::to_string(id) + " not found on '" + ctx_->options.name + "'"
+               : "object named '" + msg.name() + "' is gone from '" + ctx_->options.name + "'",
+           false);
     return;
   }
   if (pin.object().exclusive && pin.object().transport != transport->name()) {
-    send_error(rid, errc::transport_unavailable,
-               "object " + std::to_string(msg.object_id()) + " is offered only over " +
-                   pin.object().transport + ", not " + transport->name(),
-               false);
+    refuse(rid, errc::transport_unavailable,
+           "object " + std::to_string(msg.object_id()) + " is offered only over " +
+               pin.object().transport + ", not " + transport->name(),
+           false);
     return;
   }
   const auto& tensors = pin.object().tensors;
@@ -471,22 +476,26 @@ void Session::handle_fetch(uint64_t rid, const wire::Fetch& msg) {
     sizes_ok = msg.sizes(static_cast<int>(i)) == tensors[i].data.size();
   }
   if (!sizes_ok) {
-    send_error(rid, errc::size_mismatch, "requested sizes do not match the object", false);
+    refuse(rid, errc::size_mismatch, "requested sizes do not match the object", false);
     return;
   }
   if (!channel(transport->name())) {
-    send_error(rid, errc::transport_unavailable,
-               "no " + transport->name() + " data channel to this peer", false);
+    refuse(rid, errc::transport_unavailable,
+           "no " + transport->name() + " data channel to this peer", false);
     return;
   }
   serving_.emplace(rid, transport);
   FERRY_LOG_DEBUG("peer '{}': request {} served: object {} '{}' over {}", info_.name, rid, id,
                   msg.name(), transport->name());
   ServeHooks hooks{pin.object().on_sent, pin.object().on_served};
+  uint64_t bytes = 0;
+  for (const auto& t : tensors) bytes += t.data.size();
   transport->send_multiple(
       *this, rid, std::move(pin),
-      [self = shared_from_this(), rid, hooks = std::move(hooks)](std::error_code ec) {
+      [self = shared_from_this(), rid, hooks = std::move(hooks), bytes,
+       name = transport->name()](std::error_code ec) {
         self->serving_.erase(rid);
+        self->ctx_->stats->serve_done(ec, bytes, name);
         if (!ec) {
           if (hooks) hooks();
           return;
@@ -498,7 +507,7 @@ void Session::handle_fetch(uint64_t rid, const wire::Fetch& msg) {
           }
           self->unsettled_.emplace_back(rid, hooks);
         }
-        self->send_error(rid, ec, "send failed", false);
+        self->refuse(rid, ec, "send failed", false);
       });
 }
 
@@ -605,6 +614,7 @@ FetchRequest Session::fetch(ObjectRef ref, std::vector<MutableBuffer> targets, F
                             FetchHandler handler) {
   const uint64_t id = next_request_id_.fetch_add(2);
   auto state = std::make_shared<detail::FetchState>(id, ctx_->io.get_executor());
+  state->set_stats(ctx_->stats, Clock::now());
   if (handler) state->set_handler(std::move(handler));
   state->set_abort_hook([weak = weak_from_this(), weak_state = std::weak_ptr(state), id] {
     auto self = weak.lock();

@@ -181,6 +181,8 @@ class Session final : public PeerLink, public std::enable_shared_from_this<Sessi
   // every frame queued by then (send_error() with `fatal` writes at once). Strand.
   void send(const wire::Envelope& env);
   void send_error(uint64_t rid, std::error_code ec, const std::string& message, bool fatal);
+  // send_error for a fetch request this side will not serve, counted in Context::stats().
+  void refuse(uint64_t rid, std::error_code ec, const std::string& text, bool fatal);
   void write_more();
   void arm_heartbeat();
   void do_close(std::error_code ec);

@@ -22,7 +22,7 @@ FERRY_POOL_BYTES=512M "$ferry" info | grep -qE '^  FERRY_POOL_BYTES +pool_bytes 
 FERRY_TRANSPORT=tcp "$ferry" info --json >"$tmp/info.json"
 grep -q '"variable": "FERRY_TRANSPORT"' "$tmp/info.json" && grep -q '"source": "environment"' "$tmp/info.json" ||
   { echo "ferry info --json: no settings with their source"; cat "$tmp/info.json"; exit 1; }
-"$ferry" serve --listen 127.0.0.1:0 --objects 12 --sizes 1-4M --seed 7 \
+"$ferry" serve --listen 127.0.0.1:0 --objects 12 --sizes 1-4M --seed 7 --metrics 127.0.0.1:0 \
   --manifest "$tmp/manifest.json" >"$tmp/serve.out" 2>"$tmp/serve.err" &
 server=$!
 for _ in $(seq 1 300); do
@@ -54,6 +54,26 @@ else
 fi
 "$ferry" fetch --from "$addr" --all --json >"$tmp/all.json"
 grep -q '"objects"' "$tmp/all.json" || { echo "no JSON summary"; cat "$tmp/all.json"; exit 1; }
+# Prometheus metrics, scraped: every object served twice (the manifest pass and --all).
+metrics=$(sed -n 's|^metrics \(http://.*\)$|\1|p' "$tmp/serve.err")
+[[ -n $metrics ]] || { echo "serve --metrics printed no address"; cat "$tmp/serve.err"; exit 1; }
+python3 - "$metrics" "$tmp/manifest.json" <<'PY' || exit 1
+import json, sys, urllib.request, urllib.error
+url, manifest = sys.argv[1], json.load(open(sys.argv[2]))
+body = urllib.request.urlopen(url, timeout=10).read().decode()
+samples = {l.split(" ")[0]: float(l.split(" ")[1]) for l in body.splitlines() if l and l[0] != "#"}
+objects = len(manifest["objects"])
+want_bytes = 2 * sum(o["bytes"] for o in manifest["objects"])
+assert samples.get("ferry_serves_succeeded_total") == 2 * objects, samples.get("ferry_serves_succeeded_total")
+assert samples.get("ferry_served_bytes_total") == want_bytes, (samples.get("ferry_served_bytes_total"), want_bytes)
+assert "# TYPE ferry_fetch_latency_seconds histogram" in body
+try:
+    urllib.request.urlopen(url.replace("/metrics", "/other"), timeout=10)
+    sys.exit("GET /other: expected 404")
+except urllib.error.HTTPError as e:
+    assert e.code == 404, e.code
+print(f"metrics: {objects} objects served twice, {want_bytes} bytes, as scraped")
+PY
 
 # --json: stdout is one JSON document, also on failure (the error, and what completed).
 json_ok() { python3 -c 'import json, sys; json.load(open(sys.argv[1]))' "$1"; }
