@@ -50,14 +50,12 @@ struct GroupOptions {
   std::chrono::milliseconds join_timeout{30000};
   std::chrono::milliseconds timeout{60000};  // each collective call
   // Bytes: allreduce by recursive doubling below (the latency algorithm: log2(N) steps where
-  // halving takes 2 log2(N)). At 64 KiB doubling took 0.75-0.85 of halving's time on 16 cores,
-  // 4 and 8 ranks; on the 2-core VM the two were level at 128 KiB and halving ahead from 256 KiB
-  // (bench/README.md, "Many cores").
+  // halving takes 2 log2(N)); faster than halving at 64 KiB on 16 cores and level at 128 KiB on
+  // 2 (where each threshold was measured: bench/README.md, "Many cores").
   size_t doubling_threshold = 128u << 10;
   // Bytes: below, exchange (RS + AG), or recursive halving for a power-of-two size; the ring from
-  // here. On 16 cores, 2 io threads moving the bytes, the ring (1 MiB segments) against halving
-  // at 16 / 64 MiB: 4 ranks 1.07 / 0.96x, 8 ranks 0.86 / 0.95x, behind at 1-4 MiB; on the 2-core
-  // VM halving was ahead up to 64 MiB and 7 % behind at 256 MiB (bench/README.md, "Many cores").
+  // here. Halving was ahead of or level with the ring up to 64 MiB on 16 cores and on 2; the ring
+  // ahead at 256 MiB on 2 (bench/README.md, "Many cores"; docs/collectives.md).
   size_t ring_threshold = 128u << 20;
   size_t segment_bytes = 512u << 10;  // ring pipeline unit (each a fetch of its own)
   // During a call of fewer than busy_wait_below bytes, poll instead of sleeping: the calling
@@ -70,23 +68,21 @@ struct GroupOptions {
   // the bytes (each connection's reads and writes on its own strand, the first halving step
   // reduced as it lands) while the calling thread reduces the rest and sleeps in between: with
   // cores to spare the socket copies and reductions overlap, where one polling thread did them
-  // in turn. Needs 2 io threads (ContextOptions::threads) to pay: on 16 cores, 4 and 8 ranks,
-  // 1.0-1.3x polling's speed at 1-4 MiB and 1.4-1.6x at 16-64 MiB; below 1 MiB the wake-ups cost
-  // more than the overlap gains. Without cores to spare the overlap has nothing to run on and
-  // polling wins (4 ranks on 2 cores: 1.1-1.9x at 1-16 MiB). Unset (the default): 1 MiB where
-  // this machine has at least 2 cores per rank of the group on it (ranks whose address has this
-  // rank's host), else SIZE_MAX (always poll). docs/collectives.md, "Large calls".
+  // in turn. It pays with 2 io threads (ContextOptions::threads) and from about 1 MiB; below,
+  // the wake-ups cost more than the overlap gains, and without cores to spare the overlap has
+  // nothing to run on, so polling wins. Unset (the default): 1 MiB where this machine has at
+  // least 2 cores per rank of the group on it (ranks whose address has this rank's host), else
+  // SIZE_MAX (always poll). Measurements: docs/collectives.md, "Large calls".
   std::optional<size_t> busy_wait_below;
   // With busy_wait, how long a waiting rank polls with nothing arriving before it sleeps in the
   // reactor until the next event (and then polls again). Spinning for good keeps every core
   // busy, so the scheduler never finds one idle and more ranks than cores can stay crowded on
-  // one core for a whole run: 4 ranks on 2 cores stuck 3 + 1 took 1.3 ms per 1 MiB allreduce
-  // instead of 0.7 (bench/README.md). 200 us covers a step's usual gaps there.
+  // one core for a whole run (docs/collectives.md, "Waiting"); 200 us covers a step's usual gaps.
   std::chrono::microseconds busy_spin{200};
   // With busy_wait, how long the io threads stay parked after a polling call (BusyPoll's
   // linger; a call that does not poll ends it at once, as it needs them): a call
   // that follows within it starts and ends without waking them (two wake-ups and a thread
-  // hand-off of the reactor saved per call: a fifth of a 1 MiB allreduce of 4 ranks on 2 cores).
+  // hand-off of the reactor saved per call: docs/collectives.md, "Waiting").
   // Meanwhile nothing runs the context, so other work on it (another thread's fetch) waits up
   // to this long. 0: they resume when the call returns.
   std::chrono::microseconds busy_linger{2000};
