@@ -195,7 +195,8 @@ def main():
 
     scenario = sys.argv[1]
     with_torch = "--torch" in sys.argv
-    ctx = ferry.Context("127.0.0.1:0", name=f"collective-{scenario}")
+    host = os.environ.get("FERRY_TEST_HOST", "127.0.0.1")
+    ctx = ferry.Context(f"{host}:0", name=f"collective-{scenario}")
     print(ctx.address, flush=True)
     args = decode(sys.stdin.readline())
     addresses, rank = args["addresses"], args["rank"]

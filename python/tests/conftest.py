@@ -16,6 +16,25 @@ import pytest
 HELPER = os.path.join(os.path.dirname(__file__), "ferry_helper.py")
 DEADLINE = 60.0  # seconds any single wait in these tests may take at most
 
+# Where the tests' contexts listen, and the transport their connections ask for: loopback and
+# TCP by default; in the soft-RoCE guest (FERRY_TEST_TRANSPORT=RDMA: the rdma.python_tests
+# test) the rxe address the guest exports and RDMA. Put in the environment, so that child
+# processes (helpers, spawned ranks) and ferry's own default (FERRY_TRANSPORT) follow.
+RDMA = os.environ.get("FERRY_TEST_TRANSPORT", "").upper() == "RDMA"
+if RDMA:
+    os.environ.setdefault("FERRY_TEST_HOST", os.environ.get("FERRY_RDMA_PEER_IP", ""))
+    os.environ["FERRY_TRANSPORT"] = "rdma"
+HOST = os.environ.get("FERRY_TEST_HOST") or ("" if RDMA else "127.0.0.1")
+os.environ["FERRY_TEST_HOST"] = HOST
+
+
+def pytest_collection_modifyitems(config, items):
+    if RDMA and not HOST:
+        skip = pytest.mark.skip(reason="SKIPPED: RDMA tests run inside the soft-RoCE guest "
+                                       "(FERRY_RDMA_PEER_IP is not set here)")
+        for item in items:
+            item.add_marker(skip)
+
 
 def have_torch():
     try:
@@ -165,5 +184,5 @@ def local_owner():
     """An owning Context in this process (for tests about this process's own puts)."""
     import ferry
 
-    with ferry.Context("127.0.0.1:0", name="test-owner") as c:
+    with ferry.Context(f"{HOST}:0", name="test-owner") as c:
         yield c

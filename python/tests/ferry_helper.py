@@ -86,7 +86,7 @@ def decode(line):
 def _own(with_torch):
     import ferry
 
-    ctx = ferry.Context("127.0.0.1:0", name="helper-owner")
+    ctx = ferry.Context(os.environ.get("FERRY_TEST_HOST", "127.0.0.1") + ":0", name="helper-owner")
     refs = {name: ctx.put(value) for name, value in objects(with_torch).items()}
     sys.stdout.write(encode({"pid": os.getpid(), "refs": refs}))
     sys.stdout.flush()

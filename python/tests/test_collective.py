@@ -20,7 +20,7 @@ from ferry import collective  # noqa: E402
 
 from collective_helper import (COUNT_RING, RING_OPTIONS, inputs,  # noqa: E402
                                service_inputs)
-from conftest import Child, have_torch  # noqa: E402
+from conftest import HOST, Child, have_torch  # noqa: E402
 from ferry_helper import decode, encode  # noqa: E402
 
 HELPER = os.path.join(os.path.dirname(__file__), "collective_helper.py")
@@ -217,13 +217,13 @@ def test_a_dead_rank_fails_the_others_naming_it():
 
 def free_port():
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((HOST, 0))
         return s.getsockname()[1]
 
 
 def test_join_names_the_rank_that_never_came():
-    with ferry.Context("127.0.0.1:0") as ctx:
-        nobody = f"127.0.0.1:{free_port()}"
+    with ferry.Context(f"{HOST}:0") as ctx:
+        nobody = f"{HOST}:{free_port()}"
         t0 = time.monotonic()
         with pytest.raises(collective.CollectiveError) as info:
             collective.Group.join(ctx, [ctx.address, nobody], 0, join_timeout=0.5)
@@ -251,7 +251,7 @@ def test_join_options_default_to_the_cpp_ones():
 
 
 def test_join_and_call_argument_errors():
-    with ferry.Context("127.0.0.1:0") as ctx, ferry.Context() as quiet:
+    with ferry.Context(f"{HOST}:0") as ctx, ferry.Context() as quiet:
         with pytest.raises(TypeError):
             collective.Group.join("ctx", [ctx.address], 0)
         with pytest.raises(ValueError, match="rank must be"):
@@ -277,7 +277,7 @@ def test_blocking_calls_let_the_gil_go():
     comes, which it can only do if the first lets the GIL go while it waits."""
     import threading
 
-    contexts = [ferry.Context("127.0.0.1:0") for _ in range(2)]
+    contexts = [ferry.Context(f"{HOST}:0") for _ in range(2)]
     addresses = [c.address for c in contexts]
     got, errors = {}, []
 
@@ -307,7 +307,7 @@ def test_blocking_calls_let_the_gil_go():
 def test_one_rank_service_driver_round_trip_and_argument_errors():
     """One rank and its driver in this process: a Service takes the group (the group's own
     calls raise meanwhile) and gives it back when it stops; the Driver checks its refs."""
-    with ferry.Context("127.0.0.1:0") as rank_ctx, ferry.Context("127.0.0.1:0") as driver_ctx:
+    with ferry.Context(f"{HOST}:0") as rank_ctx, ferry.Context(f"{HOST}:0") as driver_ctx:
         group = collective.Group.join(rank_ctx, [rank_ctx.address], 0)
         with pytest.raises(ValueError, match="not the one the group was joined on"):
             collective.Service(driver_ctx, group, driver_ctx.address)
@@ -377,7 +377,7 @@ class Served:
 
 @pytest.fixture(scope="module")
 def served():
-    with ferry.Context("127.0.0.1:0", name="driver") as ctx:
+    with ferry.Context(f"{HOST}:0", name="driver") as ctx:
         ranks, addresses = start_ranks(3, "service", driver=ctx.address)
         try:
             infos = [decode(c.read_line()) for c in ranks]
@@ -482,9 +482,10 @@ def test_exit_with_everything_open_is_prompt_and_clean():
     """A process that ends with a Group, a Service, a Driver with a submission no rank will
     ever run and an unclosed dropped Driver exits at once, with no native crash at exit."""
     code = """if True:
-        import numpy as np, ferry
+        import os, numpy as np, ferry
         from ferry import collective
-        rank, drv = ferry.Context("127.0.0.1:0"), ferry.Context("127.0.0.1:0")
+        HOST = os.environ["FERRY_TEST_HOST"]
+        rank, drv = ferry.Context(f"{HOST}:0"), ferry.Context(f"{HOST}:0")
         group = collective.Group.join(rank, [rank.address], 0)
         service = collective.Service(rank, group, drv.address, name="served")
         lost = collective.Driver.create(drv, [rank.address], name="nobody", timeout=30)
@@ -511,7 +512,7 @@ def test_docs_example(tmp_path):
     code = block.group(1)
     for port in ("29500", "29501", "29600"):
         assert f"127.0.0.1:{port}" in code
-        code = code.replace(f"127.0.0.1:{port}", f"127.0.0.1:{free_port()}")
+        code = code.replace(f"127.0.0.1:{port}", f"{HOST}:{free_port()}")
     script = tmp_path / "collective_example.py"
     script.write_text(code)
     r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,

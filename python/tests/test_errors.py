@@ -10,7 +10,7 @@ import pytest
 
 ferry = pytest.importorskip("ferry", reason="ferry is not built (PYTHONPATH=build/python)")
 
-from conftest import have_torch  # noqa: E402
+from conftest import HOST, have_torch  # noqa: E402
 
 
 def test_owner_killed_mid_fetch(owner, ctx):
@@ -33,25 +33,25 @@ def test_owner_killed_mid_fetch(owner, ctx):
 
 def test_connect_refused(ctx):
     with socket.socket() as s:  # a port nobody listens on
-        s.bind(("127.0.0.1", 0))
+        s.bind((HOST, 0))
         port = s.getsockname()[1]
     with pytest.raises(ferry.ConnectionError) as info:
-        ctx.connect(f"127.0.0.1:{port}")
+        ctx.connect(f"{HOST}:{port}")
     assert isinstance(info.value, ConnectionError) and info.value.scope == "peer"
 
 
 def test_wrong_secret_is_refused():
-    with ferry.Context("127.0.0.1:0", secret="one") as a, ferry.Context(secret="two") as b:
+    with ferry.Context(f"{HOST}:0", secret="one") as a, ferry.Context(secret="two") as b:
         with pytest.raises(ferry.AuthenticationError):
             b.connect(a.address)
-    with ferry.Context("127.0.0.1:0", secret=b"same") as a, ferry.Context(secret="same") as b:
+    with ferry.Context(f"{HOST}:0", secret=b"same") as a, ferry.Context(secret="same") as b:
         ref = a.put(np.arange(3))
         assert b.connect(a.address).fetch(ref).result(30).tolist() == [0, 1, 2]
 
 
 def test_ref_of_another_context(local_owner, ctx):
     ref = local_owner.put(np.arange(4))
-    with ferry.Context("127.0.0.1:0", name="other") as other:
+    with ferry.Context(f"{HOST}:0", name="other") as other:
         other.put(np.arange(4))  # same object id, another owner instance
         peer = ctx.connect(other.address)
         with pytest.raises(ferry.ObjectNotFoundError) as info:

@@ -11,6 +11,7 @@ import pytest
 
 ferry = pytest.importorskip("ferry", reason="ferry is not built (PYTHONPATH=build/python)")
 
+from conftest import HOST  # noqa: E402
 from ferry_helper import encode  # noqa: E402
 
 
@@ -45,7 +46,7 @@ def test_put_keeps_the_array_alive_until_collection(local_owner, ctx):
 
 def test_torch_put_kept_alive():
     torch = pytest.importorskip("torch", reason="torch is not installed")
-    with ferry.Context("127.0.0.1:0") as owner, ferry.Context() as ctx:
+    with ferry.Context(f"{HOST}:0") as owner, ferry.Context() as ctx:
         t = torch.arange(1000, dtype=torch.float16)
         alive = weakref.ref(t)
         ref = owner.put(t)
@@ -59,7 +60,7 @@ def test_torch_put_kept_alive():
 
 
 def test_closing_the_owner_drops_what_it_held():
-    owner = ferry.Context("127.0.0.1:0")
+    owner = ferry.Context(f"{HOST}:0")
     arrays = [np.ones(1000) for _ in range(10)]
     alive = [weakref.ref(a) for a in arrays]
     for a in arrays:
@@ -123,7 +124,7 @@ os.kill({owner_pid}, signal.SIGSTOP)  # what follows stays in flight
 futures = [peer.fetch(ref) for _ in range(50)]
 futures += [peer.fetch(ref, into=bytearray(ref.nbytes)) for _ in range(5)]
 futures[0].add_done_callback(lambda f: print("callback", type(f.exception()).__name__, flush=True))
-owner = ferry.Context("127.0.0.1:0")  # and an owner with objects alive at exit
+owner = ferry.Context(os.environ["FERRY_TEST_HOST"] + ":0")  # and an owner with objects alive at exit
 owner.put([bytearray(1000), {extra}])
 print("started", flush=True)
 """
