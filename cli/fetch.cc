@@ -87,10 +87,29 @@ std::string mismatch(const FetchResult& r, const ManifestObject& expected) {
   return "";
 }
 
-// Writes tensor i of the object to <dir>/<object_id>.<i>.bin; "" on success, else what failed.
-std::string write_tensors(const std::filesystem::path& dir, const FetchResult& r) {
+// A name the manifest gives that is safe as one file name in the --out folder (no separator,
+// not "." or ".."), or "".
+std::string safe_name(const ManifestObject* expected) {
+  if (!expected) return "";
+  const auto& n = expected->name;
+  if (n.empty() || n == "." || n == ".." || n.find('/') != std::string::npos ||
+      n.find('\0') != std::string::npos) {
+    return "";
+  }
+  return n;
+}
+
+// Writes the object's tensors into `dir`: a file the manifest names keeps its name (tensor i of
+// a multi-tensor object gets ".<i>" after it); others are object-<id>.<i>.bin. "" on success,
+// else what failed.
+std::string write_tensors(const std::filesystem::path& dir, const FetchResult& r,
+                          const std::string& name) {
   for (size_t i = 0; i < r.tensors.size(); ++i) {
-    const auto path = dir / (std::to_string(r.ref.object_id) + "." + std::to_string(i) + ".bin");
+    const auto file = name.empty() ? "object-" + std::to_string(r.ref.object_id) + "." +
+                                         std::to_string(i) + ".bin"
+                      : r.tensors.size() == 1 ? name
+                                              : name + "." + std::to_string(i);
+    const auto path = dir / file;
     std::FILE* f = std::fopen(path.c_str(), "wb");
     bool ok =
         f && std::fwrite(r.tensors[i].data(), 1, r.tensors[i].size(), f) == r.tensors[i].size();
@@ -140,7 +159,7 @@ int finish_object(const FetchArgs& args, const Target& target, const FetchResult
     }
   }
   if (!args.out.empty()) {
-    if (auto why = write_tensors(args.out, result); !why.empty()) {
+    if (auto why = write_tensors(args.out, result, safe_name(target.expected)); !why.empty()) {
       progress.clear();
       return fail(kExitFetchFailed, why);
     }

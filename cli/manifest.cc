@@ -35,6 +35,7 @@ bool parse_object(const JsonValue& v, ManifestObject& out, std::string& error) {
   if (!bytes || !bytes->as_uint64()) return set_error(error, "missing \"bytes\" number");
   if (!tensors || !tensors->is_array()) return set_error(error, "missing \"tensors\" array");
   out.ref = ref->text;
+  if (const JsonValue* name = v.find("name"); name && name->is_string()) out.name = name->text;
   out.bytes = *bytes->as_uint64();
   for (size_t i = 0; i < tensors->items.size(); ++i) {
     if (!parse_tensor(tensors->items[i], out.tensors.emplace_back())) {
@@ -52,7 +53,9 @@ std::string manifest_to_json(const Manifest& manifest) {
   w.begin_object().key("server").value(manifest.server);
   w.key("checksum_algorithm").value(kChecksumAlgorithm).key("objects").begin_array();
   for (const auto& object : manifest.objects) {
-    w.begin_object().key("ref").value(object.ref).key("bytes").value(object.bytes);
+    w.begin_object().key("ref").value(object.ref);
+    if (!object.name.empty()) w.key("name").value(object.name);
+    w.key("bytes").value(object.bytes);
     w.key("tensors").begin_array();
     for (const auto& t : object.tensors) {
       w.begin_object().key("bytes").value(t.bytes);

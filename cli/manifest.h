@@ -16,7 +16,8 @@ struct ManifestTensor {
 };
 
 struct ManifestObject {
-  std::string ref;  // text form, "ferry1:..."
+  std::string ref;   // text form, "ferry1:..."
+  std::string name;  // a served file's name ("name"; optional): what fetch --out calls it
   uint64_t bytes = 0;
   std::vector<ManifestTensor> tensors;
 };

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <tuple>
@@ -28,6 +29,7 @@ namespace {
 struct Blob {
   std::shared_ptr<std::byte[]> memory;
   std::vector<std::span<const std::byte>> tensors;
+  std::string name;  // a served file's name; "" for random objects
 };
 
 Blob make_random_object(const std::vector<uint64_t>& sizes, uint64_t seed) {
@@ -57,6 +59,7 @@ bool read_file(const std::string& path, Blob& blob, std::string& error) {
     return false;
   }
   blob.tensors = {{blob.memory.get(), size}};
+  blob.name = std::filesystem::path(path).filename().string();
   return true;
 }
 
@@ -111,6 +114,7 @@ std::error_code put_objects(Context& ctx, std::vector<Blob>& blobs, Manifest& ma
     auto ref = ctx.put(std::move(tensors), std::move(blob.memory));
     if (!ref) return ref.error();
     entry.ref = ref->to_string();
+    entry.name = blob.name;
     manifest.objects.push_back(std::move(entry));
   }
   blobs.clear();

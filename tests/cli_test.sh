@@ -33,7 +33,17 @@ addr=$(awk '/^ready /{print $2}' "$tmp/serve.out")
 [[ -n "$addr" ]] || { echo "server did not become ready"; cat "$tmp/serve.err"; exit 1; }
 
 "$ferry" fetch --from "$addr" --manifest "$tmp/manifest.json" --concurrency 4 --out "$tmp/out"
-ls "$tmp/out" | grep -q '\.bin$' || { echo "no files written by --out"; exit 1; }
+ls "$tmp/out" | grep -q '^object-[0-9]*\.[0-9]*\.bin$' || { echo "no files written by --out"; exit 1; }
+# A served file keeps its name through --out.
+head -c 300000 /dev/urandom >"$tmp/weights.bin"
+"$ferry" serve --listen 127.0.0.1:0 --file "$tmp/weights.bin" --manifest "$tmp/files.json" \
+  --duration 60 >"$tmp/files.out" 2>/dev/null &
+files_server=$!
+for _ in $(seq 1 300); do grep -q '^ready ' "$tmp/files.out" 2>/dev/null && break; sleep 0.1; done
+"$ferry" fetch --from "$(awk '/^ready /{print $2}' "$tmp/files.out")" --manifest "$tmp/files.json" \
+  --out "$tmp/named" >/dev/null
+kill "$files_server" 2>/dev/null || true
+cmp "$tmp/weights.bin" "$tmp/named/weights.bin" || { echo "--out lost the served file's name"; ls "$tmp/named"; exit 1; }
 # The manifest's checksums are standard XXH3-64: xxhsum checks the files --out wrote.
 grep -q '"checksum_algorithm": "xxh3-64"' "$tmp/manifest.json" || { echo "manifest names no checksum"; exit 1; }
 if command -v xxhsum >/dev/null; then
