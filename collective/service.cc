@@ -241,6 +241,33 @@ Result<std::unique_ptr<Driver>> Driver::create(Context& ctx, std::vector<std::st
   return d;
 }
 
+namespace {
+
+// A submission that failed before anything was sent: `done` holds `why` already.
+Submitted refused(Status why) {
+  std::promise<Status> failed;
+  failed.set_value(std::move(why));
+  Submitted s;
+  s.done = failed.get_future().share();
+  return s;
+}
+
+}  // namespace
+
+Status Driver::check(const std::vector<ObjectRef>& refs, int root) const {
+  if (refs.size() != ranks_.size()) {
+    return {errc::invalid_argument, -1,
+            std::to_string(refs.size()) + " refs for " + std::to_string(ranks_.size()) +
+                " ranks: one per rank, in rank order"};
+  }
+  if (root < 0 || static_cast<size_t>(root) >= ranks_.size()) {
+    return {errc::invalid_argument, -1,
+            "root " + std::to_string(root) + " is not a rank (0 to " +
+                std::to_string(ranks_.size() - 1) + ")"};
+  }
+  return {};
+}
+
 Submitted Driver::submit(int kind, const std::vector<ObjectRef>& refs, DType dtype, ReduceOp op,
                          int root, std::vector<size_t> result_sizes) {
   const uint64_t id = ++next_;
@@ -254,14 +281,13 @@ Submitted Driver::submit(int kind, const std::vector<ObjectRef>& refs, DType dty
   PutOptions o;
   o.name = name_of("cmd", name_, id);
   auto put = ctx_.put({Tensor::bytes(std::as_bytes(std::span(cmd.get(), 1)))}, cmd, o);
-  Submitted s;
-  s.id = id;
   if (!put) {
-    std::promise<Status> failed;
-    failed.set_value({put.error(), -1, "cannot offer the command"});
-    s.done = failed.get_future().share();
+    auto s = refused({put.error(), -1, "cannot offer the command"});
+    s.id = id;
     return s;
   }
+  Submitted s;
+  s.id = id;
   {
     std::lock_guard lock(commands_->mu);
     commands_->offered.emplace(id, *put);
@@ -306,24 +332,28 @@ Submitted Driver::submit(int kind, const std::vector<ObjectRef>& refs, DType dty
 }
 
 Submitted Driver::allreduce(const std::vector<ObjectRef>& refs, DType dtype, ReduceOp op) {
+  if (auto why = check(refs, 0); !why) return refused(why);
   std::vector<size_t> sizes;
   for (const auto& ref : refs) sizes.push_back(ref.metadata.total_bytes());
   return submit(kAllreduce, refs, dtype, op, 0, sizes);
 }
 
 Submitted Driver::broadcast(const std::vector<ObjectRef>& refs, int root) {
+  if (auto why = check(refs, root); !why) return refused(why);
   const size_t size = refs.at(static_cast<size_t>(root)).metadata.total_bytes();
   return submit(kBroadcast, refs, DType::kUInt8, ReduceOp::kSum, root,
                 std::vector<size_t>(ranks_.size(), size));
 }
 
 Submitted Driver::allgather(const std::vector<ObjectRef>& refs) {
+  if (auto why = check(refs, 0); !why) return refused(why);
   size_t size = refs.empty() ? 0 : refs[0].metadata.total_bytes();
   return submit(kAllgather, refs, DType::kUInt8, ReduceOp::kSum, 0,
                 std::vector<size_t>(ranks_.size(), size * ranks_.size()));
 }
 
 Submitted Driver::reduce_scatter(const std::vector<ObjectRef>& refs, DType dtype, ReduceOp op) {
+  if (auto why = check(refs, 0); !why) return refused(why);
   const size_t esize = dtype_size(dtype);
   const size_t count = refs.empty() || !esize ? 0 : refs[0].metadata.total_bytes() / esize;
   std::vector<size_t> sizes;

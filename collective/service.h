@@ -73,7 +73,9 @@ class Driver {
   ~Driver();
 
   // refs[r]: a one-tensor object in rank r's store, the same size (whole elements of dtype) on
-  // every rank. Results are new objects; the inputs are left as they are.
+  // every rank. Results are new objects; the inputs are left as they are. Not one ref per rank,
+  // or a root that is not a rank: `done` is ready at once with errc::invalid_argument and
+  // nothing is sent.
   Submitted allreduce(const std::vector<ObjectRef>& refs, DType dtype, ReduceOp op);
   Submitted broadcast(const std::vector<ObjectRef>& refs, int root);
   Submitted allgather(const std::vector<ObjectRef>& refs);
@@ -82,6 +84,8 @@ class Driver {
   void release(const Submitted& s);
 
  private:
+  // Why these refs (and root) cannot be submitted, or ok.
+  Status check(const std::vector<ObjectRef>& refs, int root) const;
   Driver(Context& ctx, std::vector<std::string> ranks, std::string name,
          std::chrono::milliseconds timeout);
   Submitted submit(int kind, const std::vector<ObjectRef>& refs, DType dtype, ReduceOp op, int root,

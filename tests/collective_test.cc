@@ -747,6 +747,33 @@ TEST(CollectiveDeclarative, ResultsAreIdenticalToTheImperativeCalls) {
   services.clear();
 }
 
+// A driver given fewer refs than ranks, or a root that is not a rank, fails the submission at
+// once with invalid_argument and sends nothing (it indexed past the refs before).
+TEST(CollectiveDeclarative, RefsThatDoNotMatchTheRanksAreRefusedAtOnce) {
+  FERRY_REQUIRE_TEST_HOST();
+  Ranks ranks(2);
+  Context driver_ctx(client_options("driver"));
+  ASSERT_TRUE(driver_ctx.listen(test_host() + ":0").ok());
+  std::vector<std::string> addresses{ranks.context(0).address(), ranks.context(1).address()};
+  auto driver = collective::Driver::create(driver_ctx, addresses);
+  ASSERT_TRUE(driver.ok());
+  auto bytes = std::make_shared<std::vector<std::byte>>(64);
+  auto ref = ranks.context(0).put({Tensor::bytes(*bytes)}, bytes);
+  ASSERT_TRUE(ref.ok());
+  const auto offered = driver_ctx.refs().size();
+  for (auto s :
+       {(*driver)->allreduce({*ref}, DType::kFloat32, collective::ReduceOp::kSum),
+        (*driver)->allgather({}), (*driver)->broadcast({*ref, *ref}, 2),
+        (*driver)->broadcast({*ref, *ref}, -1),
+        (*driver)->reduce_scatter({*ref, *ref, *ref}, DType::kInt32, collective::ReduceOp::kMax)}) {
+    ASSERT_EQ(s.done.wait_for(std::chrono::seconds(0)), std::future_status::ready);
+    const auto status = s.done.get();
+    EXPECT_EQ(status.ec, errc::invalid_argument) << status.message;
+    EXPECT_TRUE(s.results.empty());
+  }
+  EXPECT_EQ(driver_ctx.refs().size(), offered) << "a refused submission offered a command";
+}
+
 // A Service waiting for its driver's next command (a long poll the driver holds for up to a
 // second) stops at once when destroyed: its poll is aborted, not waited out.
 TEST(CollectiveDeclarative, AnIdleServiceStopsAtOnce) {
