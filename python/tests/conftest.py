@@ -26,6 +26,8 @@ if RDMA:
     os.environ["FERRY_TRANSPORT"] = "rdma"
 HOST = os.environ.get("FERRY_TEST_HOST") or ("" if RDMA else "127.0.0.1")
 os.environ["FERRY_TEST_HOST"] = HOST
+if HOST:
+    os.environ["FERRY_RDT_HOST"] = HOST  # where ferry.rdt's per-process context listens
 
 
 def pytest_collection_modifyitems(config, items):
