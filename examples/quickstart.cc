@@ -15,9 +15,10 @@ int main() {
   ferry::Context owner({.name = "owner"});
   if (!owner.listen("127.0.0.1:0")) return 1;
   auto weights = std::make_shared<std::vector<float>>(1024 * 1024, 0.5f);
-  auto ref = owner.put({ferry::Tensor{std::as_bytes(std::span(*weights)),
-                                      ferry::TensorMeta::dense({1024, 1024}, ferry::DType::kFloat32)}},
-                       weights);  // `weights` stays alive while the store serves it
+  auto ref =
+      owner.put({ferry::Tensor{std::as_bytes(std::span(*weights)),
+                               ferry::TensorMeta::dense({1024, 1024}, ferry::DType::kFloat32)}},
+                weights);  // `weights` stays alive while the store serves it
   if (!ref) return std::fprintf(stderr, "put: %s\n", ref.error().message().c_str()), 1;
   const std::string wire = ref->to_string();  // send this to the reader any way you like
 

@@ -9,7 +9,8 @@ namespace ferry {
 namespace {
 
 std::string error_name(const std::error_code& ec) {
-  if (ec.category() == ferry_category()) return std::string(errc_name(static_cast<errc>(ec.value())));
+  if (ec.category() == ferry_category())
+    return std::string(errc_name(static_cast<errc>(ec.value())));
   return std::string(ec.category().name()) + ":" + std::to_string(ec.value());
 }
 
@@ -56,8 +57,8 @@ class Writer {
     head(name, "gauge", help);
     sample(name, {}, value);
   }
-  void by(std::string_view name, std::string_view type, std::string_view help,
-          std::string_view key, const std::map<std::string, uint64_t>& values) {
+  void by(std::string_view name, std::string_view type, std::string_view help, std::string_view key,
+          const std::map<std::string, uint64_t>& values) {
     head(name, type, help);
     for (const auto& [k, v] : values) {
       sample(name, std::string(key) + "=\"" + escaped(k) + "\"", static_cast<double>(v));
@@ -97,7 +98,8 @@ std::string prometheus_text(const Stats& s, std::string_view prefix, std::string
   w.by("fetched_bytes_by_transport_total", "counter", "Bytes fetched, by transport.", "transport",
        s.bytes_fetched_by_transport);
   // The histogram's buckets are cumulative in the exposition format.
-  w.head("fetch_latency_seconds", "histogram", "Latency of successful fetches, issue to completion.");
+  w.head("fetch_latency_seconds", "histogram",
+         "Latency of successful fetches, issue to completion.");
   uint64_t cumulative = 0;
   const std::string bucket = "fetch_latency_seconds_bucket";
   for (int i = 0; i < LatencyHistogram::kBuckets; ++i) {

@@ -33,9 +33,9 @@ struct Stats {
   uint64_t fetches_succeeded = 0;
   uint64_t fetches_failed = 0;
   uint64_t bytes_fetched = 0;
-  std::map<std::string, uint64_t> fetch_errors;             // by errc name ("timed_out", ...)
+  std::map<std::string, uint64_t> fetch_errors;  // by errc name ("timed_out", ...)
   std::map<std::string, uint64_t> bytes_fetched_by_transport;
-  LatencyHistogram fetch_latency;                           // successful fetches
+  LatencyHistogram fetch_latency;  // successful fetches
   // Requests this side served (ended: every byte sent, or failed).
   uint64_t serves_succeeded = 0;
   uint64_t serves_failed = 0;
