@@ -45,20 +45,6 @@ const char* grants_text(RdmaGrants g) {
   return "?";
 }
 
-const char* log_text(log::Level level) {
-  switch (level) {
-    case log::Level::error:
-      return "error";
-    case log::Level::warn:
-      return "warn";
-    case log::Level::info:
-      return "info";
-    case log::Level::debug:
-      return "debug";
-  }
-  return "?";
-}
-
 std::string join(const std::vector<std::string>& items) {
   std::string out;
   for (const auto& item : items) {
@@ -82,7 +68,7 @@ std::vector<Setting> settings_of(const ContextOptions& o) {
        or_none(o.tcp_congestion, "automatic (reno within one host, else the system's)"), ""},
       {"FERRY_POOL_BYTES", "pool_bytes",
        o.pool_bytes ? bytes_text(o.pool_bytes) : std::string("0 (receive pool off)"), ""},
-      {"FERRY_LOG", "log level", log_text(log::current_level()), ""},
+      {"FERRY_LOG", "log level", std::string(log::level_name(log::current_level())), ""},
   };
   for (auto& s : out) s.source = std::getenv(s.variable.c_str()) ? "environment" : "default";
   return out;

@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <cstring>
 
+#include "net/address.h"
 #include "net/errors.h"
 
 namespace ferry::cli {
@@ -17,16 +18,17 @@ namespace {
 constexpr size_t kMaxRequestBytes = 8192;
 constexpr int kIoTimeoutMs = 2000;
 
+// IP:PORT (an IPv4 address; parse_host_port splits it) into `addr`.
 bool parse_ipv4(const std::string& text, sockaddr_in& addr) {
-  const auto colon = text.rfind(':');
-  if (colon == std::string::npos) return false;
+  const auto hp = parse_host_port(text);
+  if (!hp) return false;
   addr = {};
   addr.sin_family = AF_INET;
   char* end = nullptr;
-  const long port = std::strtol(text.c_str() + colon + 1, &end, 10);
-  if (*end != '\0' || port < 0 || port > 65535) return false;
+  const long port = std::strtol(hp->port.c_str(), &end, 10);
+  if (hp->port.empty() || *end != '\0' || port < 0 || port > 65535) return false;
   addr.sin_port = htons(static_cast<uint16_t>(port));
-  return inet_pton(AF_INET, text.substr(0, colon).c_str(), &addr.sin_addr) == 1;
+  return inet_pton(AF_INET, hp->host.c_str(), &addr.sin_addr) == 1;
 }
 
 void set_timeouts(int fd) {

@@ -29,6 +29,11 @@ Sink& sink() {
 
 void set_level(Level level) { level_override.store(static_cast<int>(level)); }
 
+std::string_view level_name(Level level) {
+  static constexpr std::string_view kNames[] = {"error", "warn", "info", "debug"};
+  return kNames[static_cast<int>(level)];
+}
+
 void set_sink(Sink s) {
   std::lock_guard lock(sink_mu());
   sink() = std::move(s);
@@ -50,7 +55,6 @@ Level current_level() {
 }
 
 void write(Level level, std::string_view message) {
-  static constexpr const char* kNames[] = {"error", "warn", "info", "debug"};
   std::lock_guard lock(sink_mu());
   if (sink()) {
     try {
@@ -69,7 +73,7 @@ void write(Level level, std::string_view message) {
                  static_cast<int>(message.size()), message.data());
     return;
   }
-  std::fprintf(stderr, "ferry[%s]: %.*s\n", kNames[static_cast<int>(level)],
+  std::fprintf(stderr, "ferry[%s]: %.*s\n", level_name(level).data(),
                static_cast<int>(message.size()), message.data());
 }
 

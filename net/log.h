@@ -15,6 +15,8 @@ enum class Level { error = 0, warn = 1, info = 2, debug = 3 };
 Level current_level();
 // Overrides $FERRY_LOG from now on. Any thread.
 void set_level(Level level);
+// "error", "warn", "info", "debug".
+std::string_view level_name(Level level);
 // Writes one line (the level check is the caller's): to the sink if one is set, else stderr.
 void write(Level level, std::string_view message);
 
