@@ -215,7 +215,17 @@ def _addresses(addresses, what):
 
 # -- the imperative form -----------------------------------------------------------------------
 
-class Group:
+class _Closing:
+    """Context-manager use of an object with close()."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class Group(_Closing):
     """N processes (ranks) running collectives (ferry::collective::Group).
 
     Made by ``Group.join``. Every rank calls the same collectives in the same order, with
@@ -391,12 +401,6 @@ class Group:
         self._native.close()
         _open.discard(self)
 
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
     def __repr__(self):
         state = "closed" if self.closed else f"rank {self.rank} of {self.size}"
         return f"<ferry.collective.Group {self._name!r} {state}>"
@@ -419,7 +423,7 @@ class Group:
 
 # -- the declarative form ----------------------------------------------------------------------
 
-class Service:
+class Service(_Closing):
     """Serves a driver's collectives on this rank (ferry::collective::Service).
 
     ``Service(context, group, driver_address, name="default")``: runs, on a thread of its own
@@ -459,13 +463,7 @@ class Service:
         self._native.stop()
         _open.discard(self)
 
-    close = stop
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.stop()
+    close = stop  # _Closing's __exit__ stops it
 
     def __repr__(self):
         state = "stopped" if self.stopped else f"serving {self.driver_address}"
@@ -510,7 +508,7 @@ class Submitted:
         return f"<ferry.collective.Submitted {self.kind} #{self.id} {state}>"
 
 
-class Driver:
+class Driver(_Closing):
     """Runs collectives over objects already in the ranks' stores (ferry::collective::Driver).
 
     Made by ``Driver.create``; the ranks run a ``Service`` each for it. Each call submits one
@@ -639,12 +637,6 @@ class Driver:
         self._native.close()
         self._waiter.close()
         _open.discard(self)
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
 
     def __repr__(self):
         state = "closed" if self.closed else f"{self.size} ranks"
