@@ -11,8 +11,8 @@
 
 #include "bench/allreduce_loop.h"
 #include "bench/measure.h"
-#include "collective/group.h"
-#include "ferry.h"
+#include "ferry/collective/group.h"
+#include "ferry/ferry.h"
 
 namespace ferry::bench {
 namespace {

@@ -9,7 +9,7 @@
 
 #include "bench/client.h"
 #include "bench/measure.h"
-#include "ferry.h"
+#include "ferry/ferry.h"
 
 namespace ferry::bench {
 using namespace std::chrono_literals;

@@ -1,6 +1,6 @@
 """One congestion control for every loopback TCP connection of a bench run.
 
-ferry's data channels within one host use ONE_HOST_CONGESTION (tcp/congestion.h) and iperf3 is
+ferry's data channels within one host use ONE_HOST_CONGESTION (ferry/tcp/congestion.h) and iperf3 is
 given it with -C, but Open MPI, Gloo, UCX, qperf and sockperf cannot be told one per connection:
 they take the system's default. A route's `congctl` is applied to both ends of a connection when
 it starts, over the default and over a TCP_CONGESTION set before connect, so setting it on the

@@ -13,8 +13,8 @@
 #include <vector>
 
 #include "bench/measure.h"
-#include "net/context.h"
-#include "tcp/congestion.h"
+#include "ferry/net/context.h"
+#include "ferry/tcp/congestion.h"
 
 namespace ferry::bench {
 namespace {

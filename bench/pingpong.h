@@ -1,8 +1,8 @@
 // `ferry-bench pingpong-serve` / `ferry-bench pingpong`: the raw-socket baseline of a small
 // fetch. The client sends an 8-byte request naming a size; the server answers with that many
 // bytes from memory; blocking sockets, TCP_NODELAY and the congestion control ferry's data
-// channels get (tcp/congestion.h). With one request in flight each answer is a round trip (the
-// latency baseline); with `inflight` > 1 the client keeps that many asked for and reads each
+// channels get (ferry/tcp/congestion.h). With one request in flight each answer is a round trip
+// (the latency baseline); with `inflight` > 1 the client keeps that many asked for and reads each
 // answer into the next of `inflight` buffers of `size` bytes, as a fetch window lands in as many
 // targets (the bandwidth baseline, with the same working set). What a fetch over TCP costs
 // beyond this is ferry's overhead.

@@ -5,8 +5,8 @@
 #include <vector>
 
 #include "bench/measure.h"
-#include "collective/reduce.h"
-#include "store/tensor.h"
+#include "ferry/collective/reduce.h"
+#include "ferry/store/tensor.h"
 
 namespace ferry::bench {
 int run_reduce(uint64_t size, double seconds) {

@@ -277,7 +277,7 @@ class Bench:
         cli = ["iperf3", "-c", "127.0.0.1", "-p", str(port), "-l", str(min(size, MIB)), "-t",
                str(max(1, round(self.secs))), "-J"]
         # The algorithm ferry's loopback data channels use (ContextOptions::tcp_congestion,
-        # automatic: tcp/congestion.h), so that both stream under it.
+        # automatic: ferry/tcp/congestion.h), so that both stream under it.
         if system_congestion() != ONE_HOST_CONGESTION:
             cli += ["-C", ONE_HOST_CONGESTION]
         out, _, _ = run_pair(srv, cli, timeout=60 + 4 * self.secs, port=port)
@@ -1197,7 +1197,7 @@ def plots(samples, out_dir):
     return made
 
 
-# What ferry's TCP data channels within one host use (tcp/congestion.h, kOneHostCongestion).
+# What ferry's TCP data channels within one host use (ferry/tcp/congestion.h, kOneHostCongestion).
 ONE_HOST_CONGESTION = "reno"
 
 

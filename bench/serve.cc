@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "bench/measure.h"
-#include "ferry.h"
+#include "ferry/ferry.h"
 
 namespace ferry::bench {
 

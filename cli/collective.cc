@@ -14,8 +14,8 @@
 
 #include "cli/status.h"
 #include "cli/units.h"
-#include "collective/group.h"
-#include "ferry.h"
+#include "ferry/collective/group.h"
+#include "ferry/ferry.h"
 
 namespace ferry::cli {
 namespace {

@@ -15,7 +15,7 @@
 #include "cli/progress.h"
 #include "cli/report.h"
 #include "cli/status.h"
-#include "ferry.h"
+#include "ferry/ferry.h"
 
 namespace ferry::cli {
 namespace {

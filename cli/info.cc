@@ -9,8 +9,8 @@
 
 #include "cli/json.h"
 #include "cli/status.h"
-#include "ferry.h"
-#include "net/log.h"
+#include "ferry/ferry.h"
+#include "ferry/net/log.h"
 
 namespace ferry::cli {
 namespace {

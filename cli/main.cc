@@ -15,8 +15,8 @@
 #include "cli/status.h"
 #include "cli/units.h"
 #include "cli/workload.h"
-#include "ferry.h"
-#include "net/log.h"
+#include "ferry/ferry.h"
+#include "ferry/net/log.h"
 
 namespace ferry::cli {
 namespace {

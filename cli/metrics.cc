@@ -9,8 +9,8 @@
 #include <cerrno>
 #include <cstring>
 
-#include "net/address.h"
-#include "net/errors.h"
+#include "ferry/net/address.h"
+#include "ferry/net/errors.h"
 
 namespace ferry::cli {
 namespace {

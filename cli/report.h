@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "net/context.h"
+#include "ferry/net/context.h"
 
 namespace ferry::cli {
 

@@ -19,8 +19,8 @@
 #include "cli/status.h"
 #include "cli/units.h"
 #include "cli/workload.h"
-#include "ferry.h"
-#include "net/system_memory.h"
+#include "ferry/ferry.h"
+#include "ferry/net/system_memory.h"
 
 namespace ferry::cli {
 namespace {

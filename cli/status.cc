@@ -4,7 +4,7 @@
 #include <string>
 
 #include "cli/json.h"
-#include "net/errors.h"
+#include "ferry/net/errors.h"
 
 namespace ferry::cli {
 

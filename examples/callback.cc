@@ -5,7 +5,7 @@
 #include <future>
 #include <vector>
 
-#include "ferry.h"
+#include "ferry/ferry.h"
 
 int main() {
   ferry::Context owner({.name = "owner"});

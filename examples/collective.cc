@@ -20,8 +20,8 @@
 #include <thread>
 #include <vector>
 
-#include "collective/group.h"
-#include "ferry.h"
+#include "ferry/collective/group.h"
+#include "ferry/ferry.h"
 
 namespace fs = std::filesystem;
 using namespace std::chrono_literals;

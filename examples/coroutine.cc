@@ -6,7 +6,7 @@
 #include <cstdio>
 #include <vector>
 
-#include "ferry.h"
+#include "ferry/ferry.h"
 
 namespace asio = boost::asio;
 

@@ -4,7 +4,7 @@
 #include <cstdio>
 #include <vector>
 
-#include "ferry.h"
+#include "ferry/ferry.h"
 
 int main() {
   using namespace std::chrono_literals;

@@ -7,7 +7,7 @@
 #include <memory>
 #include <vector>
 
-#include "ferry.h"
+#include "ferry/ferry.h"
 
 int main() {
   using namespace std::chrono_literals;

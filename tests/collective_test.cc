@@ -12,9 +12,9 @@
 #include <random>
 #include <thread>
 
-#include "collective/group.h"
-#include "collective/service.h"
-#include "rdma/rdma.h"
+#include "ferry/collective/group.h"
+#include "ferry/collective/service.h"
+#include "ferry/rdma/rdma.h"
 #include "tests/test_util.h"
 
 namespace ferry::test {

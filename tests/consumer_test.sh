@@ -11,7 +11,7 @@ cmake -S "$src/examples/consumer" -B "$tmp/build" -DCMAKE_PREFIX_PATH="$tmp/pref
   -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_FLAGS="${FERRY_CONSUMER_CXX_FLAGS:-}" >/dev/null
 cmake --build "$tmp/build" -j "$(nproc)" >/dev/null
 # It must have compiled against the installed headers, not the source tree.
-if grep -rq -- "$src/net" "$tmp/build/CMakeFiles" 2>/dev/null; then
+if grep -rq -- "$src/ferry/" "$tmp/build/CMakeFiles" 2>/dev/null; then
   echo "consumer build saw the source tree" >&2
   exit 1
 fi

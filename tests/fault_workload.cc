@@ -15,7 +15,7 @@
 #include <thread>
 #include <vector>
 
-#include "rdma/rdma.h"
+#include "ferry/rdma/rdma.h"
 #include "tests/child_process.h"
 #include "tests/test_util.h"
 
@@ -261,8 +261,8 @@ void Workload::abort_loop(Context& ctx) {
 
 void Workload::check_rdma_clean(Context& ctx, const std::string& who) {
   if (!rdma::registration_counters(ctx)) return;
-  // Queue pairs are destroyed in the background (rdma/reaper.h); rxe can take its retry budget
-  // to let go of one whose peer died.
+  // Queue pairs are destroyed in the background (ferry/rdma/reaper.h); rxe can take its retry
+  // budget to let go of one whose peer died.
   const bool clean = eventually(
       [&] {
         auto c = rdma::registration_counters(ctx);

@@ -1,8 +1,8 @@
 // What a fetcher accepts from an owner: a fetch succeeds only when every byte of every target was
 // written exactly once, and a ref that announces more memory than the machine has fails with
 // resource_exhausted, promptly, with or without a deadline. The owner here is a scripted one that
-// speaks the wire protocol (net/proto/ferry.proto, tcp/data_frame.h) over real sockets, and sends
-// exactly the chunks a test gives it.
+// speaks the wire protocol (net/proto/ferry.proto, ferry/tcp/data_frame.h) over real sockets, and
+// sends exactly the chunks a test gives it.
 #include <gtest/gtest.h>
 
 #include <boost/asio/ip/tcp.hpp>
@@ -11,11 +11,11 @@
 #include <optional>
 #include <thread>
 
-#include "net/coverage.h"
-#include "net/frame.h"
-#include "net/proto/ferry.pb.h"
-#include "net/system_memory.h"
-#include "tcp/data_frame.h"
+#include "ferry/net/coverage.h"
+#include "ferry/net/frame.h"
+#include "ferry/net/proto/ferry.pb.h"
+#include "ferry/net/system_memory.h"
+#include "ferry/tcp/data_frame.h"
 #include "tests/test_util.h"
 
 namespace ferry::test {

@@ -1,6 +1,6 @@
 // Pool: reuse, no block handed out twice, the cap, trimming, blocks outliving the pool, region
 // listeners, alignment and concurrent use, all on real memory.
-#include "mem/pool.h"
+#include "ferry/mem/pool.h"
 
 #include <gtest/gtest.h>
 

@@ -10,7 +10,7 @@
 #include <set>
 #include <thread>
 
-#include "rdma/rdma.h"
+#include "ferry/rdma/rdma.h"
 #include "tests/test_util.h"
 
 namespace ferry::test {

@@ -1,4 +1,4 @@
-// The receive pool (mem/pool.h) behind fetches without targets, Context::allocate and the
+// The receive pool (ferry/mem/pool.h) behind fetches without targets, Context::allocate and the
 // counters: memory recycled after warm-up, never reused under a holder, bounded by the cap with a
 // counted fallback beyond it, safe past the context's end, and (over RDMA, in the guest) no
 // registration per fetch. Over the suite's transport: TCP here, RDMA in the soft-RoCE guest.
@@ -7,7 +7,7 @@
 #include <memory>
 #include <vector>
 
-#include "rdma/rdma.h"
+#include "ferry/rdma/rdma.h"
 #include "tests/test_util.h"
 
 namespace ferry::test {

@@ -1,14 +1,14 @@
-// Context::stats (net/stats.h): fetches and serves counted with their bytes and errors, the
-// latency histogram, the Prometheus text a scraper reads; and the log sink (net/log.h). Over the
-// suite's transport: TCP here, RDMA in the soft-RoCE guest.
+// Context::stats (ferry/net/stats.h): fetches and serves counted with their bytes and errors, the
+// latency histogram, the Prometheus text a scraper reads; and the log sink (ferry/net/log.h). Over
+// the suite's transport: TCP here, RDMA in the soft-RoCE guest.
 #include <gtest/gtest.h>
 
 #include <mutex>
 #include <string>
 #include <vector>
 
-#include "net/log.h"
-#include "net/stats.h"
+#include "ferry/net/log.h"
+#include "ferry/net/stats.h"
 #include "tests/test_util.h"
 
 namespace ferry::test {

@@ -1,5 +1,5 @@
 // ObjectStore: references, pins and collection, exactly once.
-#include "store/object_store.h"
+#include "ferry/store/object_store.h"
 
 #include <gtest/gtest.h>
 

@@ -1,5 +1,5 @@
-// ContextOptions::tcp_congestion on real loopback sockets (tcp/congestion.h): what the automatic
-// choice does on one host, "system", a named algorithm, and one the kernel refuses.
+// ContextOptions::tcp_congestion on real loopback sockets (ferry/tcp/congestion.h): what the
+// automatic choice does on one host, "system", a named algorithm, and one the kernel refuses.
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "tcp/congestion.h"
+#include "ferry/tcp/congestion.h"
 #include "tests/test_util.h"
 
 namespace ferry::tcp {

@@ -16,7 +16,7 @@
 #include <thread>
 #include <vector>
 
-#include "ferry.h"
+#include "ferry/ferry.h"
 
 namespace ferry::test {
 

@@ -4,8 +4,8 @@
 #include <boost/asio/io_context.hpp>
 #include <thread>
 
-#include "net/frame.h"
-#include "net/proto/ferry.pb.h"
+#include "ferry/net/frame.h"
+#include "ferry/net/proto/ferry.pb.h"
 #include "tests/test_util.h"
 
 namespace ferry {

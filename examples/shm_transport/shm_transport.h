@@ -15,7 +15,7 @@
 
 #include <boost/asio/steady_timer.hpp>
 
-#include "ferry.h"
+#include "ferry/ferry.h"
 
 namespace shm_example {
 

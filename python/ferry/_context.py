@@ -45,7 +45,7 @@ class Context:
     (``ctx.address``); without ``listen`` it can only fetch (or call ``listen()`` later).
     Options left as None keep ferry's defaults (some read from the environment:
     ``$FERRY_TRANSPORT``, ``$FERRY_SECRET``, ``$FERRY_TLS_*``, ...); durations are in seconds.
-    See ferry::ContextOptions (net/context.h) for each.
+    See ferry::ContextOptions (ferry/net/context.h) for each.
 
     Use it as a context manager or call ``close()``: closing stops listening, closes every peer
     (fetches in flight fail with a ferry error) and joins the io threads (bounded, 5 s). Every

@@ -12,7 +12,7 @@ from . import _ferry
 
 #: ferry's error codes (``ferry::errc``), by name and value.
 Errc = enum.IntEnum("Errc", _ferry._errc_values(), module=__name__)
-Errc.__doc__ = "ferry's error codes (ferry::errc in net/errors.h)."
+Errc.__doc__ = "ferry's error codes (ferry::errc in ferry/net/errors.h)."
 
 
 class FerryError(Exception):

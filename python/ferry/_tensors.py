@@ -12,7 +12,7 @@ from typing import NamedTuple, Tuple
 
 import numpy as np
 
-# ferry::DType values (store/tensor.h), for the C++ side's description of each tensor.
+# ferry::DType values (ferry/store/tensor.h), for the C++ side's description of each tensor.
 _FERRY_DTYPES = {
     "uint8": 0, "int8": 1, "int16": 2, "int32": 3, "int64": 4,
     "float16": 5, "bfloat16": 6, "float32": 7, "float64": 8, "bool": 9,

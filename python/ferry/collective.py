@@ -16,7 +16,7 @@ Declarative, from a driver (refs in, refs out; the ranks run a Service each)::
     array = driver_ctx.connect(s.results[0]).fetch(s.results[0]).result(10)
     driver.release(s)
 
-The engine is ferry's C++ one (collective/group.h, collective/service.h, docs/collectives.md):
+The engine is ferry's C++ one (ferry/collective/group.h, ferry/collective/service.h, docs/collectives.md):
 the ranks fetch from each other over TCP or RDMA, zero copy, every rank gets bit-identical
 results. See docs/python.md, "Collectives".
 """
@@ -55,7 +55,7 @@ _native = _ferry.collective
 
 #: The reduction ops (ferry::collective::ReduceOp), by the name the calls take.
 OPS = ("sum", "prod", "min", "max")
-# ferry::DType values the reductions cover (collective/reduce.h: every one but bool).
+# ferry::DType values the reductions cover (ferry/collective/reduce.h: every one but bool).
 _REDUCIBLE = {_FERRY_DTYPES[n] for n in ("uint8", "int8", "int16", "int32", "int64", "float16",
                                          "bfloat16", "float32", "float64")}
 _DTYPE_NAMES = {v: k for k, v in _FERRY_DTYPES.items()}

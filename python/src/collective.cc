@@ -1,5 +1,5 @@
 // `_ferry.collective`: Group, Service, Driver and Submitted, thin handles over
-// ferry::collective (collective/group.h, collective/service.h) for ferry/collective.py.
+// ferry::collective (ferry/collective/group.h, ferry/collective/service.h) for ferry/collective.py.
 //
 // Every call that can block (join, the collectives, close, a Service's start and stop, a
 // Driver's creation and submissions, waiting for a submission) lets the GIL go while it runs;
@@ -22,10 +22,10 @@
 #include <utility>
 #include <vector>
 
-#include "collective/group.h"
-#include "collective/service.h"
-#include "net/context.h"
-#include "net/errors.h"
+#include "ferry/collective/group.h"
+#include "ferry/collective/service.h"
+#include "ferry/net/context.h"
+#include "ferry/net/errors.h"
 #include "python/src/bindings.h"
 #include "python/src/errors.h"
 

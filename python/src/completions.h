@@ -12,7 +12,7 @@
 #include <system_error>
 #include <utility>
 
-#include "net/fetch.h"
+#include "ferry/net/fetch.h"
 
 namespace ferry::python {
 

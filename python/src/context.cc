@@ -9,8 +9,8 @@
 #include <tuple>
 #include <vector>
 
-#include "net/context.h"
-#include "net/errors.h"
+#include "ferry/net/context.h"
+#include "ferry/net/errors.h"
 #include "python/src/bindings.h"
 #include "python/src/completions.h"
 #include "python/src/errors.h"

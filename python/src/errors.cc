@@ -3,7 +3,7 @@
 #include <string>
 #include <string_view>
 
-#include "net/errors.h"
+#include "ferry/net/errors.h"
 #include "python/src/bindings.h"
 
 namespace py = pybind11;
@@ -18,7 +18,7 @@ std::string_view name_of(const std::error_code& ec) {
   return name == "unknown" ? "" : name;
 }
 
-// errc values are below 128 (net/errors.h groups them by scope in steps of 20).
+// errc values are below 128 (ferry/net/errors.h groups them by scope in steps of 20).
 constexpr int kErrcLimit = 128;
 
 py::object& factory() {

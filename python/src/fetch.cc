@@ -2,8 +2,8 @@
 
 #include <pybind11/numpy.h>
 
-#include "net/errors.h"
-#include "net/peer.h"
+#include "ferry/net/errors.h"
+#include "ferry/net/peer.h"
 #include "python/src/bindings.h"
 #include "python/src/errors.h"
 

@@ -12,9 +12,9 @@
 #include <unordered_map>
 #include <vector>
 
-#include "net/fetch.h"
-#include "net/object_ref.h"
-#include "net/peer.h"
+#include "ferry/net/fetch.h"
+#include "ferry/net/object_ref.h"
+#include "ferry/net/peer.h"
 #include "python/src/completions.h"
 
 namespace ferry::python {

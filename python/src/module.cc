@@ -1,7 +1,7 @@
 // ferry._ferry: the native half of the ferry Python package (the Python half is ferry/).
 #include <pybind11/pybind11.h>
 
-#include "ferry.h"
+#include "ferry/ferry.h"
 #include "python/src/bindings.h"
 
 PYBIND11_MODULE(_ferry, m) {

@@ -2,8 +2,8 @@
 // description of each tensor).
 #include <pybind11/stl.h>
 
-#include "net/errors.h"
-#include "net/object_ref.h"
+#include "ferry/net/errors.h"
+#include "ferry/net/object_ref.h"
 #include "python/src/bindings.h"
 #include "python/src/errors.h"
 

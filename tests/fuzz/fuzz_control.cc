@@ -16,9 +16,9 @@
 #include <string>
 #include <vector>
 
-#include "ferry.h"
-#include "net/frame.h"
-#include "net/proto/ferry.pb.h"
+#include "ferry/ferry.h"
+#include "ferry/net/frame.h"
+#include "ferry/net/proto/ferry.pb.h"
 
 namespace {
 

@@ -5,9 +5,9 @@
 #include <cstdint>
 #include <string_view>
 
-#include "net/errors.h"
-#include "net/frame.h"
-#include "net/proto/ferry.pb.h"
+#include "ferry/net/errors.h"
+#include "ferry/net/frame.h"
+#include "ferry/net/proto/ferry.pb.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size == 0) return 0;

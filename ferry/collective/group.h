@@ -1,0 +1,208 @@
+// Group: N processes (ranks) running collectives over ferry's stores and transports.
+//
+// Every rank has a Context listening at its address; Group::join connects it to every other
+// rank. A collective moves data the way every fetch does: a rank offers the bytes others need
+// as *named* objects in its own store (views of the caller's memory: no serialisation, no
+// staging copy), and the others fetch them by name (ObjectRef::named), straight into their
+// destination buffers, over RDMA (one-sided READs) or the TCP fallback. A fetch of a name not
+// yet offered waits on the owner (a rendezvous), so no extra round trip announces readiness.
+//
+// Algorithms (docs/collectives.md): allreduce below `doubling_threshold` bytes, recursive
+// doubling (log2(N) steps, each a whole-tensor exchange with one partner; the ranks beyond a
+// power of two fold into a partner first); up to
+// `ring_threshold`, for a power-of-two size recursive halving then doubling (Rabenseifner's:
+// 2 log2(N) steps, each with one partner), else an exchange (reduce-scatter then allgather,
+// each one round of direct fetches); above it, a ring (the same two phases around the ring,
+// 2(N-1)/N of the tensor per rank either way), pipelined in segments of `segment_bytes` reduced and
+// passed on as they land. Allgather: recursive doubling for a power-of-two size, else every rank
+// fetches every other's input; broadcast: every rank fetches the root's buffer; reduce-scatter:
+// the ring from `ring_threshold`, else one round of direct fetches. Every rank gets
+// bit-identical results. Each offer is for one rank, which
+// fetches it once; a call ends when this rank's fetches are done and every offer has been sent
+// (PutOptions::on_sent; no barrier, no acknowledgement), and returns once its offers are
+// collected: the caller may reuse its buffers at once.
+//
+// Threading: a Group is used by one thread at a time; every rank calls the same collectives in
+// the same order (like MPI). Calls block until done, never longer than `timeout`.
+//
+// Failure: a rank that dies (or a fetch that fails) fails the call with a Status naming that
+// rank; the Group then closes its connections, so every other rank's pending fetches fail at
+// once too instead of waiting for their deadline. A failed Group stays failed.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "ferry/collective/reduce.h"
+#include "ferry/net/context.h"
+#include "ferry/net/fetch.h"
+#include "ferry/net/peer.h"
+
+namespace ferry::collective {
+
+struct GroupOptions {
+  std::string name = "group";  // tells groups of the same processes apart
+  std::chrono::milliseconds join_timeout{30000};
+  std::chrono::milliseconds timeout{60000};  // each collective call
+  // Bytes: allreduce by recursive doubling below (the latency algorithm: log2(N) steps where
+  // halving takes 2 log2(N)); faster than halving at 64 KiB on 16 cores and level at 128 KiB on
+  // 2 (where each threshold was measured: bench/README.md, "Many cores").
+  size_t doubling_threshold = 128u << 10;
+  // Bytes: below, exchange (RS + AG), or recursive halving for a power-of-two size; the ring from
+  // here. Halving was ahead of or level with the ring up to 64 MiB on 16 cores and on 2; the ring
+  // ahead at 256 MiB on 2 (bench/README.md, "Many cores"; docs/collectives.md).
+  size_t ring_threshold = 128u << 20;
+  size_t segment_bytes = 512u << 10;  // ring pipeline unit (each a fetch of its own)
+  // During a call of fewer than busy_wait_below bytes, poll instead of sleeping: the calling
+  // thread runs the context itself (Context::BusyPoll; its io threads park) and yields the core
+  // when nothing was ready, like Open MPI's progress engine, so each step costs no wake-up and no
+  // thread hand-off. Costs up to a core per rank while a call runs; between calls (after
+  // busy_linger) the io threads sleep.
+  bool busy_wait = true;
+  // Bytes (the call's tensor): from here a call does not poll. The Context's io threads move
+  // the bytes (each connection's reads and writes on its own strand, the first halving step
+  // reduced as it lands) while the calling thread reduces the rest and sleeps in between: with
+  // cores to spare the socket copies and reductions overlap, where one polling thread did them
+  // in turn. It pays with 2 io threads (ContextOptions::threads) and from about 1 MiB; below,
+  // the wake-ups cost more than the overlap gains, and without cores to spare the overlap has
+  // nothing to run on, so polling wins. Unset (the default): 1 MiB where this machine has at
+  // least 2 cores per rank of the group on it (ranks whose address has this rank's host), else
+  // SIZE_MAX (always poll). Measurements: docs/collectives.md, "Large calls".
+  std::optional<size_t> busy_wait_below;
+  // With busy_wait, how long a waiting rank polls with nothing arriving before it sleeps in the
+  // reactor until the next event (and then polls again). Spinning for good keeps every core
+  // busy, so the scheduler never finds one idle and more ranks than cores can stay crowded on
+  // one core for a whole run (docs/collectives.md, "Waiting"); 200 us covers a step's usual gaps.
+  std::chrono::microseconds busy_spin{200};
+  // With busy_wait, how long the io threads stay parked after a polling call (BusyPoll's
+  // linger; a call that does not poll ends it at once, as it needs them): a call
+  // that follows within it starts and ends without waking them (two wake-ups and a thread
+  // hand-off of the reactor saved per call: docs/collectives.md, "Waiting").
+  // Meanwhile nothing runs the context, so other work on it (another thread's fetch) waits up
+  // to this long. 0: they resume when the call returns.
+  std::chrono::microseconds busy_linger{2000};
+};
+
+// The outcome of a collective: ok, or the error, the rank it came from (-1: local) and a
+// message naming it.
+struct Status {
+  std::error_code ec;
+  int rank = -1;
+  std::string message;
+  bool ok() const { return !ec; }
+  explicit operator bool() const { return ok(); }
+};
+
+class Group {
+ public:
+  // Joins group `options.name` as rank `rank` of addresses.size(); `ctx` must be listening at
+  // addresses[rank]. Connects to every other rank (retrying while they start) and returns once
+  // all of them have joined, or after join_timeout with errc::timed_out and a message naming
+  // the ranks that did not. Blocking; not from an io_context thread.
+  static Result<std::unique_ptr<Group>> join(Context& ctx, std::vector<std::string> addresses,
+                                             int rank, GroupOptions options = {}, Status* why = {});
+  ~Group();
+  Group(const Group&) = delete;
+  Group& operator=(const Group&) = delete;
+
+  int rank() const { return rank_; }
+  // Fetches started again because their data channel broke while the peer's connection lived
+  // (a queue pair flushed, stalled or reset), by ferry itself (FetchResult::restarts, at most
+  // kMaxFetchRestarts per fetch, within its deadline); and watches of other ranks started again
+  // after theirs broke. Any thread.
+  uint64_t refetches() const { return refetches_.load(std::memory_order_relaxed); }
+  int size() const { return static_cast<int>(addresses_.size()); }
+
+  // In place: every rank's `data` becomes op over all ranks' `data` (same size and dtype on
+  // every rank).
+  Status allreduce(std::span<std::byte> data, DType dtype, ReduceOp op);
+  // `data` of `root` is copied into every other rank's `data` (same size everywhere).
+  Status broadcast(std::span<std::byte> data, int root);
+  // out = concatenation of every rank's `in`, in rank order; out.size() == size() * in.size().
+  Status allgather(std::span<const std::byte> in, std::span<std::byte> out);
+  // `in` (same size and dtype on every rank) is reduced with op, and this rank gets its chunk:
+  // elements [rank*count/N, (rank+1)*count/N) (chunk_range), so any count works.
+  Status reduce_scatter(std::span<const std::byte> in, std::span<std::byte> out, DType dtype,
+                        ReduceOp op);
+
+  // The balanced split the collectives use: elements [first, last) of `count` for `rank`.
+  static std::pair<size_t, size_t> chunk_range(size_t count, int rank, int size);
+
+ private:
+  struct Op;
+  Group(Context& ctx, std::vector<std::string> addresses, int rank, GroupOptions options);
+  Status connect_all(std::chrono::steady_clock::time_point deadline);
+  // Reduce-scatter of `in` (`count` elements of `esize` bytes): this rank's chunk, reduced over
+  // every rank, into `out` (may be `in`'s own chunk: reduced in place). Every rank fetches its
+  // chunk from every other in one round (the ring does it in N-1 steps: Group::ring).
+  Status direct_reduce_scatter(Op& o, std::span<const std::byte> in, size_t count, size_t esize,
+                               DType dtype, ReduceOp op, std::span<std::byte> out);
+  // The ring reduce-scatter into `out` (this rank's chunk; may be `in`'s own chunk, summed in
+  // place) and, when `gather` is not empty (allreduce: the tensor `out` is a chunk of), the ring
+  // allgather into it.
+  Status ring(Op& o, std::span<const std::byte> in, size_t count, size_t esize, DType dtype,
+              ReduceOp op, std::span<std::byte> out, std::span<std::byte> gather);
+  // Recursive halving and doubling (Rabenseifner's allreduce) of `data` in place, for a
+  // power-of-two size(): 2 log2(N) steps, each with one partner.
+  Status halving(Op& o, std::span<std::byte> data, size_t count, size_t esize, DType dtype,
+                 ReduceOp op);
+  // Recursive doubling of `data` in place (a small allreduce), and the call's end (Op::finish).
+  // With N = 2^k + rem, ranks 2i and 2i+1 for i < rem pair first: the even one offers its
+  // tensor to the odd one, which reduces the two (in rank order) and runs the doubling for
+  // both, then offers the result back. At step i of the doubling a rank exchanges its value
+  // with the rank whose number (among the 2^k) differs in bit i, and both compute lower op
+  // upper, so every rank computes the same expression and gets the same bits.
+  Status doubling(Op& o, std::span<std::byte> data, DType dtype, ReduceOp op);
+  // Chunk q's segments as (byte offset in the tensor, bytes), at most segment_bytes each.
+  std::vector<std::pair<size_t, size_t>> segments(size_t count, size_t esize, int q) const;
+  // Starts a fetch of what rank q offers under the name `object` into `into` (exactly its size),
+  // combined into it with `combine` if set (FetchOptions::combine).
+  FetchRequest fetch_named(int q, const std::string& object, std::span<std::byte> into,
+                           std::chrono::milliseconds timeout, CombineFn combine = {});
+  // The name of rank q's fail marker, offered once that rank's Group has failed (for good).
+  std::string fail_marker(int q) const;
+  // Starts a fetch of rank q's fail marker, parked on that rank until it fails.
+  FetchRequest start_watch(int q);
+
+  Context& ctx_;
+  std::vector<std::string> addresses_;
+  int rank_;
+  GroupOptions options_;
+  size_t busy_wait_below_ = 0;      // options_.busy_wait_below, or what unset means on this machine
+  std::vector<Peer> peers_;         // by rank; invalid for this rank
+  uint64_t seq_ = 0;                // collectives started
+  std::vector<ObjectRef> markers_;  // join, fail and leave markers, kept while it lives
+  // The algorithms' receive space, from the Context's receive pool (registered with every RDMA
+  // device already: fetches into it register nothing), kept across calls and grown to the
+  // largest need (page faults and zeroing of a fresh buffer per call cost about a third of a
+  // large allreduce). No call uses it after it returns: its offers are collected by then.
+  std::shared_ptr<std::byte[]> scratch_;
+  size_t scratch_bytes_ = 0;
+  // scratch_, at least `bytes` of it (contents unspecified), or errc::resource_exhausted.
+  Result<std::span<std::byte>> scratch(size_t bytes);
+  std::atomic<uint64_t> refetches_{0};
+  Status failed_;
+  // A fetch of every other rank's fail marker, parked on it while the Group lives (started by
+  // the first call that fetches from only some ranks; renewed at its timeout): a rank that fails
+  // offers its marker, which completes them at once, so a failure travels the group in one hop
+  // instead of rank by rank at the deadline. Calls check them while they wait.
+  struct Watch {
+    int rank;
+    FetchRequest req;
+    int restarts = 0;  // after its data channel broke
+  };
+  std::vector<Watch> watches_;
+  bool watching_ = false;  // watches_ were started
+  std::byte watch_sink_{};
+  // The byte every marker offers: writable memory (RDMA cannot register read-only pages), owned
+  // with the store (each marker's owner): a peer may still be fetching a marker when the Group
+  // is destroyed (its watch of a failed Group's fail marker), and the store serves it from here.
+  std::shared_ptr<std::byte> marker_ = std::make_shared<std::byte>(std::byte{1});
+};
+
+}  // namespace ferry::collective

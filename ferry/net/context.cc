@@ -1,0 +1,906 @@
+#include "ferry/net/context.h"
+
+#include <algorithm>
+#include <boost/asio/bind_executor.hpp>
+#include <boost/asio/connect.hpp>
+#include <boost/asio/ip/host_name.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/read.hpp>
+#include <boost/asio/ssl/host_name_verification.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/write.hpp>
+#include <cctype>
+#include <cstdlib>
+#include <future>
+#include <random>
+
+#include "ferry/net/address.h"
+#include "ferry/net/completion.h"
+#include "ferry/net/context_impl.h"
+#include "ferry/net/env.h"
+#include "ferry/net/errors.h"
+#include "ferry/net/log.h"
+#include "ferry/net/registry.h"
+#include "ferry/net/session.h"
+#include "ferry/net/socket_util.h"
+#include "ferry/net/system_memory.h"
+#include "ferry/net/tls.h"
+#include "ferry/net/wire_convert.h"
+
+namespace ferry {
+namespace asio = boost::asio;
+using tcp = asio::ip::tcp;
+
+namespace {
+
+uint64_t random_instance() {
+  std::random_device rd;
+  uint64_t v = 0;
+  while (v == 0) v = (uint64_t{rd()} << 32) ^ rd();
+  return v;
+}
+
+bool same_token(const std::string& a, const std::string& b) {
+  if (a.size() != b.size()) return false;
+  unsigned char diff = 0;
+  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
+  return diff == 0;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- Impl
+
+Context::Impl::Impl(ContextOptions opts) : options(std::move(opts)), instance(random_instance()) {
+  if (options.threads < 1) options.threads = 1;
+  pool = std::make_shared<mem::Pool>(mem::PoolOptions{options.pool_bytes, options.pool_idle_trim});
+  tls = make_tls_contexts(options.tls);
+  add_registered_transports(true);
+  for (const auto& name : options.transports) {
+    if (!find_transport(name)) {
+      throw std::system_error(make_error_code(errc::transport_unknown),
+                              "transport '" + name + "' is not registered");
+    }
+  }
+  store.set_gc_hook([this](const StoredObject& object) {
+    {
+      std::lock_guard lock(mu);
+      if (auto it = name_of.find(object.id); it != name_of.end()) {
+        names.erase(it->second);
+        name_of.erase(it);
+      }
+    }
+    for (const auto& t : *transport_list()) {
+      if (object.transport.empty() || t->name() == object.transport) t->garbage_collect(object);
+    }
+  });
+}
+
+ObjectId Context::Impl::find_or_wait_name(const std::string& name,
+                                          const std::shared_ptr<Session>& waiter) {
+  std::lock_guard lock(mu);
+  if (auto it = names.find(name); it != names.end()) return it->second;
+  name_waiters.emplace(name, waiter);
+  return 0;
+}
+
+void Context::Impl::forget_name_wait(const std::string& name, const Session* waiter) {
+  std::lock_guard lock(mu);
+  auto [b, e] = name_waiters.equal_range(name);
+  bool forgotten = false;
+  for (auto it = b; it != e;) {
+    const auto session = it->second.lock();
+    if (!session || (!forgotten && session.get() == waiter)) {
+      forgotten = forgotten || session;
+      it = name_waiters.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+bool Context::Impl::bind_name(const std::string& name, ObjectId id) {
+  std::vector<std::shared_ptr<Session>> wake;
+  {
+    std::lock_guard lock(mu);
+    if (!names.emplace(name, id).second) return false;
+    name_of[id] = name;
+    auto [b, e] = name_waiters.equal_range(name);
+    for (auto it = b; it != e; ++it) {
+      if (auto s = it->second.lock()) wake.push_back(std::move(s));
+    }
+    name_waiters.erase(b, e);
+  }
+  for (auto& s : wake) s->on_named(name);
+  return true;
+}
+
+std::shared_ptr<const Context::Impl::TransportList> Context::Impl::transport_list() const {
+  std::lock_guard lock(transports_mu);
+  return transports_;
+}
+
+bool Context::Impl::add_registered_transports(bool strict) {
+  std::lock_guard lock(transports_mu);
+  auto list = std::make_shared<TransportList>(*transports_);
+  bool added = false;
+  for (auto& entry : detail::registry_snapshot()) {
+    const bool wanted = options.transports.empty() ||
+                        std::find(options.transports.begin(), options.transports.end(),
+                                  entry.name) != options.transports.end();
+    if (!wanted || std::find(tried.begin(), tried.end(), entry.name) != tried.end()) continue;
+    tried.push_back(entry.name);
+    auto made = entry.factory(TransportEnv{io, store, options, pool});
+    if (!made) {
+      if (strict && !options.transports.empty()) throw std::system_error(made.error(), entry.name);
+      FERRY_LOG_INFO("transport {} not available here: {}", entry.name, made.error().message());
+      continue;
+    }
+    list->push_back(std::move(made.value()));
+    added = true;
+  }
+  if (!added) return false;
+  std::stable_sort(list->begin(), list->end(), [](const auto& a, const auto& b) {
+    return a->local_info().priority > b->local_info().priority;
+  });
+  transports_ = std::move(list);
+  return true;
+}
+
+void Context::Impl::broadcast_capabilities() {
+  std::vector<std::shared_ptr<Session>> open;
+  {
+    std::lock_guard lock(mu);
+    for (auto& [id, weak] : sessions) {
+      if (auto s = weak.lock()) open.push_back(std::move(s));
+    }
+  }
+  for (auto& s : open) s->announce_transports();
+}
+
+std::shared_ptr<TransportManager> Context::Impl::find_transport(std::string_view name) const {
+  for (const auto& t : *transport_list()) {
+    if (t->name() == name) return t;
+  }
+  return nullptr;
+}
+
+std::vector<TransportInfo> Context::Impl::local_infos() const {
+  std::vector<TransportInfo> out;
+  for (const auto& t : *transport_list()) out.push_back(t->local_info());
+  return out;
+}
+
+std::string Context::Impl::owner_address() {
+  std::lock_guard lock(mu);
+  return advertise_address.empty() ? listen_address : advertise_address;
+}
+
+ObjectRef Context::Impl::make_ref(const StoredObject& object) {
+  ObjectRef ref;
+  ref.owner = owner_address();
+  ref.object_id = object.id;
+  ref.owner_instance = instance;
+  ref.metadata.transport = object.transport;
+  ref.metadata.extension = object.extension;
+  ref.metadata.exclusive = object.exclusive;
+  for (const auto& t : object.tensors) ref.metadata.tensors.push_back(t.meta);
+  return ref;
+}
+
+void Context::Impl::note_negotiated(const PeerInfo& peer, const std::string& transport) {
+  {
+    std::lock_guard lock(mu);
+    ++negotiated[transport];
+  }
+  auto list = transport_list();
+  const std::string best = list->empty() ? "" : list->front()->name();
+  if (transport != best) {
+    FERRY_LOG_WARN("peer '{}' ({}): using {}; {} is not available to both sides over {} -> {}",
+                   peer.name, peer.address, transport, best, peer.local_ip, peer.remote_ip);
+  } else {
+    FERRY_LOG_INFO("peer '{}' ({}): using {}", peer.name, peer.address, transport);
+  }
+}
+
+void Context::Impl::add_session(const std::shared_ptr<Session>& s) {
+  std::lock_guard lock(mu);
+  sessions[s->local_id()] = s;
+}
+
+void Context::Impl::remove_session(uint64_t local_id) {
+  std::lock_guard lock(mu);
+  sessions.erase(local_id);
+}
+
+std::shared_ptr<Session> Context::Impl::find_session(uint64_t local_id) {
+  std::lock_guard lock(mu);
+  auto it = sessions.find(local_id);
+  return it == sessions.end() ? nullptr : it->second.lock();
+}
+
+void Context::Impl::accept_next() {
+  std::lock_guard lock(mu);
+  if (!acceptor || closed) return;
+  acceptor->async_accept([self = shared_from_this()](boost::system::error_code ec,
+                                                     tcp::socket socket) {
+    if (ec == asio::error::operation_aborted || self->closed) return;
+    if (!ec) {
+      uint64_t failed = 0;
+      {
+        std::lock_guard lock(self->mu);
+        failed = std::exchange(self->accept_failures, 0);
+      }
+      if (failed) FERRY_LOG_WARN("accepting again after {} failed accepts", failed);
+      self->on_accepted(std::move(socket));
+      return self->accept_next();
+    }
+    std::lock_guard lock(self->mu);
+    if (!self->acceptor || self->closed) return;
+    if (self->accept_failures++ == 0) {
+      FERRY_LOG_WARN("accept failed: {}; retrying every {} ms", ec.message(), kAcceptRetry.count());
+    }
+    self->accept_retry.expires_after(kAcceptRetry);
+    self->accept_retry.async_wait([self](boost::system::error_code tec) {
+      if (!tec) self->accept_next();
+    });
+  });
+}
+
+void Context::Impl::on_accepted(tcp::socket socket) {
+  close_on_exec(socket.native_handle());
+  boost::system::error_code ignored;
+  auto remote = socket.remote_endpoint(ignored);
+  auto g = std::make_shared<Greeting>(MetaStream(std::move(socket)), asio::steady_timer(io),
+                                      format_host_port(remote.address().to_string(), remote.port()),
+                                      greeting_bytes);
+  g->timer.expires_after(options.handshake_timeout);
+  g->timer.async_wait([g](boost::system::error_code ec) {
+    if (!ec) g->stream.close();  // silent or too slow: not a peer
+  });
+  auto self = shared_from_this();
+  // The first byte tells a TLS ClientHello from a plain frame (kTlsHandshakeByte).
+  g->stream.socket().async_wait(tcp::socket::wait_read, [self, g](boost::system::error_code ec) {
+    if (ec) return g->finish();
+    unsigned char first = 0;
+    boost::system::error_code rec;
+    const size_t n =
+        g->stream.socket().receive(asio::buffer(&first, 1), tcp::socket::message_peek, rec);
+    if (rec || n != 1) return g->finish();
+    if (first != kTlsHandshakeByte) return self->read_greeting(g);
+    if (!self->tls.server) {
+      FERRY_LOG_WARN(
+          "connection from {} rejected: it speaks TLS, and this context has no TLS "
+          "certificate (ContextOptions::tls)",
+          g->peer);
+      return g->finish();
+    }
+    g->stream.start_tls(*self->tls.server);
+    g->stream.tls().async_handshake(
+        asio::ssl::stream_base::server, [self, g](boost::system::error_code ec) {
+          if (ec) {
+            FERRY_LOG_WARN("TLS handshake with {} failed: {}", g->peer, ec.message());
+            return g->finish();
+          }
+          self->read_greeting(g);
+        });
+  });
+}
+
+void Context::Impl::reject_greeting(const std::shared_ptr<Greeting>& g, std::error_code ec,
+                                    const std::string& why) {
+  FERRY_LOG_WARN("connection from {} rejected: {}", g->peer, why);
+  wire::Envelope env;
+  env.mutable_error()->set_code(static_cast<uint32_t>(ec.value()));
+  env.mutable_error()->set_message(why);
+  env.mutable_error()->set_fatal(true);
+  auto frame = std::make_shared<std::string>(encode_frame(env));
+  g->stream.async_write(asio::buffer(*frame),
+                        [g, frame](boost::system::error_code, size_t) { g->finish(); });
+}
+
+bool Context::Impl::Greeting::reserve(size_t bytes) {
+  if (bytes <= body.size()) return true;
+  // The first kGreetingFirstRead bytes are free: a real Hello fits in them, so a flood that holds
+  // the budget cannot keep an honest peer from saying who it is.
+  const uint64_t charge = bytes > kGreetingFirstRead ? bytes - kGreetingFirstRead : 0;
+  if (charge > charged) {
+    const uint64_t more = charge - charged;
+    if (budget->fetch_add(more) + more > kGreetingBudgetBytes) {
+      budget->fetch_sub(more);
+      return false;
+    }
+    charged = charge;
+  }
+  body.resize(bytes);
+  return true;
+}
+
+void Context::Impl::read_greeting(const std::shared_ptr<Greeting>& g) {
+  auto self = shared_from_this();
+  g->stream.async_read(asio::buffer(g->header), [self, g](boost::system::error_code ec, size_t) {
+    if (ec) return g->finish();
+    const uint32_t len = decode_frame_length(g->header.data());
+    const uint32_t limit = std::min(kMaxHandshakeFrameBytes, self->options.max_frame_bytes);
+    if (len > limit) {
+      return self->reject_greeting(g, errc::frame_too_large,
+                                   "first frame of " + std::to_string(len) +
+                                       " bytes exceeds the handshake maximum of " +
+                                       std::to_string(limit));
+    }
+    g->expected = len;
+    self->read_greeting_body(g);
+  });
+}
+
+void Context::Impl::read_greeting_body(const std::shared_ptr<Greeting>& g) {
+  if (g->got == g->expected) return on_greeting(g);
+  // What has come so far, twice over, at most what is still missing: a peer that announces a
+  // frame and sends nothing holds kGreetingFirstRead bytes.
+  const size_t step = std::min<size_t>(g->expected - g->got, std::max(g->got, kGreetingFirstRead));
+  if (!g->reserve(g->got + step)) {
+    FERRY_LOG_WARN(
+        "connection from {} closed: connections that have not finished their handshake hold "
+        "{} bytes already",
+        g->peer, kGreetingBudgetBytes);
+    return g->finish();
+  }
+  auto self = shared_from_this();
+  g->stream.async_read_some(asio::buffer(g->body.data() + g->got, step),
+                            [self, g](boost::system::error_code ec, size_t n) {
+                              if (ec) return g->finish();
+                              g->got += n;
+                              self->read_greeting_body(g);
+                            });
+}
+
+void Context::Impl::on_greeting(const std::shared_ptr<Greeting>& g) {
+  auto self = shared_from_this();
+  wire::Envelope env;
+  if (parse_envelope(std::string_view(g->body).substr(0, g->got), env)) {
+    return reject_greeting(g, errc::protocol_error, "malformed frame");
+  }
+  if (closed) return reject_greeting(g, errc::context_closed, "shutting down");
+  if (env.has_hello()) {
+    if (options.tls.enabled() && !g->stream.is_tls()) {
+      return reject_greeting(
+          g, errc::tls_required,
+          "this server accepts peers only over TLS (its ContextOptions::tls is set)");
+    }
+    if (!within_wire_limits(env.hello().transports())) {
+      return reject_greeting(g, errc::protocol_error, "Hello lists too many transports or devices");
+    }
+    g->timer.cancel();
+    auto session = std::make_shared<Session>(self, std::move(g->stream), false, g->peer);
+    add_session(session);
+    asio::post(session->strand(), [session, hello = std::move(*env.mutable_hello())] {
+      session->start_server(hello);
+    });
+    return;
+  }
+  if (env.has_attach_channel()) {
+    const auto& a = env.attach_channel();
+    auto session = find_session(a.session_id());
+    if (!session || session->info().initiator || !session->is_open() ||
+        !same_token(session->token(), a.session_token())) {
+      return reject_greeting(g, errc::handshake_failed, "unknown session or bad token");
+    }
+    if (g->stream.is_tls()) {
+      return reject_greeting(g, errc::protocol_error, "data channels are plain TCP, not TLS");
+    }
+    if (!find_transport(a.transport())) {
+      return reject_greeting(g, errc::transport_unknown, "no transport '" + a.transport() + "'");
+    }
+    g->timer.cancel();
+    // On the session's strand, the Ack and then the attach: the peer fetches as soon as it
+    // reads the Ack, and its Fetch, handled on the same strand, must find the channel.
+    asio::post(session->strand(), [session, g, transport = a.transport()] {
+      wire::Envelope ack;
+      ack.mutable_ack();
+      // The socket is fresh and the frame tiny: this write completes at once.
+      boost::system::error_code wec;
+      asio::write(g->stream.socket(), asio::buffer(encode_frame(ack)), wec);
+      if (wec) return g->finish();
+      session->attach_side_connection(transport, g->stream.release_plain());
+    });
+    return;
+  }
+  reject_greeting(g, errc::protocol_error, "expected Hello or AttachChannel as the first frame");
+}
+
+// ---------------------------------------------------------------- Context
+
+namespace {
+constexpr std::pair<RdmaGrants, const char*> kGrantNames[] = {
+    {RdmaGrants::automatic, "auto"},
+    {RdmaGrants::windows, "windows"},
+    {RdmaGrants::registrations, "registrations"},
+    {RdmaGrants::regions, "regions"},
+};
+}  // namespace
+
+std::optional<RdmaGrants> parse_rdma_grants(std::string_view text) {
+  for (const auto& [grants, name] : kGrantNames) {
+    if (text == name) return grants;
+  }
+  return std::nullopt;
+}
+
+RdmaGrants ContextOptions::default_rdma_grants() {
+  const std::string v = env_text("FERRY_RDMA_GRANTS");
+  if (v.empty()) return RdmaGrants::automatic;
+  if (auto g = parse_rdma_grants(v)) return *g;
+  FERRY_LOG_WARN("FERRY_RDMA_GRANTS={} is not auto, windows, registrations or regions: auto", v);
+  return RdmaGrants::automatic;
+}
+
+std::string ContextOptions::default_secret() { return env_text("FERRY_SECRET"); }
+
+size_t ContextOptions::default_pool_bytes() {
+  const size_t fallback = std::min<uint64_t>(uint64_t{2} << 30, physical_memory_bytes() / 4);
+  const std::string v = env_text("FERRY_POOL_BYTES");
+  const size_t bytes = mem::pool_cap_from_env(fallback);
+  if (!v.empty() && bytes == fallback && v != std::to_string(fallback)) {
+    FERRY_LOG_WARN("FERRY_POOL_BYTES={} is not a byte count (such as 1073741824 or 1G): {} bytes",
+                   v, fallback);
+  }
+  return bytes;
+}
+
+void Context::Impl::arm_pool_trim() {
+  const auto period = std::clamp<std::chrono::milliseconds>(
+      options.pool_idle_trim / 2, std::chrono::milliseconds(100), std::chrono::milliseconds(10000));
+  std::lock_guard lock(mu);
+  if (closed) return;
+  pool_timer.expires_after(period);
+  pool_timer.async_wait([weak = weak_from_this()](boost::system::error_code ec) {
+    auto self = weak.lock();
+    if (ec || !self) return;
+    self->pool->trim();
+    self->arm_pool_trim();
+  });
+}
+
+Result<std::shared_ptr<std::byte[]>> Context::allocate(size_t bytes) {
+  if (bytes > physical_memory_bytes()) return errc::resource_exhausted;
+  auto block = impl_->pool->allocate(bytes);
+  if (!block) return errc::resource_exhausted;
+  return block;
+}
+
+PoolStats Context::pool_stats() const {
+  const auto c = impl_->pool->counters();
+  return {c.held_bytes,     c.in_use_bytes,    c.hits,           c.misses, c.fallbacks,
+          c.fallback_bytes, c.regions_created, c.regions_trimmed};
+}
+
+std::string ContextOptions::default_tcp_congestion() { return env_text("FERRY_TCP_CONGESTION"); }
+
+std::string ContextOptions::default_transport() {
+  const std::string v = env_text("FERRY_TRANSPORT");
+  if (v.empty()) return "auto";
+  std::string upper;
+  for (char c : v) upper.push_back(static_cast<char>(std::toupper(static_cast<unsigned char>(c))));
+  if (upper == "AUTO") return "auto";
+  if (upper == "RDMA" || upper == "TCP") return upper;
+  return v;
+}
+
+Context::Context(ContextOptions options) : impl_(std::make_shared<Impl>(std::move(options))) {
+  // A transport registered later is instantiated here too, and peers hear of it.
+  impl_->registry_listener = detail::add_registry_listener([weak = std::weak_ptr<Impl>(impl_)] {
+    auto impl = weak.lock();
+    if (impl && !impl->closed && impl->add_registered_transports(false)) {
+      impl->broadcast_capabilities();
+    }
+  });
+  impl_->work.emplace(asio::make_work_guard(impl_->io));
+  impl_->arm_pool_trim();
+  for (int i = 0; i < impl_->options.threads; ++i) {
+    impl_->threads.emplace_back([impl = impl_.get()] {
+      for (;;) {
+        try {
+          // Sleeps in the reactor between events; parks while a BusyPoll's holder runs the loop.
+          while (impl->io.run_one() > 0) impl->park_while_busy();
+          return;
+        } catch (const std::exception& e) {
+          FERRY_LOG_ERROR("exception escaped a completion handler: {}", e.what());
+        }
+      }
+    });
+  }
+}
+
+Result<std::unique_ptr<Context>> Context::create(ContextOptions options) {
+  try {
+    return std::make_unique<Context>(std::move(options));
+  } catch (const std::system_error& e) {
+    // The code alone ("invalid argument") cannot say which setting is wrong; the text does.
+    FERRY_LOG_ERROR("cannot create a context: {}", e.what());
+    return e.code();
+  }
+}
+
+void Context::Impl::park_while_busy() {
+  using Clock = std::chrono::steady_clock;
+  const auto lingering = [this] { return Clock::now() < linger_end(); };
+  if (busy_polls.load() == 0 && !lingering()) return;
+  std::unique_lock lock(park_mu);
+  ++parked;
+  while (!closed.load() && (busy_polls.load() > 0 || lingering())) {
+    // Timed: a holder that lets go with linger does not notify (see park_slice).
+    park_cv.wait_until(lock, busy_polls.load() > 0
+                                 ? Clock::now() + Clock::duration(park_slice.load())
+                                 : linger_end());
+  }
+  --parked;
+}
+
+void Context::Impl::unpark() {
+  std::lock_guard lock(park_mu);
+  park_cv.notify_all();
+}
+
+Context::BusyPoll::BusyPoll(Context& ctx, std::chrono::microseconds linger)
+    : impl_(ctx.impl_), linger_(linger) {
+  if (linger.count() > 0) {
+    const auto slice =
+        std::chrono::steady_clock::duration(
+            std::max<std::chrono::microseconds>(linger, std::chrono::milliseconds(1)))
+            .count();
+    auto prev = impl_->park_slice.load();
+    while (slice < prev && !impl_->park_slice.compare_exchange_weak(prev, slice)) {
+    }
+    if (slice < prev) impl_->unpark();  // a parked thread may sleep longer than this linger
+  }
+  // Wakes every io thread not parked yet (the one in the reactor and the idle ones), so that
+  // each parks and leaves the reactor to the holder. Threads still parked from an earlier
+  // holder's linger stay so (they check busy_polls under park_mu before they leave).
+  if (impl_->busy_polls.fetch_add(1) == 0) {
+    int parked;
+    {
+      std::lock_guard lock(impl_->park_mu);
+      parked = impl_->parked;
+    }
+    for (size_t i = parked; i < impl_->threads.size(); ++i) asio::post(impl_->io, [] {});
+  }
+}
+
+Context::BusyPoll::~BusyPoll() { end(); }
+
+void Context::BusyPoll::resume(Context& ctx) {
+  auto& impl = *ctx.impl_;
+  if (impl.linger_until.load() == 0) return;
+  impl.linger_until.store(0);
+  impl.unpark();
+}
+
+void Context::BusyPoll::end() {
+  if (!impl_) return;
+  if (linger_.count() > 0) {
+    const auto until = (std::chrono::steady_clock::now() + linger_).time_since_epoch().count();
+    auto prev = impl_->linger_until.load();
+    while (prev < until && !impl_->linger_until.compare_exchange_weak(prev, until)) {
+    }
+  }
+  if (impl_->busy_polls.fetch_sub(1) == 1 && linger_.count() == 0) impl_->unpark();
+  impl_.reset();
+}
+
+Context::BusyPoll& Context::BusyPoll::operator=(BusyPoll&& other) noexcept {
+  if (this != &other) {
+    end();
+    impl_ = std::move(other.impl_);
+    linger_ = other.linger_;
+  }
+  return *this;
+}
+
+size_t Context::BusyPoll::poll() { return poll_or_wait(std::chrono::microseconds(0)); }
+
+size_t Context::BusyPoll::poll_or_wait(std::chrono::microseconds timeout) {
+  if (!impl_) return 0;
+  try {
+    if (size_t n = impl_->io.poll(); n > 0 || timeout.count() <= 0) return n;
+    return impl_->io.run_one_for(timeout);
+  } catch (const std::exception& e) {
+    FERRY_LOG_ERROR("exception escaped a completion handler: {}", e.what());
+    return 1;
+  }
+}
+
+Context::~Context() {
+  close();
+  impl_.reset();
+}
+
+void Context::close() {
+  if (impl_->closed.exchange(true)) return;
+  impl_->unpark();  // the io threads run the loop again, held BusyPolls or not
+  detail::remove_registry_listener(impl_->registry_listener);
+  {
+    std::lock_guard lock(impl_->mu);
+    if (impl_->acceptor) {
+      boost::system::error_code ignored;
+      impl_->acceptor->close(ignored);
+    }
+    impl_->accept_retry.cancel();
+    impl_->pool_timer.cancel();
+  }
+  std::vector<std::shared_ptr<Session>> sessions;
+  {
+    std::lock_guard lock(impl_->mu);
+    for (auto& [id, weak] : impl_->sessions) {
+      if (auto s = weak.lock()) sessions.push_back(std::move(s));
+    }
+  }
+  for (auto& s : sessions) s->close(errc::context_closed);
+  sessions.clear();
+  impl_->work.reset();
+  if (impl_->io.get_executor().running_in_this_thread()) return;  // cannot join from inside
+  // Closing sessions cancels their I/O, so the loop runs out of work; bounded all the same.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (!impl_->io.stopped() && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  if (!impl_->io.stopped()) {
+    FERRY_LOG_WARN("context '{}': work still pending 5 s after close; stopping the loop",
+                   impl_->options.name);
+  }
+  impl_->io.stop();
+  for (auto& t : impl_->threads) {
+    if (t.joinable()) t.join();
+  }
+  // Run what is left (handlers of cancelled operations) so nothing holds a session.
+  impl_->io.restart();
+  impl_->io.poll();
+}
+
+Result<uint16_t> Context::listen(std::string_view host_port) {
+  auto hp = parse_host_port(host_port);
+  if (!hp) return errc::invalid_argument;
+  boost::system::error_code ec;
+  tcp::resolver resolver(impl_->io);
+  auto results = resolver.resolve(hp->host, hp->port, tcp::resolver::passive, ec);
+  if (ec || results.empty()) return errc::invalid_argument;
+  tcp::endpoint endpoint = results.begin()->endpoint();
+  if (impl_->options.tls.enabled() && !impl_->tls.server) {
+    FERRY_LOG_WARN(
+        "listen: TLS is configured without a certificate and key: this context can "
+        "connect over TLS but not accept");
+    return errc::invalid_argument;
+  }
+  tcp::acceptor acceptor(impl_->io);
+  acceptor.open(endpoint.protocol(), ec);
+  if (!ec) close_on_exec(acceptor.native_handle());
+  if (!ec) acceptor.set_option(tcp::acceptor::reuse_address(true), ec);
+  if (!ec) acceptor.bind(endpoint, ec);
+  if (!ec) acceptor.listen(asio::socket_base::max_listen_connections, ec);
+  if (ec) return std::error_code(ec);
+  const uint16_t port = acceptor.local_endpoint().port();
+  {
+    std::lock_guard lock(impl_->mu);
+    impl_->acceptor.emplace(std::move(acceptor));
+    std::string host = hp->host;
+    if (host == "0.0.0.0" || host == "::") host = asio::ip::host_name();
+    impl_->listen_address = format_host_port(host, port);
+  }
+  impl_->accept_next();
+  return port;
+}
+
+std::string Context::address() const { return impl_->owner_address(); }
+
+void Context::set_advertise_address(std::string host_port) {
+  std::lock_guard lock(impl_->mu);
+  impl_->advertise_address = std::move(host_port);
+}
+
+void Context::start_connect(std::shared_ptr<Impl> impl, std::string address,
+                            ConnectHandler handler) {
+  auto io_ex = impl->io.get_executor();
+  auto deliver = [io_ex](ConnectHandler h, std::error_code ec, Peer peer) {
+    detail::post_completion(io_ex, std::move(h), boost::system::error_code(ec), std::move(peer));
+  };
+  auto hp = parse_host_port(address);
+  if (!hp || impl->closed) {
+    deliver(std::move(handler), impl->closed ? errc::context_closed : errc::invalid_argument, {});
+    return;
+  }
+  struct Op {
+    tcp::resolver resolver;
+    tcp::socket socket;
+    asio::steady_timer timer;
+    ConnectHandler handler;
+    bool timed_out = false;
+    std::optional<MetaStream> stream;  // once connected (TLS handshakes under the same deadline)
+  };
+  auto op = std::make_shared<Op>(Op{tcp::resolver(impl->io), tcp::socket(impl->io),
+                                    asio::steady_timer(impl->io), std::move(handler)});
+  op->timer.expires_after(impl->options.connect_timeout);
+  op->timer.async_wait([op](boost::system::error_code ec) {
+    if (ec) return;
+    op->timed_out = true;
+    op->resolver.cancel();
+    boost::system::error_code ignored;
+    if (op->stream) {
+      op->stream->close();
+    } else {
+      op->socket.close(ignored);
+    }
+  });
+  auto start_session = [impl, op, deliver, address](MetaStream stream) {
+    auto session = std::make_shared<Session>(impl, std::move(stream), true, address);
+    impl->add_session(session);
+    asio::post(session->strand(), [impl, op, session, deliver] {
+      session->start_client(impl->options.transport, [op, session, deliver](std::error_code ec) {
+        deliver(std::move(op->handler), ec, ec ? Peer() : Peer(session));
+      });
+    });
+  };
+  op->resolver.async_resolve(
+      hp->host, hp->port,
+      [impl, op, deliver, address, start_session, host = hp->host](
+          boost::system::error_code ec, tcp::resolver::results_type results) {
+        if (ec) {
+          op->timer.cancel();
+          FERRY_LOG_INFO("resolve {} failed: {}", host, ec.message());
+          return deliver(std::move(op->handler),
+                         op->timed_out ? errc::timed_out : errc::host_unresolved, {});
+        }
+        asio::async_connect(
+            op->socket, results,
+            [impl, op, deliver, address, start_session, host](boost::system::error_code ec,
+                                                              const auto&) {
+              if (ec) {
+                op->timer.cancel();
+                FERRY_LOG_INFO("connect to {} failed: {}", address, ec.message());
+                return deliver(std::move(op->handler),
+                               op->timed_out ? errc::timed_out
+                               : ec == boost::asio::error::connection_refused
+                                   ? errc::connection_refused
+                                   : errc::connection_failed,
+                               {});
+              }
+              close_on_exec(op->socket.native_handle());
+              if (!impl->options.tls.enabled()) {
+                op->timer.cancel();
+                return start_session(MetaStream(std::move(op->socket)));
+              }
+              if (!impl->tls.client) {
+                op->timer.cancel();
+                FERRY_LOG_WARN("TLS to {}: no CA configured to verify the server (TlsOptions::ca)",
+                               address);
+                return deliver(std::move(op->handler), errc::tls_failed, {});
+              }
+              op->stream.emplace(std::move(op->socket));
+              op->stream->start_tls(*impl->tls.client);
+              auto& tls = op->stream->tls();
+              // The server's certificate must name the host (or IP address) we dialled.
+              tls.set_verify_callback(asio::ssl::host_name_verification(host));
+              boost::system::error_code not_ip;
+              asio::ip::make_address(host, not_ip);
+              if (not_ip) SSL_set_tlsext_host_name(tls.native_handle(), host.c_str());
+              tls.async_handshake(
+                  asio::ssl::stream_base::client,
+                  [op, deliver, address, start_session](boost::system::error_code ec) {
+                    op->timer.cancel();
+                    if (ec) {
+                      FERRY_LOG_WARN("TLS handshake with {} failed: {}", address, ec.message());
+                      return deliver(std::move(op->handler),
+                                     op->timed_out ? errc::timed_out : errc::tls_failed, {});
+                    }
+                    start_session(std::move(*op->stream));
+                  });
+            });
+      });
+}
+
+Result<Peer> Context::connect(std::string address) {
+  std::promise<std::pair<std::error_code, Peer>> promise;
+  auto future = promise.get_future();
+  start_connect(impl_, std::move(address), [&promise](boost::system::error_code ec, Peer peer) {
+    promise.set_value({std::error_code(ec), std::move(peer)});
+  });
+  // Both phases carry their own deadlines; this one only guards against a bug.
+  const auto limit =
+      impl_->options.connect_timeout + impl_->options.handshake_timeout + std::chrono::seconds(5);
+  if (future.wait_for(limit) != std::future_status::ready) return errc::timed_out;
+  auto [ec, peer] = future.get();
+  if (ec) return ec;
+  return peer;
+}
+
+Result<ObjectRef> Context::put(std::vector<Tensor> tensors, std::shared_ptr<void> owner,
+                               PutOptions options) {
+  for (auto& t : tensors) {
+    if (t.meta.nbytes == 0 && t.meta.shape.empty()) t.meta = TensorMeta::bytes(t.data.size());
+    if (t.meta.nbytes != t.data.size()) return errc::size_mismatch;
+  }
+  if (!options.transport.empty() && !impl_->find_transport(options.transport)) {
+    return errc::transport_unknown;
+  }
+  auto& store = impl_->store;
+  const ObjectId id = options.copy ? store.put_copy(tensors, options.transport)
+                                   : store.put(std::move(tensors), std::move(owner),
+                                               options.transport, {}, options.region);
+  auto object = store.find(id);
+  TransportMetadata md;
+  for (const auto& t : *impl_->transport_list()) {
+    if (!options.transport.empty() && t->name() != options.transport) continue;
+    if (auto ec = t->extract_metadata(*object, md)) {
+      store.release(id);
+      return ec;
+    }
+  }
+  if (!md.extension.empty()) store.set_extension(id, md.extension);
+  if (options.on_sent || options.on_served) {
+    store.set_serve_hooks(id, std::move(options.on_sent), std::move(options.on_served));
+  }
+  if (options.exclusive) {
+    if (options.transport.empty()) {
+      store.release(id);
+      return errc::invalid_argument;  // exclusive to which transport?
+    }
+    store.set_exclusive(id);
+  }
+  if (!options.name.empty() && !impl_->bind_name(options.name, id)) {
+    store.release(id);
+    return errc::invalid_argument;  // the name is taken
+  }
+  return impl_->make_ref(*store.find(id));
+}
+
+bool Context::release(const ObjectRef& ref) {
+  if (ref.owner_instance != impl_->instance) return false;
+  return impl_->store.release(ref.object_id);
+}
+
+std::vector<ObjectRef> Context::refs() const {
+  std::vector<ObjectRef> out;
+  for (ObjectId id : impl_->store.ids()) {
+    if (auto object = impl_->store.find(id)) out.push_back(impl_->make_ref(*object));
+  }
+  return out;
+}
+
+ObjectStore& Context::store() { return impl_->store; }
+
+std::vector<std::string> Context::transports() const {
+  std::vector<std::string> out;
+  for (const auto& t : *impl_->transport_list()) out.push_back(t->name());
+  return out;
+}
+
+std::shared_ptr<TransportManager> Context::transport(std::string_view name) const {
+  return impl_->find_transport(name);
+}
+
+size_t Context::peer_count() const {
+  std::lock_guard lock(impl_->mu);
+  size_t n = 0;
+  for (const auto& [id, weak] : impl_->sessions) {
+    if (auto s = weak.lock(); s && s->is_open()) ++n;
+  }
+  return n;
+}
+
+std::map<std::string, uint64_t> Context::transport_counts() const {
+  std::lock_guard lock(impl_->mu);
+  return impl_->negotiated;
+}
+
+Stats Context::stats() const {
+  Stats s;
+  impl_->stats->snapshot(s);
+  s.connections_by_transport = transport_counts();
+  s.peers = peer_count();
+  s.pool = pool_stats();
+  return s;
+}
+
+boost::asio::io_context& Context::io_context() { return impl_->io; }
+const ContextOptions& Context::options() const { return impl_->options; }
+uint64_t Context::instance() const { return impl_->instance; }
+
+}  // namespace ferry

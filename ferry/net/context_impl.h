@@ -1,0 +1,178 @@
+// Context::Impl (internal): the state behind a Context, shared with its sessions.
+#pragma once
+
+#include <atomic>
+#include <boost/asio/executor_work_guard.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <unordered_map>
+
+#include <vector>
+#include "ferry/store/object_store.h"
+
+#include <array>
+#include <boost/asio/steady_timer.hpp>
+
+#include "ferry/mem/pool.h"
+#include "ferry/net/context.h"
+#include "ferry/net/meta_stream.h"
+#include "ferry/net/stats.h"
+#include "ferry/net/tls.h"
+
+namespace ferry {
+
+class Session;
+
+struct Context::Impl : std::enable_shared_from_this<Context::Impl> {
+  explicit Impl(ContextOptions opts);
+
+  ContextOptions options;
+  TlsContexts tls;  // from options.tls
+  boost::asio::io_context io;
+  std::optional<boost::asio::executor_work_guard<boost::asio::io_context::executor_type>> work;
+  std::vector<std::thread> threads;
+  ObjectStore store;
+  // The receive pool (ContextOptions::pool_bytes); shared with the transports (TransportEnv) and
+  // kept alive by every block it handed out.
+  std::shared_ptr<mem::Pool> pool;
+  // Gives the pool's idle regions back every pool_idle_trim / 2 (at least every 100 ms, at most
+  // every 10 s); cancelled by close(), under mu.
+  boost::asio::steady_timer pool_timer{io};
+  void arm_pool_trim();
+  using TransportList = std::vector<std::shared_ptr<TransportManager>>;
+  // The transports instantiated so far, best first. Replaced (never changed in place) when a
+  // transport registered later is added; read it through transport_list().
+  std::shared_ptr<const TransportList> transports_ = std::make_shared<TransportList>();
+  mutable std::mutex transports_mu;
+  std::vector<std::string> tried;  // registry entries already instantiated or refused
+  uint64_t registry_listener = 0;
+
+  std::shared_ptr<const TransportList> transport_list() const;
+  // Instantiates registry entries this context has not tried yet (all wanted ones, or those in
+  // options.transports). Returns true when one was added. `strict`: a failure throws.
+  bool add_registered_transports(bool strict);
+  // Tells every open peer this side's transports (after one was added).
+  void broadcast_capabilities();
+  const uint64_t instance;
+
+  std::mutex mu;
+  std::optional<boost::asio::ip::tcp::acceptor> acceptor;
+  std::string listen_address;
+  std::string advertise_address;
+  // Named objects (PutOptions::name) and the sessions with fetches waiting for a name; under mu.
+  std::unordered_map<std::string, ObjectId> names;
+  std::unordered_map<ObjectId, std::string> name_of;
+  std::unordered_multimap<std::string, std::weak_ptr<Session>> name_waiters;
+  // The object named `name`, or 0 after registering `waiter` to hear of it (Session::on_named).
+  ObjectId find_or_wait_name(const std::string& name, const std::shared_ptr<Session>& waiter);
+  // Forgets one wait of `waiter` for `name` (its request was cancelled or expired, or its session
+  // ended), and any wait whose session is gone: waits never outlive their requests.
+  void forget_name_wait(const std::string& name, const Session* waiter);
+  // Binds `name` to `id` and wakes its waiters; false if the name is taken.
+  bool bind_name(const std::string& name, ObjectId id);
+  std::unordered_map<uint64_t, std::weak_ptr<Session>> sessions;  // by local id
+  std::atomic<uint64_t> next_session_id{1};
+  std::atomic<bool> closed{false};
+  std::atomic<int> busy_polls{0};  // Context::BusyPoll held
+  // While a BusyPoll is held, and until `linger_until` after the last one ended (BusyPoll's
+  // linger), the io threads park here (the holders run the io_context); notified when the last
+  // holder without linger ends, when park_slice shrinks, and on close. `parked` (under
+  // park_mu): io threads parked.
+  std::mutex park_mu;
+  std::condition_variable park_cv;
+  int parked = 0;
+  std::atomic<std::chrono::steady_clock::rep> linger_until{0};  // steady_clock ticks
+  // How long a parked io thread sleeps at a time while a BusyPoll is held: the shortest linger
+  // any holder has had (1 ms at least; 1 s while none had one). A holder that ends with linger
+  // notifies no one, and a thread that went to sleep before that end wakes by the end's
+  // linger_until, so the wait is never longer than the linger; shorter slices only wake the
+  // thread more often on a core the holders keep busy.
+  std::atomic<std::chrono::steady_clock::rep> park_slice{
+      std::chrono::steady_clock::duration(std::chrono::seconds(1)).count()};
+  std::chrono::steady_clock::time_point linger_end() const {
+    return std::chrono::steady_clock::time_point(
+        std::chrono::steady_clock::duration(linger_until.load()));
+  }
+  void park_while_busy();
+  void unpark();
+  std::map<std::string, uint64_t> negotiated;  // under mu
+  // Context::stats()'s counters (fetches count themselves through FetchState).
+  std::shared_ptr<detail::StatsRecorder> stats = std::make_shared<detail::StatsRecorder>();
+
+  // Counts the transport a new peer connection chose and says so once, loudly when it is not
+  // the best this side has (the peer, or the route to it, lacks it).
+  void note_negotiated(const PeerInfo& peer, const std::string& transport);
+
+  std::shared_ptr<TransportManager> find_transport(std::string_view name) const;
+  std::vector<TransportInfo> local_infos() const;
+  std::string owner_address();
+  ObjectRef make_ref(const StoredObject& object);
+
+  void add_session(const std::shared_ptr<Session>& s);
+  void remove_session(uint64_t local_id);
+  std::shared_ptr<Session> find_session(uint64_t local_id);
+
+  // A new connection's first frame says what it is: Hello (a peer) or AttachChannel (a data
+  // channel of an existing session). Read exactly one frame (after TLS, when the connection
+  // starts with a ClientHello), with a deadline.
+  //
+  // Before it has said who it is, a connection costs a bounded, small amount of memory whatever
+  // it announces: its first frame may be at most kMaxHandshakeFrameBytes (ferry/net/frame.h), and
+  // the body is buffered as it arrives (kGreetingFirstRead bytes, then twice what has come), never
+  // at the announced size. What every greeting buffers beyond its first kGreetingFirstRead bytes is
+  // charged to one budget of kGreetingBudgetBytes; a connection whose next read would exceed it
+  // is closed. So N connections that have not said who they are hold at most
+  // N x kGreetingFirstRead + kGreetingBudgetBytes of buffers (docs/security.md).
+  static constexpr size_t kGreetingFirstRead = 512;
+  static constexpr uint64_t kGreetingBudgetBytes = 16u << 20;
+  std::shared_ptr<std::atomic<uint64_t>> greeting_bytes =
+      std::make_shared<std::atomic<uint64_t>>(0);
+  struct Greeting {
+    Greeting(MetaStream s, boost::asio::steady_timer t, std::string from,
+             std::shared_ptr<std::atomic<uint64_t>> b)
+        : stream(std::move(s)), timer(std::move(t)), peer(std::move(from)), budget(std::move(b)) {}
+    Greeting(const Greeting&) = delete;
+    Greeting& operator=(const Greeting&) = delete;
+    MetaStream stream;
+    boost::asio::steady_timer timer;
+    std::array<unsigned char, 4> header{};
+    std::string body;
+    std::string peer;
+    std::shared_ptr<std::atomic<uint64_t>> budget;  // Impl::greeting_bytes
+    uint32_t expected = 0;                          // the body length the header announced
+    size_t got = 0;                                 // body bytes read so far
+    uint64_t charged = 0;                           // bytes of `budget` this greeting holds
+    ~Greeting() {
+      if (charged) budget->fetch_sub(charged);
+    }
+    // Grows the body buffer to `bytes`, charging the budget; false (nothing grown) when the
+    // budget cannot take it.
+    bool reserve(size_t bytes);
+    // Not a peer after all (or an error): close, and end the deadline so nothing waits on it.
+    void finish() {
+      stream.close();
+      timer.cancel();
+    }
+  };
+  // Accepts the next connection. After a failed accept (out of file descriptors: EMFILE, ENFILE,
+  // ENOBUFS) it waits kAcceptRetry before trying again, instead of spinning on a listen queue it
+  // cannot empty; the first failure of a run is logged, and the count when accepting works again.
+  void accept_next();
+  static constexpr std::chrono::milliseconds kAcceptRetry{50};
+  boost::asio::steady_timer accept_retry{io};  // under mu
+  uint64_t accept_failures = 0;                // in a row; under mu
+  void on_accepted(boost::asio::ip::tcp::socket socket);
+  void read_greeting(const std::shared_ptr<Greeting>& g);
+  void read_greeting_body(const std::shared_ptr<Greeting>& g);
+  void on_greeting(const std::shared_ptr<Greeting>& g);
+  void reject_greeting(const std::shared_ptr<Greeting>& g, std::error_code ec,
+                       const std::string& why);
+};
+
+}  // namespace ferry

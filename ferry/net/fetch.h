@@ -1,0 +1,150 @@
+// FetchRequest and FetchResult: the two ways to hold a fetch in flight.
+//
+// A fetch completes exactly once: with success, an error, a timeout (its own deadline) or
+// operation aborted. Once it has completed, ferry never touches its target buffers again.
+#pragma once
+
+#include <boost/asio/any_completion_handler.hpp>
+#include <boost/asio/any_io_executor.hpp>
+#include <boost/system/error_code.hpp>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "ferry/net/object_ref.h"
+#include "ferry/store/tensor.h"
+
+namespace ferry {
+
+// What a fetch produced. On failure the handler still gets ref, transport and elapsed; the
+// tensors must not be read then.
+struct FetchResult {
+  ObjectRef ref;
+  std::vector<MutableBuffer> tensors;    // where each tensor landed
+  std::shared_ptr<std::byte[]> storage;  // owns the memory when ferry allocated it; null otherwise
+  std::string transport;                 // the transport that moved the bytes
+  uint64_t bytes = 0;
+  std::chrono::nanoseconds elapsed{0};
+  // Times the fetch was started again because its data channel broke under it (at most
+  // kMaxFetchRestarts; PeerLink::restart_fetch): 0 for almost every fetch.
+  uint32_t restarts = 0;
+};
+
+// How many times one fetch is started again over a new data channel when its channel broke
+// while its peer lives (a one-sided transport's queue pair flushed, stalled or reset).
+inline constexpr uint32_t kMaxFetchRestarts = 3;
+
+// FetchOptions::combine: gets a piece of a target and the bytes that arrived for it (the same
+// size) and stores what the piece should hold.
+using CombineFn =
+    std::function<void(std::span<std::byte> target, std::span<const std::byte> arrived)>;
+
+struct FetchOptions {
+  std::string transport;                 // "" = the ref's transport if both sides have it,
+                                         // else the one negotiated for the peer
+  std::chrono::milliseconds timeout{0};  // fetch deadline; 0 = none (peer liveness still bounds it)
+  // Optional: combine the arriving bytes into the targets instead of overwriting them (CombineFn);
+  // it runs on the peer's strand, once per
+  // piece, every byte of each target exactly once, in order within a tensor. A transport that
+  // streams (TCP) calls it as the bytes arrive, from a small buffer, so the bytes never land
+  // whole anywhere; others land them in a buffer of their own and call it once per non-empty
+  // tensor when the fetch succeeds. On failure the targets may hold a partial combination (TCP).
+  CombineFn combine;
+};
+
+// Completion signature of async_fetch. The error_code wraps a std::error_code of ferry's category
+// (std::error_code(ec) recovers it), so Asio's use_future / use_awaitable throw
+// boost::system::system_error on failure and as_tuple(...) delivers it without throwing.
+using FetchSignature = void(boost::system::error_code, FetchResult);
+using FetchHandler = boost::asio::any_completion_handler<FetchSignature>;
+
+namespace detail {
+
+class StatsRecorder;
+
+// Shared by the FetchRequest handle, the session that runs the fetch and the handler.
+class FetchState {
+ public:
+  FetchState(uint64_t id, boost::asio::any_io_executor io_executor);
+
+  uint64_t id() const { return id_; }
+
+  // First call wins; later ones return false. Wakes waiters and posts the handler, if any
+  // (never runs it inline).
+  bool complete(std::error_code ec);
+
+  // Blocks until completion or `timeout` (negative: no limit; zero: poll). Returns the fetch's
+  // error, or errc::timed_out when the wait itself ran out (the fetch goes on).
+  std::error_code wait(std::chrono::milliseconds timeout);
+  bool done() const;
+  // std::nullopt while in flight; then the fetch's own result (empty on success).
+  std::optional<std::error_code> outcome() const;
+
+  // The result is filled by the session before completion; read it only after done().
+  FetchResult& result() { return result_; }
+
+  void set_handler(FetchHandler handler);
+  // Counts this fetch in `stats` when it completes (its outcome, bytes, transport and the time
+  // since `started`). Before the fetch can complete; the session's thread.
+  void set_stats(std::shared_ptr<StatsRecorder> stats,
+                 std::chrono::steady_clock::time_point started);
+  // Asks the running side to abort (set by the session). Safe from any thread, any time.
+  void set_abort_hook(std::function<void()> hook);
+  void request_abort();
+
+ private:
+  const uint64_t id_;
+  boost::asio::any_io_executor io_executor_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  std::error_code ec_;
+  FetchResult result_;
+  // optional: Boost 1.81's any_completion_handler cannot be moved while empty.
+  std::optional<FetchHandler> handler_;
+  std::function<void()> abort_hook_;
+  std::shared_ptr<StatsRecorder> stats_;
+  std::chrono::steady_clock::time_point started_;
+};
+
+}  // namespace detail
+
+// The TransportManager-style handle of one fetch (Ray's FetchRequest). Copyable; all copies
+// refer to the same fetch. Methods are thread-safe.
+class FetchRequest {
+ public:
+  FetchRequest() = default;
+  explicit FetchRequest(std::shared_ptr<detail::FetchState> state) : state_(std::move(state)) {}
+
+  bool valid() const { return state_ != nullptr; }
+  uint64_t id() const { return state_ ? state_->id() : 0; }
+
+  // -1 (any negative) waits without limit, 0 polls, a positive timeout returns errc::timed_out
+  // when it expires (the fetch itself continues). Otherwise returns the fetch's own result:
+  // success, or the error it completed with. Do not call from a ferry completion handler.
+  std::error_code wait(std::chrono::milliseconds timeout) const;
+  bool done() const { return state_ && state_->done(); }
+  // Non-blocking and unambiguous: std::nullopt while the fetch is in flight, then its own result
+  // (an empty error_code on success). Unlike wait(), a timeout here is always the fetch's own.
+  // An invalid (default-constructed) request reports errc::invalid_argument.
+  std::optional<std::error_code> outcome() const;
+
+  // The result, valid once done() and successful.
+  FetchResult& result() const { return state_->result(); }
+
+  // Asks for the fetch to stop. Completes it with errc::aborted unless it completed first;
+  // asynchronous: wait() observes it. The peer stays usable.
+  void abort() const;
+
+ private:
+  std::shared_ptr<detail::FetchState> state_;
+};
+
+}  // namespace ferry

@@ -1,0 +1,75 @@
+// What a Context has done since it started: fetches and serves, bytes, errors by code, fetch
+// latency, connections by transport, the receive pool. Context::stats() takes a snapshot;
+// prometheus_text() formats one for a scraper (`ferry serve --metrics` serves it).
+#pragma once
+
+#include <array>
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <system_error>
+
+#include "ferry/net/context.h"
+
+namespace ferry {
+
+// Fetch latency (issue to completion), in buckets of upper bounds 2^i microseconds, i = 0 ..
+// kBuckets - 2 (1 us .. about 67 s), and one for everything slower.
+struct LatencyHistogram {
+  static constexpr int kBuckets = 28;
+  std::array<uint64_t, kBuckets> counts{};  // per bucket, not cumulative
+  uint64_t count = 0;
+  double sum_seconds = 0;
+  // Bucket i's upper bound in seconds (infinity for the last).
+  static double upper_bound_seconds(int i);
+  void add(std::chrono::nanoseconds latency);
+};
+
+struct Stats {
+  // Fetches this side issued on a connected peer (each counted once, when it completes).
+  uint64_t fetches_succeeded = 0;
+  uint64_t fetches_failed = 0;
+  uint64_t bytes_fetched = 0;
+  std::map<std::string, uint64_t> fetch_errors;  // by errc name ("timed_out", ...)
+  std::map<std::string, uint64_t> bytes_fetched_by_transport;
+  LatencyHistogram fetch_latency;  // successful fetches
+  // Requests this side served (ended: every byte sent, or failed).
+  uint64_t serves_succeeded = 0;
+  uint64_t serves_failed = 0;
+  uint64_t bytes_served = 0;
+  std::map<std::string, uint64_t> serve_errors;  // by errc name, refusals included
+  std::map<std::string, uint64_t> bytes_served_by_transport;
+  // Peer connections that negotiated each transport; peers connected now.
+  std::map<std::string, uint64_t> connections_by_transport;
+  uint64_t peers = 0;
+  PoolStats pool;
+};
+
+// `stats` in Prometheus' text exposition format (version 0.0.4), every metric named
+// `<prefix>_...` with # HELP and # TYPE lines; `labels` (e.g. `instance="a"`, may be empty) is
+// added to every sample.
+std::string prometheus_text(const Stats& stats, std::string_view prefix = "ferry",
+                            std::string_view labels = {});
+
+namespace detail {
+
+// The counters behind Context::stats(), shared with every session and fetch of the context
+// (they may outlive it). Thread-safe: one mutex, taken once per fetch or serve.
+class StatsRecorder {
+ public:
+  void fetch_done(const std::error_code& ec, uint64_t bytes, const std::string& transport,
+                  std::chrono::nanoseconds latency);
+  void serve_done(const std::error_code& ec, uint64_t bytes, const std::string& transport);
+  // Copies the counters into `out` (its other fields untouched).
+  void snapshot(Stats& out) const;
+
+ private:
+  mutable std::mutex mu_;
+  Stats s_;
+};
+
+}  // namespace detail
+}  // namespace ferry

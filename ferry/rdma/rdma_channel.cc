@@ -1,0 +1,650 @@
+#include "ferry/rdma/rdma_channel.h"
+
+#include <fcntl.h>
+
+#include <algorithm>
+#include <boost/asio/bind_executor.hpp>
+#include <boost/asio/post.hpp>
+#include <cstring>
+#include <random>
+
+#include "ferry/net/errors.h"
+#include "ferry/net/log.h"
+
+namespace ferry::rdma {
+namespace asio = boost::asio;
+
+namespace {
+
+constexpr uint64_t kReadChunk = 1u << 20;  // bytes per READ work request
+// READs one fetch may have posted at once. Bounds what an abort must wait for (posted READs
+// cannot be recalled) and keeps a large fetch from starving small ones; 8 MiB in flight is
+// well above the bandwidth-delay product of any RDMA link.
+constexpr uint32_t kWindow = 8;
+constexpr unsigned kAckBatch = 64;  // CQ events acknowledged at once
+constexpr int kPollBatch = 32;
+constexpr auto kSafetyNet = std::chrono::seconds(1);
+// Work requests that bind memory windows carry the lease's request id with this bit set, apart
+// from the READs (which carry the fetch's request id; ids never reach it).
+constexpr uint64_t kBindBit = 1ull << 63;
+
+}  // namespace
+
+RdmaChannel::RdmaChannel(std::shared_ptr<Device> device, Address address,
+                         std::shared_ptr<PeerLink> link, ChannelOptions options)
+    : device_(std::move(device)),
+      address_(address),
+      link_(link),
+      strand_(link->strand()),
+      options_(options),
+      cq_fd_(strand_.get_inner_executor()),
+      safety_timer_(strand_.get_inner_executor()) {}
+
+RdmaChannel::~RdmaChannel() {
+  // Order matters: grant registrations and windows before the QP and its PD, the QP before its
+  // CQ and PD, every CQ event acked before the CQ goes, and the completion channel's fd is the
+  // channel's to close, not Asio's.
+  leases_.clear();
+  retired_.clear();
+  qp_.reset();
+  if (cq_ && unacked_events_) ibv_ack_cq_events(cq_.get(), unacked_events_);
+  cq_.reset();
+  if (cq_fd_.is_open()) cq_fd_.release();
+  comp_channel_.reset();
+  own_pd_.reset();
+}
+
+std::error_code RdmaChannel::init(bool serves) {
+  ibv_context* ctx = device_->context();
+  pd_ = device_->pd();
+  if (serves && device_->grants() == RdmaGrants::registrations) {
+    own_pd_ = device_->alloc_pd();
+    if (!own_pd_) return last_errno();
+    pd_ = own_pd_.get();
+  }
+  const auto& attr = device_->attr();
+  sq_depth_ = static_cast<uint32_t>(std::min(256, attr.max_qp_wr));
+  max_rd_ = static_cast<uint32_t>(std::clamp(attr.max_qp_rd_atom, 1, 16));
+  comp_channel_.reset(ibv_create_comp_channel(ctx));
+  if (!comp_channel_) return last_errno();
+  const int flags = fcntl(comp_channel_->fd, F_GETFL);
+  if (fcntl(comp_channel_->fd, F_SETFL, flags | O_NONBLOCK) != 0) return last_errno();
+  cq_.reset(ibv_create_cq(ctx, static_cast<int>(sq_depth_ + 8), this, comp_channel_.get(), 0));
+  if (!cq_) return last_errno();
+  ibv_qp_init_attr init{};
+  init.send_cq = cq_.get();
+  init.recv_cq = cq_.get();
+  init.qp_type = IBV_QPT_RC;
+  init.cap.max_send_wr = sq_depth_;
+  init.cap.max_recv_wr = 1;
+  init.cap.max_send_sge = 1;
+  init.cap.max_recv_sge = 1;
+  qp_ = device_->create_qp(pd_, init);
+  if (!qp_) return last_errno();
+  ibv_qp_attr a{};
+  a.qp_state = IBV_QPS_INIT;
+  a.pkey_index = 0;
+  a.port_num = address_.port;
+  a.qp_access_flags = IBV_ACCESS_REMOTE_READ;
+  if (ibv_modify_qp(qp_.get(), &a,
+                    IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS) != 0) {
+    return last_errno();
+  }
+  psn_ = std::random_device{}() & 0xffffff;
+  boost::system::error_code ec;
+  cq_fd_.assign(comp_channel_->fd, ec);
+  return ec;
+}
+
+wire::QpInfo RdmaChannel::local_info() const {
+  wire::QpInfo info;
+  info.set_qpn(qp_->qp_num);
+  info.set_psn(psn_);
+  info.set_gid(std::string(reinterpret_cast<const char*>(address_.gid.raw), 16));
+  info.set_mtu(address_.mtu);
+  info.set_max_rd(max_rd_);
+  return info;
+}
+
+std::error_code RdmaChannel::connect(const wire::QpInfo& remote) {
+  if (remote.gid().size() != 16) return make_error_code(errc::protocol_error);
+  ibv_qp_attr a{};
+  a.qp_state = IBV_QPS_RTR;
+  a.path_mtu = static_cast<ibv_mtu>(std::min<uint32_t>(address_.mtu, remote.mtu()));
+  a.dest_qp_num = remote.qpn();
+  a.rq_psn = remote.psn() & 0xffffff;
+  a.max_dest_rd_atomic = static_cast<uint8_t>(max_rd_);
+  a.min_rnr_timer = 12;
+  a.ah_attr.is_global = 1;
+  std::memcpy(a.ah_attr.grh.dgid.raw, remote.gid().data(), 16);
+  a.ah_attr.grh.sgid_index = static_cast<uint8_t>(address_.gid_index);
+  a.ah_attr.grh.hop_limit = 64;
+  a.ah_attr.port_num = address_.port;
+  if (ibv_modify_qp(qp_.get(), &a,
+                    IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
+                        IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER) != 0) {
+    return last_errno();
+  }
+  a = ibv_qp_attr{};
+  a.qp_state = IBV_QPS_RTS;
+  a.timeout = 17;  // ~0.5 s per try: software RDMA under emulation can be that slow
+  a.retry_cnt = 7;
+  a.rnr_retry = 7;
+  a.sq_psn = psn_;
+  a.max_rd_atomic = static_cast<uint8_t>(std::clamp<uint32_t>(
+      std::min<uint32_t>(remote.max_rd(), device_->attr().max_qp_init_rd_atom), 1, 16));
+  if (ibv_modify_qp(qp_.get(), &a,
+                    IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
+                        IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC) != 0) {
+    return last_errno();
+  }
+  connected_ = true;
+  if (ibv_req_notify_cq(cq_.get(), 0) != 0) return last_errno();
+  watch();
+  return {};
+}
+
+// ---------------------------------------------------------------- completions
+
+void RdmaChannel::watch() {
+  if (closed_ || options_.busy_poll) return;
+  cq_fd_.async_wait(
+      asio::posix::stream_descriptor::wait_read,
+      asio::bind_executor(strand_, [self = shared_from_this()](boost::system::error_code ec) {
+        if (ec || self->closed_) return;
+        self->on_cq_event();
+      }));
+}
+
+void RdmaChannel::on_cq_event() {
+  ibv_cq* cq = nullptr;
+  void* context = nullptr;
+  while (ibv_get_cq_event(comp_channel_.get(), &cq, &context) == 0) ++unacked_events_;
+  if (unacked_events_ >= kAckBatch) {
+    ibv_ack_cq_events(cq_.get(), unacked_events_);
+    unacked_events_ = 0;
+  }
+  // Re-arm before draining: a completion that lands after the drain raises a new event.
+  ibv_req_notify_cq(cq_.get(), 0);
+  drain();
+  watch();
+}
+
+void RdmaChannel::drain() {
+  ibv_wc wcs[kPollBatch];
+  int n;
+  while (!closed_ && (n = ibv_poll_cq(cq_.get(), kPollBatch, wcs)) > 0) {
+    for (int i = 0; i < n; ++i) {
+      const ibv_wc& wc = wcs[i];
+      ++completions_;
+      if (in_flight_) --in_flight_;
+      if (wc.wr_id & kBindBit) {
+        if (wc.status != IBV_WC_SUCCESS) {
+          if (wc.status != IBV_WC_WR_FLUSH_ERR) {
+            FERRY_LOG_WARN("rdma: binding a memory window for request {} failed: {}",
+                           wc.wr_id & ~kBindBit, ibv_wc_status_str(wc.status));
+          }
+          fail(make_wc_error(wc.status));
+          return;
+        }
+        on_bound(wc.wr_id & ~kBindBit);
+        continue;
+      }
+      auto it = fetches_.find(wc.wr_id);
+      if (it != fetches_.end() && it->second.posted) --it->second.posted;
+      if (wc.status != IBV_WC_SUCCESS) {
+        if (wc.status != IBV_WC_WR_FLUSH_ERR) {
+          FERRY_LOG_WARN("rdma: READ for request {} failed: {}", wc.wr_id,
+                         ibv_wc_status_str(wc.status));
+          // A READ the owner refused (access, protection, invalid request) fails its own fetch;
+          // the others of the queue pair are flushed with it and start again (fail()). A path
+          // that gave up (retries exhausted) says nothing against this fetch: it starts again too.
+          const bool path =
+              wc.status == IBV_WC_RETRY_EXC_ERR || wc.status == IBV_WC_RNR_RETRY_EXC_ERR;
+          if (it != fetches_.end() && !path) it->second.error = make_wc_error(wc.status);
+        }
+        fail(make_wc_error(wc.status));
+        return;
+      }
+      if (it != fetches_.end()) maybe_finish(wc.wr_id);
+    }
+  }
+  post_binds();
+  post_reads();
+}
+
+void RdmaChannel::busy_loop() {
+  drain();
+  if (closed_ || in_flight_ == 0) {
+    busy_running_ = false;
+    return;
+  }
+  asio::post(strand_, [self = shared_from_this()] { self->busy_loop(); });
+}
+
+void RdmaChannel::watch_posted() {
+  arm_safety_net();
+  if (options_.busy_poll && !busy_running_) {
+    busy_running_ = true;
+    asio::post(strand_, [self = shared_from_this()] { self->busy_loop(); });
+  }
+}
+
+void RdmaChannel::arm_safety_net() {
+  if (safety_armed_ || closed_) return;
+  safety_armed_ = true;
+  safety_timer_.expires_after(kSafetyNet);
+  safety_timer_.async_wait(
+      asio::bind_executor(strand_, [self = shared_from_this()](boost::system::error_code ec) {
+        self->safety_armed_ = false;
+        if (ec || self->closed_) return;
+        const uint64_t before = self->completions_;
+        self->drain();
+        // Ticks in a row with work requests outstanding and not one completion.
+        self->idle_ticks_ =
+            self->in_flight_ == 0 || self->completions_ != before ? 0 : self->idle_ticks_ + 1;
+        if (self->in_flight_ == 0) return;
+        // Past the stall timeout give up on the queue pair: in the error state it flushes and
+        // places no more data, so its fetches fail now instead of never (seen on rxe: READs
+        // through memory windows of one registration, many in flight, neither completing nor
+        // failing). Before that, say what it looks like every 5 s from 2 s on (a device that
+        // stopped completing is otherwise invisible; a gap of a second is a retransmission, which
+        // takes 0.5 s a try with our timeout and is common on rxe).
+        if (self->idle_ticks_ * kSafetyNet >= self->options_.stall_timeout) {
+          FERRY_LOG_WARN(
+              "rdma: queue pair {}: no completion for {} s with {} work requests outstanding: "
+              "treating it as broken",
+              self->qp_->qp_num, self->idle_ticks_, self->in_flight_);
+          return self->fail(make_error_code(errc::peer_unresponsive));
+        }
+        if (self->idle_ticks_ % 5 == 2) {
+          ibv_qp_attr a{};
+          ibv_qp_init_attr init{};
+          ibv_query_qp(self->qp_.get(), &a, IBV_QP_STATE, &init);
+          FERRY_LOG_WARN(
+              "rdma: queue pair {} (state {}): {} work requests outstanding, no completion for "
+              "{} s ({} fetches, {} leases, {} leases binding)",
+              self->qp_->qp_num, static_cast<int>(a.qp_state), self->in_flight_, self->idle_ticks_,
+              self->fetches_.size(), self->leases_.size(), self->binds_waiting_.size());
+        }
+        self->arm_safety_net();
+      }));
+}
+
+// ---------------------------------------------------------------- fetcher side
+
+void RdmaChannel::add_fetch(const FetchOp& op, std::vector<std::shared_ptr<Region>> regions) {
+  Fetch f;
+  f.op = op;
+  f.regions = std::move(regions);
+  fetches_[op.request_id] = std::move(f);
+}
+
+void RdmaChannel::on_grant(uint64_t request_id, const wire::Grant& grant) {
+  auto it = fetches_.find(request_id);
+  FERRY_LOG_DEBUG("rdma: queue pair {}: grant for request {}{}", qp_->qp_num, request_id,
+                  it == fetches_.end() ? " (no such fetch: released)" : "");
+  if (it == fetches_.end() || it->second.aborted || it->second.granted) {
+    send_release(request_id, false);  // aborted meanwhile: end the owner's lease at once
+    return;
+  }
+  auto& f = it->second;
+  f.granted = true;
+  const auto& targets = f.op.targets;
+  bool ok = static_cast<size_t>(grant.segments_size()) == targets.size();
+  for (size_t i = 0; ok && i < targets.size(); ++i) {
+    ok = grant.segments(static_cast<int>(i)).length() == targets[i].size();
+  }
+  if (!ok) {
+    FERRY_LOG_WARN("rdma: grant for request {} does not match its targets", request_id);
+    f.error = make_error_code(errc::protocol_error);
+    maybe_finish(request_id);
+    return;
+  }
+  const uint64_t chunk = std::min<uint64_t>(kReadChunk, address_.max_msg);  // device's limit
+  for (size_t i = 0; i < targets.size(); ++i) {
+    const auto& seg = grant.segments(static_cast<int>(i));
+    uint64_t addr = seg.addr();
+    uint32_t rkey = seg.rkey();
+    if (options_.hooks && options_.hooks->armed.load(std::memory_order_acquire)) {
+      std::lock_guard lock(options_.hooks->mu);
+      if (options_.hooks->tamper && !options_.hooks->tamper(addr, rkey, seg.length())) {
+        f.reads.clear();
+        return;  // held: ends by its deadline or an abort
+      }
+    }
+    for (uint64_t off = 0; off < targets[i].size(); off += chunk) {
+      Read r;
+      r.local = reinterpret_cast<uint64_t>(targets[i].data()) + off;
+      r.lkey = f.regions[i]->lkey();
+      r.remote = addr + off;
+      r.rkey = rkey;
+      r.length = static_cast<uint32_t>(std::min<uint64_t>(chunk, targets[i].size() - off));
+      f.reads.push_back(r);
+    }
+  }
+  if (f.reads.empty()) {
+    maybe_finish(request_id);  // an object of zero bytes: nothing to read
+    return;
+  }
+  ready_.push_back(request_id);
+  post_reads();
+}
+
+void RdmaChannel::post_reads() {
+  bool posted_any = false;
+  size_t idle = 0;  // consecutive fetches that could not post (window full)
+  while (!closed_ && connected_ && in_flight_ < sq_depth_ && !ready_.empty() &&
+         idle < ready_.size()) {
+    const uint64_t id = ready_.front();
+    ready_.pop_front();
+    auto it = fetches_.find(id);
+    if (it == fetches_.end() || it->second.reads.empty() || it->second.aborted ||
+        it->second.error) {
+      continue;
+    }
+    auto& f = it->second;
+    if (f.posted >= kWindow) {
+      ready_.push_back(id);
+      ++idle;
+      continue;
+    }
+    const Read r = f.reads.front();
+    ibv_sge sge{};
+    sge.addr = r.local;
+    sge.length = r.length;
+    sge.lkey = r.lkey;
+    ibv_send_wr wr{};
+    wr.wr_id = id;
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    wr.opcode = IBV_WR_RDMA_READ;
+    wr.send_flags = IBV_SEND_SIGNALED;
+    wr.wr.rdma.remote_addr = r.remote;
+    wr.wr.rdma.rkey = r.rkey;
+    ibv_send_wr* bad = nullptr;
+    if (int rc = ibv_post_send(qp_.get(), &wr, &bad); rc != 0) {
+      ready_.push_front(id);
+      if (rc == ENOMEM) break;  // the send queue is fuller than we counted: wait
+      fail(std::error_code(rc, std::system_category()));
+      return;
+    }
+    f.reads.pop_front();
+    ++in_flight_;
+    ++f.posted;
+    idle = 0;
+    posted_any = true;
+    if (!f.reads.empty()) ready_.push_back(id);
+  }
+  if (posted_any) watch_posted();
+}
+
+void RdmaChannel::maybe_finish(uint64_t request_id) {
+  auto it = fetches_.find(request_id);
+  if (it == fetches_.end()) return;
+  auto& f = it->second;
+  if (f.posted > 0 || (!f.reads.empty() && !f.aborted && !f.error)) return;
+  const bool granted = f.granted;
+  const bool aborted = f.aborted;
+  const auto ec = f.error;
+  fetches_.erase(it);  // drops the target registrations
+  if (granted) send_release(request_id, !aborted && !ec);
+  if (auto link = link_.lock()) link->complete_fetch(request_id, aborted ? std::error_code() : ec);
+}
+
+bool RdmaChannel::abort_fetch(uint64_t request_id) {
+  auto it = fetches_.find(request_id);
+  if (it == fetches_.end()) return true;
+  auto& f = it->second;
+  f.reads.clear();  // READs not yet posted are simply dropped
+  if (f.posted == 0) {
+    if (f.granted) send_release(request_id, false);
+    fetches_.erase(it);
+    return true;
+  }
+  // Posted READs cannot be recalled; the fetch completes when they have drained.
+  f.aborted = true;
+  return false;
+}
+
+void RdmaChannel::send_release(uint64_t request_id, bool read) {
+  auto link = link_.lock();
+  if (!link || !link->is_open()) return;
+  wire::Message m;
+  m.set_release(read);
+  link->send_transport_message(kTransportName, request_id, m.SerializeAsString());
+}
+
+// ---------------------------------------------------------------- owner side
+
+void RdmaChannel::grant(uint64_t request_id, ObjectStore::Pin pin,
+                        std::vector<std::shared_ptr<Region>> regions, wire::Grant grant,
+                        SendDone done) {
+  Lease lease;
+  lease.pin = std::move(pin);
+  lease.done = std::move(done);
+  lease.timer =
+      std::make_unique<asio::steady_timer>(strand_.get_inner_executor(), options_.lease_timeout);
+  lease.timer->async_wait(asio::bind_executor(
+      strand_, [weak = weak_from_this(), request_id](boost::system::error_code ec) {
+        auto self = weak.lock();
+        if (ec || !self) return;
+        if (self->end_lease(request_id, make_error_code(errc::timed_out))) {
+          FERRY_LOG_WARN("rdma: lease for request {} expired", request_id);
+        }
+      }));
+  if (device_->grants() == RdmaGrants::registrations) {
+    lease.grant = std::move(grant);
+    const bool registered = register_segments(lease);
+    auto& held = leases_[request_id] = std::move(lease);
+    if (!registered) {
+      end_lease(request_id, make_error_code(errc::device_error));
+      return;
+    }
+    return send_grant(request_id, held.grant);
+  }
+  if (device_->grants() != RdmaGrants::windows) {
+    leases_[request_id] = std::move(lease);
+    return send_grant(request_id, grant);
+  }
+  lease.regions = std::move(regions);
+  lease.windows.resize(lease.regions.size());
+  for (size_t i = 0; i < lease.regions.size(); ++i) {
+    if (!lease.regions[i]) continue;
+    lease.windows[i] = device_->alloc_window();
+    if (!lease.windows[i]) {
+      FERRY_LOG_WARN("rdma: cannot allocate a memory window on {}: {}", device_->name(),
+                     last_errno().message());
+      leases_[request_id] = std::move(lease);
+      end_lease(request_id, make_error_code(errc::device_error));
+      return;
+    }
+  }
+  lease.grant = std::move(grant);
+  leases_[request_id] = std::move(lease);
+  binds_waiting_.push_back(request_id);
+  post_binds();
+}
+
+bool RdmaChannel::register_segments(Lease& lease) {
+  for (auto& seg : *lease.grant.mutable_segments()) {
+    if (seg.length() == 0) continue;
+    auto mr = device_->register_grant(pd_, reinterpret_cast<const void*>(seg.addr()),
+                                      static_cast<size_t>(seg.length()));
+    if (!mr) return false;
+    seg.set_rkey((*mr)->rkey);
+    lease.registrations.push_back(std::move(*mr));
+  }
+  return true;
+}
+
+void RdmaChannel::post_binds() {
+  bool posted_any = false;
+  while (!closed_ && connected_ && !binds_waiting_.empty()) {
+    auto it = leases_.find(binds_waiting_.front());
+    if (it == leases_.end()) {  // ended meanwhile
+      binds_waiting_.pop_front();
+      continue;
+    }
+    const uint64_t id = it->first;
+    Lease& lease = it->second;
+    while (lease.next_bind < lease.windows.size() && in_flight_ < sq_depth_) {
+      const size_t i = lease.next_bind;
+      if (!lease.windows[i]) {
+        ++lease.next_bind;
+        continue;
+      }
+      auto* seg = lease.grant.mutable_segments(static_cast<int>(i));
+      ibv_send_wr wr{};
+      wr.wr_id = id | kBindBit;
+      wr.opcode = IBV_WR_BIND_MW;
+      wr.send_flags = IBV_SEND_SIGNALED;
+      wr.bind_mw.mw = lease.windows[i].get();
+      wr.bind_mw.rkey = ibv_inc_rkey(lease.windows[i]->rkey);
+      wr.bind_mw.bind_info.mr = lease.regions[i]->mr();
+      wr.bind_mw.bind_info.addr = seg->addr();
+      wr.bind_mw.bind_info.length = seg->length();
+      wr.bind_mw.bind_info.mw_access_flags = IBV_ACCESS_REMOTE_READ;
+      ibv_send_wr* bad = nullptr;
+      if (int rc = ibv_post_send(qp_.get(), &wr, &bad); rc != 0) {
+        if (rc == ENOMEM) break;  // fuller than we counted: wait for completions
+        FERRY_LOG_WARN("rdma: cannot post a memory-window bind: {}", std::strerror(rc));
+        fail(std::error_code(rc, std::system_category()));
+        return;
+      }
+      seg->set_rkey(wr.bind_mw.rkey);
+      ++lease.next_bind;
+      ++lease.binding;
+      ++in_flight_;
+      posted_any = true;
+    }
+    if (lease.next_bind < lease.windows.size()) break;  // the send queue is full
+    binds_waiting_.pop_front();
+    if (lease.binding == 0) send_grant(id, lease.grant);  // nothing needed binding
+  }
+  if (posted_any) watch_posted();
+}
+
+void RdmaChannel::on_bound(uint64_t request_id) {
+  if (auto it = leases_.find(request_id); it != leases_.end()) {
+    Lease& lease = it->second;
+    if (lease.binding) --lease.binding;
+    // The bind's completion means the window is usable: only now may the peer READ through it.
+    if (lease.binding == 0 && lease.next_bind == lease.windows.size()) {
+      send_grant(request_id, lease.grant);
+    }
+    return;
+  }
+  if (auto it = retired_.find(request_id); it != retired_.end()) {
+    if (--it->second.binding == 0) retired_.erase(it);  // deallocates the windows
+  }
+}
+
+void RdmaChannel::send_grant(uint64_t request_id, const wire::Grant& grant) {
+  auto link = link_.lock();
+  FERRY_LOG_DEBUG("rdma: queue pair {}: grant for request {} sent", qp_->qp_num, request_id);
+  if (!link || !link->is_open()) return;
+  wire::Message m;
+  *m.mutable_grant() = grant;
+  link->send_transport_message(kTransportName, request_id, m.SerializeAsString());
+}
+
+bool RdmaChannel::end_lease(uint64_t request_id, std::error_code ec) {
+  auto it = leases_.find(request_id);
+  if (it == leases_.end()) return false;
+  auto lease = std::move(it->second);
+  leases_.erase(it);
+  lease.timer->cancel();
+  // Windows and grant registrations go first (deallocating or deregistering invalidates the
+  // rkey), then the pin. A window whose bind is still in flight is kept until that bind
+  // completes.
+  if (lease.binding > 0) {
+    retired_[request_id] = Retired{lease.binding, std::move(lease.windows)};
+  }
+  lease.windows.clear();
+  lease.registrations.clear();
+  lease.pin.reset();  // the object may be collected now; its registration goes with it
+  if (lease.done) lease.done(ec);
+  return true;
+}
+
+// ---------------------------------------------------------------- failure and close
+
+void RdmaChannel::to_error_state() {
+  if (!qp_) return;
+  ibv_qp_attr a{};
+  a.qp_state = IBV_QPS_ERR;
+  ibv_modify_qp(qp_.get(), &a, IBV_QP_STATE);  // flushes every outstanding work request
+}
+
+void RdmaChannel::fail(std::error_code ec) {
+  if (closed_) return;
+  // In the error state the QP flushes everything and places no more data: every fetch of this
+  // channel can be failed or started again now.
+  to_error_state();
+  ready_.clear();
+  auto fetches = std::move(fetches_);
+  fetches_.clear();
+  auto link = link_.lock();
+  // Their READs are gone with the queue pair and none of them failed on its own account: each is
+  // started again over a new pair (the session's restart waits for drop_channel below).
+  size_t restarted = 0;
+  for (auto& [id, f] : fetches) {
+    if (f.granted) send_release(id, false);
+    if (!link) continue;
+    if (f.aborted || f.error) {
+      link->complete_fetch(id, f.aborted ? std::error_code() : f.error);
+    } else {
+      link->restart_fetch(id, ec);
+      ++restarted;
+    }
+  }
+  if (restarted > 0) {
+    FERRY_LOG_WARN(
+        "rdma: queue pair {} failed ({}): {} of its fetches start again over a new pair "
+        "(each at most {} times)",
+        qp_->qp_num, ec.message(), restarted, kMaxFetchRestarts);
+  }
+  if (link && !link->info().initiator && link->is_open()) {
+    // The fetcher's queue pair still looks fine from its side, but talks to this dead one: tell
+    // it to fail its own, so that its next fetch sets up a new pair instead of asking an owner
+    // that has no channel (found by breaking queue pairs during collectives).
+    wire::Message m;
+    m.set_reset(true);
+    link->send_transport_message(kTransportName, 0, m.SerializeAsString());
+  }
+  if (link) {
+    link->drop_channel(kTransportName, ec);  // calls close()
+  } else {
+    close(ec);
+  }
+}
+
+void RdmaChannel::on_peer_reset() {
+  // Fails the channel at once instead of after the flushed completions (fail() puts the QP in
+  // the error state, where it places no more data): while it waited for them, rxe can take
+  // seconds, new fetches joined the dead pair and were refused by an owner that had dropped its
+  // own, again and again (found by breaking queue pairs during collectives).
+  fail(make_wc_error(IBV_WC_GENERAL_ERR));
+}
+
+void RdmaChannel::post_inject_error() {
+  asio::post(strand_,
+             [self = shared_from_this()] { self->fail(make_wc_error(IBV_WC_GENERAL_ERR)); });
+}
+
+void RdmaChannel::close(std::error_code ec) {
+  if (closed_) return;
+  closed_ = true;
+  to_error_state();
+  boost::system::error_code ignored;
+  cq_fd_.cancel(ignored);
+  safety_timer_.cancel();
+  ready_.clear();
+  fetches_.clear();  // the session completes them; their registrations go now
+  std::vector<uint64_t> ids;
+  for (auto& [id, lease] : leases_) ids.push_back(id);
+  for (uint64_t id : ids) end_lease(id, ec);
+}
+
+}  // namespace ferry::rdma

@@ -1,0 +1,182 @@
+// RdmaChannel: one peer's RC queue pair and completion queue (internal to the RDMA transport).
+//
+// Completions are event-driven: the completion channel's fd sits on the io_context; on wake-up
+// the channel collects the events, acks them in batches, re-arms, then drains the CQ. A slow
+// safety-net timer drains too while READs are in flight; busy_poll replaces the fd wait with a
+// polling loop on the strand. When the send queue is full, READs wait in a queue.
+//
+// Fetcher side: a fetch waits for the owner's grant, then becomes READs straight into the
+// target buffers (split at kReadChunk); the last completion resolves it and a release message
+// ends the owner's lease. Owner side: a lease pins the object until the release, an abort, the
+// lease timeout or the channel's end.
+#pragma once
+
+#include <atomic>
+#include <boost/asio/posix/stream_descriptor.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <chrono>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <unordered_map>
+#include <vector>
+
+#include "ferry/net/transport.h"
+#include "ferry/rdma/device.h"
+#include "ferry/rdma/proto/rdma.pb.h"
+#include "ferry/rdma/rdma.h"
+
+namespace ferry::rdma {
+
+inline constexpr const char* kTransportName = "RDMA";
+
+// Test hooks of one transport instance, shared with its channels.
+struct Hooks {
+  std::atomic<bool> armed{false};  // a tamper is set: the fetch path looks only at this
+  std::mutex mu;
+  GrantTamper tamper;  // see set_grant_tamper in ferry/rdma/rdma.h
+};
+
+struct ChannelOptions {
+  bool busy_poll = false;
+  std::chrono::milliseconds lease_timeout{60000};
+  std::shared_ptr<Hooks> hooks;
+  // Work requests outstanding and no completion at all for this long: the queue pair is broken
+  // (ContextOptions::peer_timeout).
+  std::chrono::milliseconds stall_timeout{10000};
+};
+
+class RdmaChannel final : public TransportChannel,
+                          public std::enable_shared_from_this<RdmaChannel> {
+ public:
+  RdmaChannel(std::shared_ptr<Device> device, Address address, std::shared_ptr<PeerLink> link,
+              ChannelOptions options);
+  ~RdmaChannel() override;
+
+  // Creates the CQ (with its completion channel) and the QP, in INIT. `serves`: this side
+  // answers the peer's fetches (the session's acceptor); with per-grant registrations its QP
+  // then lives in a protection domain of its own, where only this peer's grants are registered.
+  std::error_code init(bool serves);
+  wire::QpInfo local_info() const;
+  // RTR then RTS against the peer's QP, and starts watching the CQ. Strand.
+  std::error_code connect(const wire::QpInfo& remote);
+
+  Device& device() { return *device_; }
+
+  // Fetcher side. Strand.
+  void add_fetch(const FetchOp& op, std::vector<std::shared_ptr<Region>> regions);
+  void on_grant(uint64_t request_id, const wire::Grant& grant);
+  // True when nothing is in flight for it any more (see TransportManager::abort).
+  bool abort_fetch(uint64_t request_id);
+
+  // Owner side. Strand.
+  // Pins the object for the lease and sends `grant` (one segment per tensor; region rkeys
+  // filled in with region grants). With memory windows, first binds one window per segment to
+  // this queue pair; with per-grant registrations, registers each segment in this queue pair's
+  // protection domain; either way the grant carries their rkeys: the peer can READ only the
+  // granted ranges, only over this queue pair, only until the lease ends. `done` runs once,
+  // when the lease ends (with device_error, at once, when a window or registration fails).
+  void grant(uint64_t request_id, ObjectStore::Pin pin,
+             std::vector<std::shared_ptr<Region>> regions, wire::Grant grant, SendDone done);
+  // Ends a lease (release, abort, timeout); false if there was none.
+  bool end_lease(uint64_t request_id, std::error_code ec);
+
+  void close(std::error_code ec) override;
+  // Fetcher side. Strand. The owner says its queue pair is gone (a reset): to the error state
+  // and fails the channel now, so that its fetches start again over a new pair. Now and not
+  // posted: the owner's errors for this pair's leases follow the reset on the metadata channel,
+  // and a fetch still here when its error is read would fail with it instead of starting again.
+  void on_peer_reset();
+  // To the error state and fails the channel, and its fetches with it, at once (new fetches
+  // set up a new pair). Any thread: it runs on the strand. For fault injection.
+  void post_inject_error();
+
+ private:
+  struct Read {
+    uint64_t local;
+    uint32_t lkey;
+    uint64_t remote;
+    uint32_t rkey;
+    uint32_t length;
+  };
+  struct Fetch {
+    FetchOp op;
+    std::vector<std::shared_ptr<Region>> regions;  // per tensor; null for empty tensors
+    std::deque<Read> reads;                        // not yet posted
+    uint32_t posted = 0;                           // handed to the QP, not yet completed
+    bool granted = false;
+    bool aborted = false;
+    std::error_code error;
+  };
+  struct Lease {
+    ObjectStore::Pin pin;
+    SendDone done;
+    std::unique_ptr<boost::asio::steady_timer> timer;
+    std::vector<std::shared_ptr<Region>> regions;  // per segment; null for empty tensors
+    wire::Grant grant;                             // sent once every window is bound
+    std::vector<MwHandle> windows;                 // per segment (null: nothing to bind)
+    std::vector<GrantMrHandle> registrations;      // per-grant registrations, if any
+    size_t next_bind = 0;                          // segments whose bind is posted
+    uint32_t binding = 0;                          // binds posted, not yet completed
+  };
+  // Windows of a lease that ended while their binds were in flight: freed when those complete.
+  struct Retired {
+    uint32_t binding = 0;
+    std::vector<MwHandle> windows;
+  };
+
+  void watch();
+  void on_cq_event();
+  void drain();
+  void busy_loop();
+  void arm_safety_net();
+  // After posting work requests: the safety net, and the polling loop in busy_poll mode.
+  void watch_posted();
+  void post_reads();
+  void maybe_finish(uint64_t request_id);
+  // Ends the owner's lease; `read` says whether every READ of the fetch succeeded.
+  void send_release(uint64_t request_id, bool read);
+  void post_binds();
+  void on_bound(uint64_t request_id);
+  void send_grant(uint64_t request_id, const wire::Grant& grant);
+  // Registers each segment of `lease.grant` in pd_ and puts the rkeys in it; false (logged) if
+  // one fails.
+  bool register_segments(Lease& lease);
+  // A completion error or a failed post: the QP is unusable. Fails this channel's fetches and
+  // leases and has the session drop it (the next fetch sets up a new one).
+  void fail(std::error_code ec);
+  void to_error_state();
+
+  std::shared_ptr<Device> device_;
+  Address address_;
+  std::weak_ptr<PeerLink> link_;
+  PeerStrand strand_;
+  ChannelOptions options_;
+
+  PdHandle own_pd_;       // see init(): null when the QP is in the device's PD
+  ibv_pd* pd_ = nullptr;  // the QP's
+  CompChannelHandle comp_channel_;
+  CqHandle cq_;
+  QpHandle qp_;
+  boost::asio::posix::stream_descriptor cq_fd_;
+  boost::asio::steady_timer safety_timer_;
+  uint32_t psn_ = 0;
+  uint32_t sq_depth_ = 0;
+  uint32_t max_rd_ = 0;
+  unsigned unacked_events_ = 0;
+  bool connected_ = false;
+  bool closed_ = false;
+  bool busy_running_ = false;
+  bool safety_armed_ = false;
+
+  uint32_t in_flight_ = 0;
+  uint64_t completions_ = 0;    // polled so far
+  unsigned idle_ticks_ = 0;     // safety-net ticks in a row without a completion
+  std::deque<uint64_t> ready_;  // fetches with READs to post, served round-robin
+  std::unordered_map<uint64_t, Fetch> fetches_;
+  std::unordered_map<uint64_t, Lease> leases_;
+  std::deque<uint64_t> binds_waiting_;  // leases with windows still to bind (send queue full)
+  std::unordered_map<uint64_t, Retired> retired_;
+};
+
+}  // namespace ferry::rdma

@@ -1,0 +1,14 @@
+// Built instead of the transport when this build has no RDMA support.
+#include "ferry/rdma/rdma.h"
+
+namespace ferry::rdma {
+
+bool register_rdma_transport() { return false; }
+
+std::optional<RegistrationCounters> registration_counters(Context&) { return std::nullopt; }
+
+size_t inject_queue_pair_errors(Context&) { return 0; }
+
+void set_grant_tamper(Context&, GrantTamper) {}
+
+}  // namespace ferry::rdma

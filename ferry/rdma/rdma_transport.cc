@@ -1,0 +1,369 @@
+#include "ferry/rdma/rdma_transport.h"
+
+#include <boost/asio/bind_executor.hpp>
+
+#include "ferry/net/context.h"
+#include "ferry/net/errors.h"
+#include "ferry/net/log.h"
+
+namespace ferry::rdma {
+namespace asio = boost::asio;
+
+namespace {
+
+std::shared_ptr<RdmaChannel> channel_of(PeerLink& link) {
+  return std::static_pointer_cast<RdmaChannel>(link.channel(kTransportName));
+}
+
+void send(PeerLink& link, uint64_t request_id, const wire::Message& m) {
+  link.send_transport_message(kTransportName, request_id, m.SerializeAsString());
+}
+
+}  // namespace
+
+RdmaTransport::RdmaTransport(const TransportEnv& env, std::vector<std::shared_ptr<Device>> devices)
+    : devices_(std::move(devices)),
+      channel_options_{env.options.busy_poll, env.options.lease_timeout, std::make_shared<Hooks>(),
+                       env.options.peer_timeout},
+      open_timeout_(env.options.handshake_timeout) {
+  if (!env.pool) return;
+  // Each region of the receive pool is registered with every device once, when it appears, and
+  // stays registered until it is given back: a fetch into pool memory finds its registration in
+  // the cache (a hit) and registers nothing. A region that cannot be registered is only logged:
+  // a fetch into it registers its target itself, as for any other memory.
+  pool_listener_ = env.pool->add_region_listener(
+      [this](std::span<std::byte> region) {
+        std::vector<std::shared_ptr<Region>> registered;
+        for (const auto& device : devices_) {
+          auto r = device->local_cache().acquire(region.data(), region.size(), region);
+          if (r) {
+            registered.push_back(std::move(r.value()));
+          } else {
+            FERRY_LOG_WARN("rdma: cannot register a receive pool region of {} bytes: {}",
+                           region.size(), r.error().message());
+          }
+        }
+        std::lock_guard lock(mu_);
+        pool_regions_[region.data()] = std::move(registered);
+      },
+      [this](std::span<std::byte> region) {
+        std::vector<std::shared_ptr<Region>> gone;
+        {
+          std::lock_guard lock(mu_);
+          auto it = pool_regions_.find(region.data());
+          if (it == pool_regions_.end()) return;
+          gone = std::move(it->second);
+          pool_regions_.erase(it);
+        }
+        // Deregistered here, outside mu_, before the pool unmaps the region.
+      });
+}
+
+TransportInfo RdmaTransport::local_info() const {
+  TransportInfo info;
+  info.name = kTransportName;
+  info.devices = {"cpu"};
+  info.priority = 100;
+  wire::Descriptor d;
+  for (const auto& dev : devices_) {
+    for (const auto& a : dev->addresses()) d.add_ips(a.ip);
+  }
+  info.descriptor = d.SerializeAsString();
+  return info;
+}
+
+std::pair<std::shared_ptr<Device>, const Address*> RdmaTransport::local_address(
+    const PeerInfo& peer) const {
+  for (const auto& dev : devices_) {
+    if (const Address* a = dev->find(peer.local_ip)) return {dev, a};
+  }
+  return {nullptr, nullptr};
+}
+
+bool RdmaTransport::peer_has_transport(const PeerInfo& peer) const {
+  const TransportInfo* theirs = peer.find_transport(kTransportName);
+  if (!theirs || !local_address(peer).second) return false;
+  wire::Descriptor d;
+  if (!d.ParseFromString(theirs->descriptor)) return false;
+  for (const auto& ip : d.ips()) {
+    if (ip == peer.remote_ip) return true;
+  }
+  return false;
+}
+
+// ---------------------------------------------------------------- queue pair setup
+
+void RdmaTransport::async_open_channel(std::shared_ptr<PeerLink> link, ChannelOpenHandler done) {
+  auto [device, address] = local_address(link->info());
+  if (!device) return done(make_error_code(errc::transport_unavailable), nullptr);
+  auto channel = std::make_shared<RdmaChannel>(device, *address, link, channel_options_);
+  if (auto ec = channel->init(/*serves=*/false)) {
+    FERRY_LOG_WARN("rdma: cannot create a queue pair on {}: {}", device->name(), ec.message());
+    return done(make_error_code(errc::device_error), nullptr);
+  }
+  auto timer =
+      std::make_shared<asio::steady_timer>(link->strand().get_inner_executor(), open_timeout_);
+  {
+    std::lock_guard lock(mu_);
+    opening_[link.get()] = PendingOpen{channel, std::move(done), timer};
+    channels_.push_back(channel);
+  }
+  timer->async_wait(asio::bind_executor(
+      link->strand(), [this, weak = std::weak_ptr<PeerLink>(link)](boost::system::error_code ec) {
+        auto l = weak.lock();
+        if (!ec && l) on_accept(*l, nullptr, make_error_code(errc::handshake_failed));
+      }));
+  wire::Message m;
+  *m.mutable_connect() = channel->local_info();
+  send(*link, 0, m);
+}
+
+void RdmaTransport::on_connect(PeerLink& link, const wire::QpInfo& remote) {
+  wire::Message reply;
+  auto [device, address] = local_address(link.info());
+  if (link.info().initiator || !device) {
+    reply.set_refuse("no RDMA address for " + link.info().local_ip);
+    return send(link, 0, reply);
+  }
+  // The initiator asks only when it has no working queue pair: any we still hold is stale.
+  if (link.channel(kTransportName)) {
+    link.drop_channel(kTransportName, make_error_code(errc::peer_closed));
+  }
+  auto channel =
+      std::make_shared<RdmaChannel>(device, *address, link.shared_link(), channel_options_);
+  std::error_code ec = channel->init(/*serves=*/true);
+  if (!ec) ec = channel->connect(remote);
+  if (ec || !link.install_channel(kTransportName, channel)) {
+    FERRY_LOG_WARN("rdma: cannot set up a queue pair for peer '{}': {}", link.info().name,
+                   ec ? ec.message() : "a channel exists already");
+    channel->close(ec);
+    reply.set_refuse("cannot set up a queue pair on " + device->name());
+    return send(link, 0, reply);
+  }
+  {
+    std::lock_guard lock(mu_);
+    channels_.push_back(channel);
+  }
+  *reply.mutable_accept() = channel->local_info();
+  send(link, 0, reply);
+}
+
+void RdmaTransport::on_accept(PeerLink& link, const wire::QpInfo* remote, std::error_code ec) {
+  PendingOpen pending;
+  {
+    std::lock_guard lock(mu_);
+    auto it = opening_.find(&link);
+    if (it == opening_.end()) return;
+    pending = std::move(it->second);
+    opening_.erase(it);
+  }
+  pending.timer->cancel();
+  if (!ec && remote) ec = pending.channel->connect(*remote);
+  if (ec) {
+    pending.channel->close(ec);
+    return pending.done(ec, nullptr);
+  }
+  pending.done({}, pending.channel);
+}
+
+void RdmaTransport::on_transport_message(PeerLink& link, uint64_t request_id,
+                                         std::string_view payload) {
+  wire::Message m;
+  if (!m.ParseFromArray(payload.data(), static_cast<int>(payload.size()))) {
+    FERRY_LOG_WARN("rdma: malformed control message from peer '{}'", link.info().name);
+    return link.fail(make_error_code(errc::protocol_error));
+  }
+  switch (m.body_case()) {
+    case wire::Message::kConnect:
+      return on_connect(link, m.connect());
+    case wire::Message::kAccept:
+      return on_accept(link, &m.accept(), {});
+    case wire::Message::kRefuse:
+      FERRY_LOG_WARN("rdma: peer '{}' refused a queue pair: {}", link.info().name, m.refuse());
+      return on_accept(link, nullptr, make_error_code(errc::transport_unavailable));
+    case wire::Message::kGrant:
+      if (auto ch = channel_of(link)) return ch->on_grant(request_id, m.grant());
+      return;
+    case wire::Message::kRelease: {
+      // A fetch whose READs failed (or that was aborted) ends the lease without being served;
+      // one that succeeded after this side's lease ended (its queue pair broke) still counts.
+      const bool read = m.release();
+      auto ch = channel_of(link);
+      const bool leased = ch && ch->end_lease(request_id, read ? std::error_code()
+                                                               : make_error_code(errc::aborted));
+      if (!leased && read) link.settle(request_id);
+      return;
+    }
+    case wire::Message::kReset:
+      if (link.info().initiator) {
+        if (auto ch = channel_of(link)) ch->on_peer_reset();
+      }
+      return;
+    case wire::Message::BODY_NOT_SET:
+      break;
+  }
+  FERRY_LOG_WARN("rdma: unknown control message from peer '{}'", link.info().name);
+}
+
+// ---------------------------------------------------------------- fetcher side
+
+Result<FetchRequest> RdmaTransport::fetch_multiple(PeerLink& link, const FetchOp& op) {
+  auto ch = channel_of(link);
+  if (!ch) return make_error_code(errc::transport_unavailable);
+  std::vector<std::shared_ptr<Region>> regions;
+  regions.reserve(op.targets.size());
+  for (const auto& t : op.targets) {
+    if (t.empty()) {
+      regions.push_back(nullptr);
+      continue;
+    }
+    auto region = ch->device().local_cache().acquire(t.data(), t.size());
+    if (!region) return region.error();
+    regions.push_back(std::move(region.value()));
+  }
+  ch->add_fetch(op, std::move(regions));
+  return op.request;
+}
+
+// ---------------------------------------------------------------- owner side
+
+Result<std::vector<std::shared_ptr<Region>>> RdmaTransport::object_regions(
+    Device& device, const StoredObject& object) {
+  std::lock_guard lock(mu_);
+  auto& per_device = objects_[object.id];
+  auto it = per_device.find(&device);
+  if (it != per_device.end()) return it->second;
+  std::vector<std::shared_ptr<Region>> regions;
+  for (const auto& t : object.tensors) {
+    if (t.data.empty()) {
+      regions.push_back(nullptr);
+      continue;
+    }
+    auto region = device.remote_cache().acquire(t.data.data(), t.data.size(), object.region);
+    if (!region) return region.error();
+    regions.push_back(std::move(region.value()));
+  }
+  per_device[&device] = regions;
+  return regions;
+}
+
+void RdmaTransport::send_multiple(PeerLink& link, uint64_t request_id, ObjectStore::Pin object,
+                                  SendDone done) {
+  auto ch = channel_of(link);
+  if (!ch) return done(make_error_code(errc::transport_unavailable));
+  // With per-grant registrations the channel registers the granted ranges itself.
+  std::vector<std::shared_ptr<Region>> regions(object.object().tensors.size());
+  if (ch->device().grants() != RdmaGrants::registrations) {
+    auto r = object_regions(ch->device(), object.object());
+    if (!r) return done(r.error());
+    regions = std::move(*r);
+  }
+  wire::Message m;
+  auto* grant = m.mutable_grant();
+  grant->set_lease_ms(static_cast<uint64_t>(channel_options_.lease_timeout.count()));
+  const auto& tensors = object.object().tensors;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    auto* seg = grant->add_segments();
+    seg->set_addr(reinterpret_cast<uint64_t>(tensors[i].data.data()));
+    seg->set_length(tensors[i].data.size());
+    seg->set_rkey(regions[i] ? regions[i]->rkey() : 0);
+  }
+  ch->grant(request_id, std::move(object), std::move(regions), std::move(*m.mutable_grant()),
+            std::move(done));
+}
+
+bool RdmaTransport::abort(PeerLink& link, uint64_t request_id) {
+  auto ch = channel_of(link);
+  if (!ch) return true;
+  if (ch->end_lease(request_id, make_error_code(errc::aborted))) return true;  // owner side
+  return ch->abort_fetch(request_id);                                          // fetcher side
+}
+
+void RdmaTransport::garbage_collect(const StoredObject& object) {
+  std::map<const Device*, std::vector<std::shared_ptr<Region>>> regions;
+  {
+    std::lock_guard lock(mu_);
+    auto it = objects_.find(object.id);
+    if (it == objects_.end()) return;
+    regions = std::move(it->second);
+    objects_.erase(it);
+  }
+  // Dropped here, outside the lock: the last reference to a region deregisters it, before the
+  // store releases the memory.
+}
+
+RegistrationCounters RdmaTransport::counters() const {
+  RegistrationCounters total;
+  for (const auto& dev : devices_) {
+    for (const MrCache* cache : {&dev->remote_cache(), &dev->local_cache()}) {
+      auto c = cache->counters();
+      total.registrations += c.registrations;
+      total.registration_ns += c.registration_ns;
+      total.deregistrations += c.deregistrations;
+      total.hits += c.hits;
+      total.live += c.live;
+    }
+    const auto g = dev->grant_counters();
+    total.registrations += g.registrations;
+    total.registration_ns += g.registration_ns;
+    total.deregistrations += g.registrations - g.live;
+    total.live += g.live;
+    total.windows += dev->windows_live();
+    total.queue_pairs += dev->queue_pairs_live();
+  }
+  return total;
+}
+
+void RdmaTransport::set_grant_tamper(GrantTamper tamper) {
+  std::lock_guard lock(channel_options_.hooks->mu);
+  channel_options_.hooks->armed = static_cast<bool>(tamper);
+  channel_options_.hooks->tamper = std::move(tamper);
+}
+
+size_t RdmaTransport::inject_queue_pair_errors() {
+  std::vector<std::shared_ptr<RdmaChannel>> live;
+  {
+    std::lock_guard lock(mu_);
+    std::erase_if(channels_, [](const auto& w) { return w.expired(); });
+    for (const auto& w : channels_) {
+      if (auto ch = w.lock()) live.push_back(std::move(ch));
+    }
+  }
+  for (auto& ch : live) ch->post_inject_error();
+  return live.size();
+}
+
+// ---------------------------------------------------------------- registration
+
+bool register_rdma_transport() {
+  static const bool registered = [] {
+    auto ec = register_transport(
+        kTransportName, {"cpu"},
+        [](const TransportEnv& env) -> Result<std::shared_ptr<TransportManager>> {
+          auto devices = Device::open_all(env.options.rdma_grants);
+          if (devices.empty()) return make_error_code(errc::device_error);
+          return std::shared_ptr<TransportManager>(
+              std::make_shared<RdmaTransport>(env, std::move(devices)));
+        });
+    return !ec || ec == errc::transport_duplicate;
+  }();
+  return registered;
+}
+
+size_t inject_queue_pair_errors(Context& ctx) {
+  auto t = std::dynamic_pointer_cast<RdmaTransport>(ctx.transport(kTransportName));
+  return t ? t->inject_queue_pair_errors() : 0;
+}
+
+void set_grant_tamper(Context& ctx, GrantTamper tamper) {
+  auto t = std::dynamic_pointer_cast<RdmaTransport>(ctx.transport(kTransportName));
+  if (t) t->set_grant_tamper(std::move(tamper));
+}
+
+std::optional<RegistrationCounters> registration_counters(Context& ctx) {
+  auto t = std::dynamic_pointer_cast<RdmaTransport>(ctx.transport(kTransportName));
+  if (!t) return std::nullopt;
+  return t->counters();
+}
+
+}  // namespace ferry::rdma

@@ -1,0 +1,71 @@
+// RdmaTransport: one-sided RDMA READ (internal; see ferry/rdma/rdma.h for the public part).
+#pragma once
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <unordered_map>
+#include <vector>
+
+#include "ferry/net/registry.h"
+#include "ferry/net/transport.h"
+#include "ferry/rdma/device.h"
+#include "ferry/rdma/rdma.h"
+#include "ferry/rdma/rdma_channel.h"
+
+namespace ferry::rdma {
+
+class RdmaTransport final : public TransportManager {
+ public:
+  RdmaTransport(const TransportEnv& env, std::vector<std::shared_ptr<Device>> devices);
+
+  std::string name() const override { return kTransportName; }
+  bool is_one_sided() const override { return true; }
+  bool can_abort() const override { return true; }
+  TransportInfo local_info() const override;
+  // Both sides have a RoCE v2 address on the metadata connection's IPs.
+  bool peer_has_transport(const PeerInfo& peer) const override;
+
+  void async_open_channel(std::shared_ptr<PeerLink> link, ChannelOpenHandler done) override;
+  Result<FetchRequest> fetch_multiple(PeerLink& link, const FetchOp& op) override;
+  void send_multiple(PeerLink& link, uint64_t request_id, ObjectStore::Pin object,
+                     SendDone done) override;
+  bool abort(PeerLink& link, uint64_t request_id) override;
+  void garbage_collect(const StoredObject& object) override;
+  void on_transport_message(PeerLink& link, uint64_t request_id, std::string_view payload) override;
+
+  RegistrationCounters counters() const;
+  size_t inject_queue_pair_errors();
+  void set_grant_tamper(GrantTamper tamper);
+
+ private:
+  struct PendingOpen {
+    std::shared_ptr<RdmaChannel> channel;
+    ChannelOpenHandler done;
+    std::shared_ptr<boost::asio::steady_timer> timer;
+  };
+
+  // The device and address for the local IP of a peer's metadata connection.
+  std::pair<std::shared_ptr<Device>, const Address*> local_address(const PeerInfo& peer) const;
+  void on_connect(PeerLink& link, const wire::QpInfo& remote);
+  void on_accept(PeerLink& link, const wire::QpInfo* remote, std::error_code ec);
+  // Registrations of an object's tensors on `device`, made at its first grant.
+  Result<std::vector<std::shared_ptr<Region>>> object_regions(Device& device,
+                                                              const StoredObject& object);
+
+  std::vector<std::shared_ptr<Device>> devices_;
+  ChannelOptions channel_options_;
+  std::chrono::milliseconds open_timeout_;
+
+  mutable std::mutex mu_;
+  std::unordered_map<const PeerLink*, PendingOpen> opening_;
+  std::vector<std::weak_ptr<RdmaChannel>> channels_;  // for fault injection
+  std::unordered_map<ObjectId, std::map<const Device*, std::vector<std::shared_ptr<Region>>>>
+      objects_;
+  // The receive pool's regions, registered on every device while the pool holds them; under mu_.
+  std::unordered_map<const std::byte*, std::vector<std::shared_ptr<Region>>> pool_regions_;
+  // Last: unregistered first, so no callback runs while the members above are destroyed.
+  mem::RegionListener pool_listener_;
+};
+
+}  // namespace ferry::rdma

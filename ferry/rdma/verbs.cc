@@ -1,0 +1,49 @@
+#include "ferry/rdma/verbs.h"
+
+#include <arpa/inet.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+
+namespace ferry::rdma {
+namespace {
+
+class WcCategory final : public std::error_category {
+ public:
+  const char* name() const noexcept override { return "ibv_wc"; }
+  std::string message(int ev) const override {
+    return ibv_wc_status_str(static_cast<ibv_wc_status>(ev));
+  }
+};
+
+}  // namespace
+
+const std::error_category& wc_category() noexcept {
+  static const WcCategory category;
+  return category;
+}
+
+ibv_mr* reg_mr_timed(ibv_pd* pd, const void* addr, size_t len, int access, uint64_t& ns) {
+  const auto t0 = std::chrono::steady_clock::now();
+  ibv_mr* mr = ibv_reg_mr(pd, const_cast<void*>(addr), len, access);
+  ns += static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0)
+          .count());
+  return mr;
+}
+
+std::error_code last_errno() { return {errno ? errno : EIO, std::system_category()}; }
+
+std::string gid_to_ip(const ibv_gid& gid) {
+  static constexpr unsigned char kMapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+  char text[INET6_ADDRSTRLEN] = {};
+  if (std::memcmp(gid.raw, kMapped, sizeof(kMapped)) == 0) {
+    inet_ntop(AF_INET, gid.raw + 12, text, sizeof(text));
+  } else {
+    inet_ntop(AF_INET6, gid.raw, text, sizeof(text));
+  }
+  return text;
+}
+
+}  // namespace ferry::rdma

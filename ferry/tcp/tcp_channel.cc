@@ -1,0 +1,367 @@
+#include "ferry/tcp/tcp_channel.h"
+
+#include <sys/socket.h>
+
+#include <algorithm>
+#include <boost/asio/bind_executor.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/write.hpp>
+#include <cerrno>
+#include <cstring>
+#include <limits>
+
+#include "ferry/net/errors.h"
+#include "ferry/net/log.h"
+#include "ferry/tcp/tcp_transport.h"
+
+namespace ferry::tcp {
+namespace asio = boost::asio;
+
+namespace {
+constexpr size_t kScratchBytes = 256 * 1024;
+// Bytes read at once while a chunk header is expected (small chunks arrive whole in one call).
+constexpr size_t kStageBytes = 16 * 1024;
+// Bytes read at once into combining_ for a request that combines: small enough to stay in the
+// core's cache until they are combined, large enough to keep system calls few.
+constexpr size_t kCombineBytes = 128 * 1024;
+// Bytes one handler may receive before yielding the strand to other work of the peer.
+constexpr size_t kReadBudget = 16u << 20;
+
+// async_write's completion condition: everything, in as few system calls as the socket takes
+// (asio's default, transfer_all, hands at most 64 KiB to each call).
+size_t whole(const boost::system::error_code& ec, size_t /*written*/) {
+  return ec ? 0 : std::numeric_limits<size_t>::max();
+}
+}  // namespace
+
+TcpChannel::TcpChannel(std::shared_ptr<PeerLink> link, asio::ip::tcp::socket socket,
+                       size_t chunk_bytes)
+    : link_(link), strand_(link->strand()), socket_(std::move(socket)), chunk_bytes_(chunk_bytes) {
+  boost::system::error_code ignored;
+  socket_.set_option(asio::ip::tcp::no_delay(true), ignored);
+  socket_.non_blocking(true, ignored);
+}
+
+void TcpChannel::start() { arm_read(); }
+
+// ---------------------------------------------------------------- receiving
+
+void TcpChannel::post_recv(const FetchOp& op) {
+  Recv r;
+  r.targets = op.targets;
+  r.combine = op.combine;
+  r.written.reserve(op.targets.size());
+  for (const auto& t : op.targets) r.written.emplace_back(t.size());
+  recvs_[op.request_id] = std::move(r);
+}
+
+void TcpChannel::arm_read() {
+  if (closed_) return;
+  socket_.async_wait(
+      asio::ip::tcp::socket::wait_read,
+      asio::bind_executor(strand_, [self = shared_from_this()](boost::system::error_code ec) {
+        if (self->closed_) return;
+        if (ec) return self->fail(errc::peer_closed);
+        self->on_readable();
+      }));
+}
+
+void TcpChannel::on_readable() {
+  const int fd = socket_.native_handle();
+  size_t budget = kReadBudget;
+  while (!closed_) {
+    ssize_t n;
+    if (read_state_ == ReadState::header) {
+      // Whatever has arrived, up to kStageBytes, in one call: the header and, for a small
+      // chunk, its payload (and the chunks after it) too; consume_stage() copies them out.
+      if (stage_.empty()) stage_.resize(kStageBytes);
+      n = ::recv(fd, stage_.data(), stage_.size(), MSG_DONTWAIT);
+      if (n > 0) {
+        if (!consume_stage(static_cast<size_t>(n))) return;
+      }
+    } else {
+      std::byte* dst = payload_dst_;
+      size_t want = static_cast<size_t>(payload_left_);
+      if (!dst) {
+        if (scratch_.empty()) scratch_.resize(kScratchBytes);
+        dst = scratch_.data();
+        want = std::min(want, scratch_.size());
+      } else if (combine_) {
+        if (combining_.empty()) combining_.resize(kCombineBytes);
+        dst = combining_.data();
+        want = std::min(want, combining_.size());
+      }
+      n = ::recv(fd, dst, want, MSG_DONTWAIT);
+      if (n > 0) {
+        payload_left_ -= static_cast<uint64_t>(n);
+        if (payload_dst_) {
+          if (combine_)
+            (*combine_)({payload_dst_, static_cast<size_t>(n)}, {dst, static_cast<size_t>(n)});
+          payload_dst_ += n;
+        }
+        if (payload_left_ == 0) end_payload();
+      }
+    }
+    if (n > 0) {
+      if (static_cast<size_t>(n) >= budget) {
+        asio::post(strand_, [self = shared_from_this()] { self->on_readable(); });
+        return;
+      }
+      budget -= static_cast<size_t>(n);
+      continue;
+    }
+    if (n == 0) return fail(errc::peer_closed);
+    if (errno == EINTR) continue;
+    if (errno == EAGAIN || errno == EWOULDBLOCK) return arm_read();
+    return fail(std::error_code(errno, std::system_category()));
+  }
+}
+
+bool TcpChannel::consume_stage(size_t n) {
+  const std::byte* p = stage_.data();
+  const std::byte* end = p + n;
+  while (p < end && !closed_) {
+    const size_t avail = static_cast<size_t>(end - p);
+    if (read_state_ == ReadState::header) {
+      const size_t take = std::min(sizeof(DataHeader) - header_got_, avail);
+      std::memcpy(reinterpret_cast<std::byte*>(&header_) + header_got_, p, take);
+      header_got_ += take;
+      p += take;
+      if (header_got_ == sizeof(DataHeader) && !on_header()) return false;
+    } else {
+      const size_t take = static_cast<size_t>(std::min<uint64_t>(payload_left_, avail));
+      if (payload_dst_) {
+        if (combine_) {
+          (*combine_)({payload_dst_, take}, {p, take});
+        } else {
+          std::memcpy(payload_dst_, p, take);
+        }
+        payload_dst_ += take;
+      }
+      payload_left_ -= take;
+      p += take;
+      if (payload_left_ == 0) end_payload();
+    }
+  }
+  return !closed_;
+}
+
+void TcpChannel::end_payload() {
+  read_state_ = ReadState::header;
+  header_got_ = 0;
+  if (header_.flags & kFlagEnd) finish_request();
+}
+
+bool TcpChannel::on_header() {
+  if (header_.magic != kDataMagic) {
+    FERRY_LOG_WARN("TCP data channel: bad chunk header; closing the peer");
+    fail(errc::protocol_error);
+    return false;
+  }
+  payload_dst_ = nullptr;
+  combine_ = nullptr;
+  payload_left_ = header_.length;
+  auto it = recvs_.find(header_.request_id);
+  if (it != recvs_.end()) {
+    auto& r = it->second;
+    // Every byte of a target is written once: a chunk outside it, or over bytes an earlier chunk
+    // wrote, is the owner's error, not a fetch's success.
+    if (header_.tensor >= r.targets.size() ||
+        !r.written[header_.tensor].add(header_.offset, header_.length)) {
+      FERRY_LOG_WARN(
+          "TCP data channel: chunk [{}, +{}) of tensor {} is outside its target or overlaps "
+          "bytes already received, in request {}; closing the peer",
+          header_.offset, header_.length, header_.tensor, header_.request_id);
+      fail(errc::protocol_error);
+      return false;
+    }
+    payload_dst_ = r.targets[header_.tensor].data() + header_.offset;
+    if (r.combine) combine_ = &r.combine;
+  }
+  // Unknown requests (aborted, timed out) are read into scratch and dropped.
+  if (payload_left_ > 0) {
+    read_state_ = ReadState::payload;
+    return true;
+  }
+  // An empty chunk: only meaningful as the end marker.
+  header_got_ = 0;
+  if (header_.flags & kFlagEnd) finish_request();
+  return true;
+}
+
+void TcpChannel::finish_request() {
+  auto it = recvs_.find(header_.request_id);
+  if (it == recvs_.end()) return;  // aborted meanwhile: its bytes were dropped
+  const auto& written = it->second.written;
+  const bool complete =
+      std::all_of(written.begin(), written.end(), [](const Coverage& c) { return c.complete(); });
+  if (!complete) {
+    FERRY_LOG_WARN("TCP data channel: request {} ended with bytes of its targets never sent",
+                   header_.request_id);
+  }
+  recvs_.erase(it);
+  if (auto link = link_.lock()) {
+    if (complete && (header_.flags & kFlagAckWanted)) {
+      link->send_transport_message(kTransportName, header_.request_id, {});
+    }
+    link->complete_fetch(header_.request_id, complete ? std::error_code() : errc::protocol_error);
+  }
+}
+
+// ---------------------------------------------------------------- sending
+
+void TcpChannel::post_send(uint64_t request_id, ObjectStore::Pin object, SendDone done) {
+  if (closed_) {
+    done(errc::peer_closed);
+    return;
+  }
+  Send s;
+  s.request_id = request_id;
+  s.object = std::move(object);
+  s.done = std::move(done);
+  s.ack = static_cast<bool>(s.object.object().on_served);
+  sends_.push_back(std::move(s));
+  pump();
+}
+
+bool TcpChannel::on_ack(uint64_t request_id) {
+  auto it = awaiting_ack_.find(request_id);
+  if (it == awaiting_ack_.end()) {
+    // The fetcher can answer before this side has seen its last write complete.
+    for (auto& s : sends_) {
+      if (s.request_id == request_id && s.sent_end && s.done) {
+        s.acked = true;
+        return true;
+      }
+    }
+    return false;
+  }
+  auto done = std::move(it->second);
+  awaiting_ack_.erase(it);
+  if (done) done({});
+  return true;
+}
+
+void TcpChannel::pump() {
+  if (writing_ || closed_ || sends_.empty()) return;
+  Send& s = sends_.front();
+  const auto& tensors = s.object.object().tensors;
+  while (s.tensor < tensors.size() && s.offset >= tensors[s.tensor].data.size()) {
+    ++s.tensor;
+    s.offset = 0;
+  }
+  const std::byte* data = nullptr;
+  uint64_t len = 0;
+  if (s.tensor < tensors.size()) {
+    data = tensors[s.tensor].data.data() + s.offset;
+    len = std::min<uint64_t>(chunk_bytes_, tensors[s.tensor].data.size() - s.offset);
+  }
+  bool last = true;
+  if (s.tensor < tensors.size()) {
+    if (s.offset + len < tensors[s.tensor].data.size()) last = false;
+    for (size_t i = s.tensor + 1; last && i < tensors.size(); ++i) {
+      if (!tensors[i].data.empty()) last = false;
+    }
+  }
+  out_header_ = DataHeader{};
+  out_header_.flags = last ? kFlagEnd | (s.ack ? kFlagAckWanted : 0) : 0;
+  out_header_.request_id = s.request_id;
+  out_header_.tensor = s.tensor < tensors.size() ? static_cast<uint32_t>(s.tensor) : 0;
+  out_header_.offset = s.offset;
+  out_header_.length = len;
+  s.offset += len;
+  s.sent_end = last;
+  writing_ = true;
+  writing_request_ = s.request_id;
+  std::array<asio::const_buffer, 2> buffers{asio::buffer(&out_header_, sizeof(out_header_)),
+                                            asio::buffer(data, len)};
+  asio::async_write(socket_, buffers, whole,
+                    asio::bind_executor(
+                        strand_, [self = shared_from_this()](boost::system::error_code ec, size_t) {
+                          self->writing_ = false;
+                          if (self->closed_) return;
+                          if (ec) return self->fail(errc::peer_closed);
+                          auto it = self->sends_.begin();  // the one just written is at the front
+                          if (it->sent_end) {
+                            self->finish_send(it, {});
+                          } else if (self->sends_.size() > 1) {
+                            // Round-robin: a small request is not stuck behind a large one.
+                            self->sends_.push_back(std::move(*it));
+                            self->sends_.pop_front();
+                          }
+                          self->pump();
+                        }));
+}
+
+void TcpChannel::finish_send(std::deque<Send>::iterator it, std::error_code ec) {
+  auto done = std::move(it->done);
+  const bool ack = it->ack && !it->acked && !ec;
+  const uint64_t request_id = it->request_id;
+  sends_.erase(it);  // drops the pin: the bytes are written
+  if (ack && done) {
+    awaiting_ack_.emplace(request_id, std::move(done));
+  } else if (done) {
+    done(ec);
+  }
+}
+
+// ---------------------------------------------------------------- abort and close
+
+void TcpChannel::abort(uint64_t request_id) {
+  // Receive side: stop landing bytes in its targets, now.
+  if (recvs_.erase(request_id) && read_state_ == ReadState::payload &&
+      header_.request_id == request_id) {
+    payload_dst_ = nullptr;
+    combine_ = nullptr;
+  }
+  if (auto it = awaiting_ack_.find(request_id); it != awaiting_ack_.end()) {
+    auto done = std::move(it->second);
+    awaiting_ack_.erase(it);
+    if (done) done(errc::aborted);
+    return;
+  }
+  // Send side: a chunk being written finishes first (its bytes are in flight), then the send
+  // ends with an end marker missing: the fetcher has dropped the request already.
+  for (auto it = sends_.begin(); it != sends_.end(); ++it) {
+    if (it->request_id != request_id) continue;
+    if (writing_ && it == sends_.begin()) {
+      it->sent_end = true;  // finish after this chunk
+      auto done = std::move(it->done);
+      it->done = nullptr;
+      if (done) done(errc::aborted);
+    } else {
+      finish_send(it, errc::aborted);
+    }
+    return;
+  }
+}
+
+void TcpChannel::fail(std::error_code ec) {
+  if (closed_) return;
+  if (auto link = link_.lock()) {
+    link->fail(ec);  // the session closes every channel, this one included
+  } else {
+    close(ec);
+  }
+}
+
+void TcpChannel::close(std::error_code ec) {
+  if (closed_) return;
+  closed_ = true;
+  boost::system::error_code ignored;
+  socket_.shutdown(asio::ip::tcp::socket::shutdown_both, ignored);
+  socket_.close(ignored);  // after this no read or write touches any buffer
+  recvs_.clear();
+  auto sends = std::move(sends_);
+  sends_.clear();
+  auto awaiting = std::move(awaiting_ack_);
+  awaiting_ack_.clear();
+  for (auto& s : sends) {
+    if (s.done) s.done(ec);
+  }
+  for (auto& [id, done] : awaiting) {
+    if (done) done(ec);
+  }
+}
+
+}  // namespace ferry::tcp

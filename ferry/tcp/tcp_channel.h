@@ -1,0 +1,106 @@
+// TcpChannel: one peer's TCP data channel (internal to the TCP transport).
+//
+// Receiving: the socket is waited on for readability and read with non-blocking recv() inside
+// strand handlers, so bytes land in a target buffer only while its fetch is live; abort() on the
+// strand is therefore final: no read is in flight into a buffer once its request is gone. While
+// a header is expected, one recv() takes up to 16 KiB into a staging buffer (a small chunk's
+// header and payload in one call); a large payload's remainder is received straight into its
+// target, or, for a request that combines (FetchOp::combine), into a buffer of 128 KiB and
+// combined into its target from there while the bytes are still in cache.
+// Sending: requests are served round-robin in chunks of `chunk_bytes`, each an async_write of
+// {header, payload} straight from the pinned object. A send of an object that counts its serves
+// (PutOptions::on_served) completes when the fetcher acknowledges receipt (an empty
+// TransportMessage on the metadata channel), not when its bytes are written: written bytes can
+// still be lost with the connection.
+#pragma once
+
+#include <boost/asio/ip/tcp.hpp>
+#include <deque>
+#include <memory>
+#include <unordered_map>
+#include <vector>
+
+#include "ferry/net/coverage.h"
+#include "ferry/net/transport.h"
+#include "ferry/tcp/data_frame.h"
+
+namespace ferry::tcp {
+
+class TcpChannel final : public TransportChannel, public std::enable_shared_from_this<TcpChannel> {
+ public:
+  TcpChannel(std::shared_ptr<PeerLink> link, boost::asio::ip::tcp::socket socket,
+             size_t chunk_bytes);
+
+  // Starts reading. Strand.
+  void start();
+  // Strand, all of them.
+  void post_recv(const FetchOp& op);
+  void post_send(uint64_t request_id, ObjectStore::Pin object, SendDone done);
+  void abort(uint64_t request_id);
+  // Owner side: the fetcher's acknowledgement of a request arrived. False if no send of this
+  // channel waits for it.
+  bool on_ack(uint64_t request_id);
+  void close(std::error_code ec) override;
+
+ private:
+  struct Recv {
+    std::vector<MutableBuffer> targets;
+    std::vector<Coverage> written;  // per target: the chunks' offsets may not overlap or leave gaps
+    CombineFn combine;              // optional
+  };
+  struct Send {
+    uint64_t request_id = 0;
+    ObjectStore::Pin object;
+    SendDone done;
+    size_t tensor = 0;
+    uint64_t offset = 0;
+    bool sent_end = false;
+    bool ack = false;    // completes on the fetcher's acknowledgement
+    bool acked = false;  // which came before the last chunk's write completed
+  };
+  enum class ReadState { header, payload };
+
+  void arm_read();
+  void on_readable();
+  // Parses the first `n` bytes of stage_: headers, and payload bytes copied to their target.
+  // Returns false when the channel failed.
+  bool consume_stage(size_t n);
+  // Returns false when the channel failed.
+  bool on_header();
+  // The current chunk's payload is complete: expect a header; finish the request at its end.
+  void end_payload();
+  // The current chunk was the request's last: complete it (every byte must have arrived).
+  void finish_request();
+  void fail(std::error_code ec);
+  void pump();
+  void finish_send(std::deque<Send>::iterator it, std::error_code ec);
+
+  std::weak_ptr<PeerLink> link_;
+  PeerStrand strand_;
+  boost::asio::ip::tcp::socket socket_;
+  const size_t chunk_bytes_;
+  bool closed_ = false;
+
+  // receive side
+  std::unordered_map<uint64_t, Recv> recvs_;
+  ReadState read_state_ = ReadState::header;
+  DataHeader header_;
+  size_t header_got_ = 0;
+  std::byte* payload_dst_ = nullptr;  // null: discard (request aborted or unknown)
+  uint64_t payload_left_ = 0;
+  // The current chunk's request combines (FetchOp::combine): its bytes go through stage_ or
+  // combining_ and this function into payload_dst_. Null otherwise.
+  const CombineFn* combine_ = nullptr;
+  std::vector<std::byte> scratch_;    // payload of dropped requests lands here
+  std::vector<std::byte> stage_;      // reads while a header is expected
+  std::vector<std::byte> combining_;  // a combining request's payload on its way to the target
+
+  // send side
+  std::deque<Send> sends_;
+  std::unordered_map<uint64_t, SendDone> awaiting_ack_;  // written, not yet acknowledged
+  bool writing_ = false;
+  uint64_t writing_request_ = 0;
+  DataHeader out_header_;
+};
+
+}  // namespace ferry::tcp

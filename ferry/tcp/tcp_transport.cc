@@ -1,0 +1,96 @@
+#include "ferry/tcp/tcp_transport.h"
+
+#include "ferry/net/context.h"
+#include "ferry/net/errors.h"
+#include "ferry/net/log.h"
+#include "ferry/tcp/congestion.h"
+#include "ferry/tcp/tcp_channel.h"
+
+namespace ferry::tcp {
+
+TcpTransport::TcpTransport(const TransportEnv& env)
+    : chunk_bytes_(env.options.tcp_chunk_bytes ? env.options.tcp_chunk_bytes : (1u << 20)),
+      congestion_(env.options.tcp_congestion) {}
+
+TransportInfo TcpTransport::local_info() const {
+  TransportInfo info;
+  info.name = kTransportName;
+  info.devices = {"cpu"};
+  info.priority = 10;
+  return info;
+}
+
+void TcpTransport::async_open_channel(std::shared_ptr<PeerLink> link, ChannelOpenHandler done) {
+  auto chunk = chunk_bytes_;
+  link->async_open_side_connection(
+      kTransportName, [link, done = std::move(done), chunk, congestion = congestion_](
+                          std::error_code ec, boost::asio::ip::tcp::socket socket) {
+        if (ec) return done(ec, nullptr);
+        tune_congestion(socket.native_handle(), congestion);
+        auto channel = std::make_shared<TcpChannel>(link, std::move(socket), chunk);
+        channel->start();
+        done({}, channel);
+      });
+}
+
+std::error_code TcpTransport::accept_side_connection(std::shared_ptr<PeerLink> link,
+                                                     boost::asio::ip::tcp::socket socket,
+                                                     std::shared_ptr<TransportChannel>& channel) {
+  tune_congestion(socket.native_handle(), congestion_);
+  auto ch = std::make_shared<TcpChannel>(link, std::move(socket), chunk_bytes_);
+  ch->start();
+  channel = ch;
+  return {};
+}
+
+Result<FetchRequest> TcpTransport::recv_multiple(PeerLink& link, const FetchOp& op) {
+  auto ch = std::static_pointer_cast<TcpChannel>(link.channel(kTransportName));
+  if (!ch) return errc::transport_unavailable;
+  ch->post_recv(op);
+  return op.request;
+}
+
+void TcpTransport::send_multiple(PeerLink& link, uint64_t request_id, ObjectStore::Pin object,
+                                 SendDone done) {
+  auto ch = std::static_pointer_cast<TcpChannel>(link.channel(kTransportName));
+  if (!ch) return done(errc::transport_unavailable);
+  ch->post_send(request_id, std::move(object), std::move(done));
+}
+
+bool TcpTransport::abort(PeerLink& link, uint64_t request_id) {
+  // Receives land only inside strand handlers, so dropping the request releases it at once.
+  if (auto ch = std::static_pointer_cast<TcpChannel>(link.channel(kTransportName))) {
+    ch->abort(request_id);
+  }
+  return true;
+}
+
+void TcpTransport::on_transport_message(PeerLink& link, uint64_t request_id,
+                                        std::string_view payload) {
+  if (!payload.empty()) {
+    FERRY_LOG_WARN("TCP: unknown control message from peer '{}'", link.info().name);
+    return;
+  }
+  auto ch = std::static_pointer_cast<TcpChannel>(link.channel(kTransportName));
+  // Not waited for by the channel: its send failed when a broken connection took it.
+  if (!ch || !ch->on_ack(request_id)) link.settle(request_id);
+}
+
+void TcpTransport::garbage_collect(const StoredObject&) {
+  // The TCP transport holds nothing per object; the store frees the memory after this returns.
+  ++collected_;
+}
+
+bool register_tcp_transport() {
+  static const bool registered = [] {
+    auto ec = register_transport(
+        kTransportName, {"cpu"},
+        [](const TransportEnv& env) -> Result<std::shared_ptr<TransportManager>> {
+          return std::shared_ptr<TransportManager>(std::make_shared<TcpTransport>(env));
+        });
+    return !ec || ec == errc::transport_duplicate;
+  }();
+  return registered;
+}
+
+}  // namespace ferry::tcp

@@ -1,0 +1,51 @@
+// TcpTransport: the two-sided fallback. Each peer gets a second TCP connection (the data
+// channel) so bulk bytes never delay control messages; the owner streams chunks of every
+// request it serves, round-robin, and the fetcher receives them straight into the targets.
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <string>
+
+#include "ferry/net/registry.h"
+#include "ferry/net/transport.h"
+
+namespace ferry::tcp {
+
+inline constexpr const char* kTransportName = "TCP";
+
+class TcpTransport final : public TransportManager {
+ public:
+  explicit TcpTransport(const TransportEnv& env);
+
+  std::string name() const override { return kTransportName; }
+  bool is_one_sided() const override { return false; }
+  bool combines() const override { return true; }
+  bool can_abort() const override { return true; }
+  TransportInfo local_info() const override;
+
+  void async_open_channel(std::shared_ptr<PeerLink> link, ChannelOpenHandler done) override;
+  std::error_code accept_side_connection(std::shared_ptr<PeerLink> link,
+                                         boost::asio::ip::tcp::socket socket,
+                                         std::shared_ptr<TransportChannel>& channel) override;
+  Result<FetchRequest> recv_multiple(PeerLink& link, const FetchOp& op) override;
+  void send_multiple(PeerLink& link, uint64_t request_id, ObjectStore::Pin object,
+                     SendDone done) override;
+  bool abort(PeerLink& link, uint64_t request_id) override;
+  // The fetcher's acknowledgement of a send that asked for one (an empty payload).
+  void on_transport_message(PeerLink& link, uint64_t request_id, std::string_view payload) override;
+  void garbage_collect(const StoredObject& object) override;
+
+  // Objects collected so far (for tests and `ferry serve` statistics).
+  uint64_t collected() const { return collected_.load(); }
+
+ private:
+  size_t chunk_bytes_;
+  std::string congestion_;  // ContextOptions::tcp_congestion (ferry/tcp/congestion.h)
+  std::atomic<uint64_t> collected_{0};
+};
+
+// Registers "TCP" with the process-wide registry. Idempotent; returns true once registered.
+bool register_tcp_transport();
+
+}  // namespace ferry::tcp
