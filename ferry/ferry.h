@@ -1,6 +1,7 @@
-// ferry: asynchronous tensor and buffer transfers between processes.
-// Include this (and link ferry::ferry) to get the whole library with its built-in transports
-// registered before main() runs.
+/// @file
+/// ferry: asynchronous tensor and buffer transfers between processes.
+/// Include this (and link ferry::ferry) to get the whole library with its built-in transports
+/// registered before main() runs.
 #pragma once
 
 #include "ferry/collective/group.h"
@@ -20,12 +21,18 @@
 #include "ferry/store/tensor.h"
 #include "ferry/tcp/tcp_transport.h"
 
+/// ferry's library: Context, Peer, ObjectRef and fetches, the store, errors, the transport
+/// interface and registry (the main page says where to start).
 namespace ferry {
 
-// Registers the transports built into this ferry (TCP; RDMA when built with rdma-core) through
-// the public registry, exactly as a user's transport would register. Idempotent.
+/// Registers the transports built into this ferry (TCP; RDMA when built with rdma-core) through
+/// the public registry, exactly as a user's transport would register. Idempotent.
 inline bool register_builtin_transports() {
+  // FERRY_NO_RDMA_TRANSPORT: set for a consumer that found ferry with COMPONENTS tcp only
+  // (ferryConfig.cmake), which does not link the RDMA library.
+#ifndef FERRY_NO_RDMA_TRANSPORT
   rdma::register_rdma_transport();
+#endif
   return tcp::register_tcp_transport();
 }
 
@@ -34,6 +41,7 @@ namespace detail {
 inline const bool kBuiltinTransportsRegistered = register_builtin_transports();
 }  // namespace detail
 
+/// This ferry's version, as `ferry info` prints it (the CMake project's version).
 inline constexpr const char* kVersion = "0.1.0";
 
 }  // namespace ferry

@@ -1,6 +1,7 @@
-// TcpTransport: the two-sided fallback. Each peer gets a second TCP connection (the data
-// channel) so bulk bytes never delay control messages; the owner streams chunks of every
-// request it serves, round-robin, and the fetcher receives them straight into the targets.
+/// @file
+/// TcpTransport: the two-sided fallback. Each peer gets a second TCP connection (the data
+/// channel) so bulk bytes never delay control messages; the owner streams chunks of every
+/// request it serves, round-robin, and the fetcher receives them straight into the targets.
 #pragma once
 
 #include <atomic>
@@ -10,12 +11,19 @@
 #include "ferry/net/registry.h"
 #include "ferry/net/transport.h"
 
+/// The built-in TCP transport (the two-sided data channel) and its chunk header.
 namespace ferry::tcp {
 
+/// The name TcpTransport registers under.
 inline constexpr const char* kTransportName = "TCP";
 
+/// The TCP transport (see this file's comment): two-sided, combines as bytes arrive, aborts at
+/// once. Contexts make one each through the registry (register_tcp_transport); applications do not
+/// construct it. The TransportManager contract holds for every method.
 class TcpTransport final : public TransportManager {
  public:
+  /// Takes ContextOptions::tcp_chunk_bytes (1 MiB when 0) and tcp_congestion from `env`; opens
+  /// nothing until a peer needs a data channel.
   explicit TcpTransport(const TransportEnv& env);
 
   std::string name() const override { return kTransportName; }
@@ -32,11 +40,11 @@ class TcpTransport final : public TransportManager {
   void send_multiple(PeerLink& link, uint64_t request_id, ObjectStore::Pin object,
                      SendDone done) override;
   bool abort(PeerLink& link, uint64_t request_id) override;
-  // The fetcher's acknowledgement of a send that asked for one (an empty payload).
+  /// The fetcher's acknowledgement of a send that asked for one (an empty payload).
   void on_transport_message(PeerLink& link, uint64_t request_id, std::string_view payload) override;
   void garbage_collect(const StoredObject& object) override;
 
-  // Objects collected so far (for tests and `ferry serve` statistics).
+  /// Objects collected so far (for tests and `ferry serve` statistics).
   uint64_t collected() const { return collected_.load(); }
 
  private:
@@ -45,7 +53,7 @@ class TcpTransport final : public TransportManager {
   std::atomic<uint64_t> collected_{0};
 };
 
-// Registers "TCP" with the process-wide registry. Idempotent; returns true once registered.
+/// Registers "TCP" with the process-wide registry. Idempotent; returns true once registered.
 bool register_tcp_transport();
 
 }  // namespace ferry::tcp
