@@ -58,8 +58,8 @@ struct PoolCounters {
   uint64_t fallbacks = 0;     ///< allocations served with plain memory (cap reached or disabled)
   uint64_t fallback_bytes = 0;   ///< bytes requested by those fallbacks, in total
   uint64_t regions_created = 0;  ///< regions and slabs mapped
-  uint64_t regions_trimmed =
-      0;  ///< regions and slabs unmapped (idle, or to make room under the cap)
+  /// regions and slabs unmapped (idle, or to make room under the cap)
+  uint64_t regions_trimmed = 0;
 };
 
 /// The registration of one pair of region callbacks (Pool::add_region_listener). Destroying it,

@@ -1,4 +1,5 @@
-// Delivering completions: never inline, always through the handler's associated executor.
+/// @file
+/// Delivering completions: never inline, always through the handler's associated executor.
 #pragma once
 
 #include <boost/asio/associated_executor.hpp>

@@ -1,5 +1,6 @@
-// Context: one io_context, its threads, the local store, the transports, the listener and the
-// peers. Everything in ferry hangs off a Context.
+/// @file
+/// Context: one io_context, its threads, the local store, the transports, the listener and the
+/// peers. Everything in ferry hangs off a Context.
 #pragma once
 
 #include <boost/asio/async_result.hpp>
@@ -22,167 +23,197 @@
 
 namespace ferry {
 
+/// The metadata channel's protocol version, sent in Hello: a peer speaking another one is refused
+/// with errc::version_mismatch.
 inline constexpr uint32_t kProtocolVersion = 1;
 
-// TLS for the metadata channel (Boost.Asio SSL over OpenSSL, TLS 1.2+). Data channels stay plain
-// TCP or RDMA: TLS protects the control messages (object ids, sizes, grants and their rkeys,
-// session tokens), not the tensor bytes (docs/security.md). Off when all three are empty.
+/// TLS for the metadata channel (Boost.Asio SSL over OpenSSL, TLS 1.2+). Data channels stay plain
+/// TCP or RDMA: TLS protects the control messages (object ids, sizes, grants and their rkeys,
+/// session tokens), not the tensor bytes (docs/security.md). Off when all three are empty.
 struct TlsOptions {
-  std::string certificate;  // PEM chain this side presents; needed to accept TLS connections
-  std::string private_key;  // PEM key of `certificate`
-  // PEM CAs the peer's certificate must chain to. Needed to connect (the server is always
-  // verified, by IP or host name against its certificate's names); on a server it also makes
-  // client certificates mandatory (mutual TLS).
+  std::string certificate;  ///< PEM chain this side presents; needed to accept TLS connections
+  std::string private_key;  ///< PEM key of `certificate`
+  /// PEM CAs the peer's certificate must chain to. Needed to connect (the server is always
+  /// verified, by IP or host name against its certificate's names); on a server it also makes
+  /// client certificates mandatory (mutual TLS).
   std::string ca;
+  /// Whether any of the three is set (TLS is then on for the metadata channel).
   bool enabled() const;
-  // From $FERRY_TLS_CERT, $FERRY_TLS_KEY and $FERRY_TLS_CA.
+  /// From $FERRY_TLS_CERT, $FERRY_TLS_KEY and $FERRY_TLS_CA.
   static TlsOptions from_environment();
 };
 
-// What an RDMA grant (the rkey an owner sends a fetcher) opens. Both per-peer modes give a grant
-// to one peer (its queue pair), over exactly the granted range, for one lease: another peer's,
-// an expired, a forged or an out-of-range rkey gets a remote access error (docs/security.md).
+/// What an RDMA grant (the rkey an owner sends a fetcher) opens. Both per-peer modes give a grant
+/// to one peer (its queue pair), over exactly the granted range, for one lease: another peer's,
+/// an expired, a forged or an out-of-range rkey gets a remote access error (docs/security.md).
 enum class RdmaGrants {
-  // windows on devices that have type-2 memory windows and are not soft-RoCE; registrations
-  // elsewhere (rxe's windows stall READs under load and are not range-checked).
+  /// windows on devices that have type-2 memory windows and are not soft-RoCE; registrations
+  /// elsewhere (rxe's windows stall READs under load and are not range-checked).
   automatic,
-  // Owner memory is registered once, without remote access; each grant binds a type-2 window
-  // over the range to the fetcher's queue pair (one bind work request per tensor). A device
-  // without windows uses registrations instead (logged).
+  /// Owner memory is registered once, without remote access; each grant binds a type-2 window
+  /// over the range to the fetcher's queue pair (one bind work request per tensor). A device
+  /// without windows uses registrations instead (logged).
   windows,
-  // Each peer's queue pair has its own protection domain; each grant registers exactly the
-  // range there (one ibv_reg_mr per tensor per grant, deregistered when the lease ends).
+  /// Each peer's queue pair has its own protection domain; each grant registers exactly the
+  /// range there (one ibv_reg_mr per tensor per grant, deregistered when the lease ends).
   registrations,
-  // Weaker, for speed: owner memory is registered once with remote read access and its rkey is
-  // valid for every peer, over the whole registration, until the object is collected (logged).
+  /// Weaker, for speed: owner memory is registered once with remote read access and its rkey is
+  /// valid for every peer, over the whole registration, until the object is collected (logged).
   regions,
 };
 
-// "auto", "windows", "registrations", "regions"; nullopt for anything else.
+/// "auto", "windows", "registrations", "regions"; nullopt for anything else.
 std::optional<RdmaGrants> parse_rdma_grants(std::string_view text);
 
+/// Everything a Context is configured with, fixed at construction (Context::options()). Defaults
+/// come from the environment where a default_*() function says so (docs/configuration.md lists
+/// every variable).
 struct ContextOptions {
-  std::string name = "ferry";           // shown to peers and in logs
-  int threads = 1;                      // threads running the io_context
-  std::vector<std::string> transports;  // registered transports to use; empty = all
-  // For connections we make: "auto" or a name; default from $FERRY_TRANSPORT (auto|rdma|tcp).
+  std::string name = "ferry";           ///< shown to peers and in logs
+  int threads = 1;                      ///< threads running the io_context
+  std::vector<std::string> transports;  ///< registered transports to use; empty = all
+  /// For connections we make: "auto" or a name; default from $FERRY_TRANSPORT (auto|rdma|tcp).
   std::string transport = default_transport();
-  uint32_t max_frame_bytes = 4u << 20;          // metadata frames above this end the connection
-  size_t max_queued_control_bytes = 64u << 20;  // a peer that does not read its control frames
-  size_t max_requests_per_peer = 4096;          // fetches one peer may have us serve at once
+  uint32_t max_frame_bytes = 4u << 20;          ///< metadata frames above this end the connection
+  size_t max_queued_control_bytes = 64u << 20;  ///< a peer that does not read its control frames
+  size_t max_requests_per_peer = 4096;          ///< fetches one peer may have us serve at once
+  /// Connecting's deadline: resolving, the TCP connect and the TLS handshake of the metadata
+  /// channel.
   std::chrono::milliseconds connect_timeout{10000};
+  /// The handshake's deadline: Hello / HelloAnswer and the shared secret's proofs (and an
+  /// accepted connection's first frame).
   std::chrono::milliseconds handshake_timeout{5000};
+  /// A ping to each open peer this often; peer_timeout is checked at each.
   std::chrono::milliseconds heartbeat_interval{1000};
-  std::chrono::milliseconds peer_timeout{10000};  // silence after which a peer is declared dead
-  size_t tcp_chunk_bytes = 1u << 20;              // TCP data channel: bytes per chunk
-  // TCP data channels' congestion control (default: $FERRY_TCP_CONGESTION, else ""). "":
-  // automatic: a data channel between two endpoints of this host uses reno (BBR's pacing only
-  // delays the bytes there, and cubic's HyStart leaves slow start early on a busy host:
-  // ferry/tcp/congestion.h); every other one keeps the system's default. "system": always the
-  // system's default. Any other text: that algorithm (e.g. "cubic", "reno") for every data channel;
-  // one the kernel refuses is logged and the default stays. Metadata channels always keep the
-  // system's default.
+  std::chrono::milliseconds peer_timeout{10000};  ///< silence after which a peer is declared dead
+  size_t tcp_chunk_bytes = 1u << 20;              ///< TCP data channel: bytes per chunk
+  /// TCP data channels' congestion control (default: $FERRY_TCP_CONGESTION, else ""). "":
+  /// automatic: a data channel between two endpoints of this host uses reno (BBR's pacing only
+  /// delays the bytes there, and cubic's HyStart leaves slow start early on a busy host:
+  /// ferry/tcp/congestion.h); every other one keeps the system's default. "system": always the
+  /// system's default. Any other text: that algorithm (e.g. "cubic", "reno") for every data
+  /// channel; one the kernel refuses is logged and the default stays. Metadata channels always keep
+  /// the system's default.
   std::string tcp_congestion = default_tcp_congestion();
-  std::chrono::milliseconds lease_timeout{60000};  // one-sided grants: pin held at most this long
-  // RDMA: poll the completion queue instead of sleeping on its channel.
+  std::chrono::milliseconds lease_timeout{60000};  ///< one-sided grants: pin held at most this long
+  /// RDMA: poll the completion queue instead of sleeping on its channel.
   bool busy_poll = false;
-  // RDMA: how one-sided grants open owner memory to a peer (see RdmaGrants); default from
-  // $FERRY_RDMA_GRANTS (auto|windows|registrations|regions).
+  /// RDMA: how one-sided grants open owner memory to a peer (see RdmaGrants); default from
+  /// $FERRY_RDMA_GRANTS (auto|windows|registrations|regions).
   RdmaGrants rdma_grants = default_rdma_grants();
-  // Shared secret for the metadata channel (default: $FERRY_SECRET). When set, both sides prove
-  // knowledge of it (HMAC-SHA256 challenge-response; it is never sent) before anything else;
-  // a peer without it, or with another, is refused with errc::auth_failed.
+  /// Shared secret for the metadata channel (default: $FERRY_SECRET). When set, both sides prove
+  /// knowledge of it (HMAC-SHA256 challenge-response; it is never sent) before anything else;
+  /// a peer without it, or with another, is refused with errc::auth_failed.
   std::string secret = default_secret();
-  // TLS on the metadata channel (see TlsOptions). When enabled, a listening context refuses
-  // plain-TCP peers (errc::tls_required) and a connecting one speaks only TLS. A file that
-  // cannot be loaded makes the Context constructor throw std::system_error.
+  /// TLS on the metadata channel (see TlsOptions). When enabled, a listening context refuses
+  /// plain-TCP peers (errc::tls_required) and a connecting one speaks only TLS. A file that
+  /// cannot be loaded makes the Context constructor throw std::system_error.
   TlsOptions tls = TlsOptions::from_environment();
-  // The receive pool (ferry/mem/pool.h): memory ferry allocates for fetches without targets, for
-  // the collectives' receive space and for allocate(), recycled instead of freed and registered
-  // with each RDMA device once. At most this many bytes are held (default $FERRY_POOL_BYTES,
-  // e.g. "4G", else a quarter of physical memory up to 2 GiB); beyond it allocations get plain
-  // memory and are counted as fallbacks, never refused. 0 turns the pool off.
+  /// The receive pool (ferry/mem/pool.h): memory ferry allocates for fetches without targets, for
+  /// the collectives' receive space and for allocate(), recycled instead of freed and registered
+  /// with each RDMA device once. At most this many bytes are held (default $FERRY_POOL_BYTES,
+  /// e.g. "4G", else a quarter of physical memory up to 2 GiB); beyond it allocations get plain
+  /// memory and are counted as fallbacks, never refused. 0 turns the pool off.
   size_t pool_bytes = default_pool_bytes();
-  // A region of the pool wholly free this long is given back to the system.
+  /// A region of the pool wholly free this long is given back to the system.
   std::chrono::milliseconds pool_idle_trim{10000};
 
-  // "auto", or the transport named by $FERRY_TRANSPORT ("rdma" and "tcp" in any case map to the
-  // built-in "RDMA" and "TCP").
+  /// "auto", or the transport named by $FERRY_TRANSPORT ("rdma" and "tcp" in any case map to the
+  /// built-in "RDMA" and "TCP").
   static std::string default_transport();
+  /// $FERRY_SECRET, or "" (no shared secret).
   static std::string default_secret();
+  /// $FERRY_TCP_CONGESTION, or "" (automatic: see tcp_congestion).
   static std::string default_tcp_congestion();
+  /// $FERRY_RDMA_GRANTS parsed by parse_rdma_grants(); RdmaGrants::automatic when unset or not a
+  /// mode (logged).
   static RdmaGrants default_rdma_grants();
+  /// $FERRY_POOL_BYTES (mem::pool_cap_from_env: digits with an optional K, M or G), else a quarter
+  /// of physical memory up to 2 GiB; a value that is not a byte count is logged and the fallback
+  /// used.
   static size_t default_pool_bytes();
 };
 
 struct Stats;  // ferry/net/stats.h
 
-// What the receive pool (ContextOptions::pool_bytes) holds and has done; Context::pool_stats().
+/// What the receive pool (ContextOptions::pool_bytes) holds and has done; Context::pool_stats().
 struct PoolStats {
-  uint64_t held_bytes = 0;       // bytes of regions mapped now
-  uint64_t in_use_bytes = 0;     // bytes of live blocks (at their size-class size)
-  uint64_t hits = 0;             // allocations served from memory already held
-  uint64_t misses = 0;           // allocations that mapped a new region
-  uint64_t fallbacks = 0;        // allocations served with plain memory (cap reached, or no pool)
-  uint64_t fallback_bytes = 0;   // bytes those asked for, in total
-  uint64_t regions_created = 0;  // regions mapped so far
-  uint64_t regions_trimmed = 0;  // regions given back to the system so far
+  uint64_t held_bytes = 0;       ///< bytes of regions mapped now
+  uint64_t in_use_bytes = 0;     ///< bytes of live blocks (at their size-class size)
+  uint64_t hits = 0;             ///< allocations served from memory already held
+  uint64_t misses = 0;           ///< allocations that mapped a new region
+  uint64_t fallbacks = 0;        ///< allocations served with plain memory (cap reached, or no pool)
+  uint64_t fallback_bytes = 0;   ///< bytes those asked for, in total
+  uint64_t regions_created = 0;  ///< regions mapped so far
+  uint64_t regions_trimmed = 0;  ///< regions given back to the system so far
 };
 
+/// How put() stores one object; the defaults suit most objects.
 struct PutOptions {
-  std::string transport;   // the transport preferred for it ("" = the best both sides share)
-  bool exclusive = false;  // only `transport` may move it: other fetches get an error
-  bool copy = false;       // copy the bytes into the store instead of referencing them
-  // The allocation the tensors are views of, when the caller knows it: one memory registration
-  // then serves every object inside it (10,000 views of one buffer cost one ibv_reg_mr).
+  std::string transport;   ///< the transport preferred for it ("" = the best both sides share)
+  bool exclusive = false;  ///< only `transport` may move it: other fetches get an error
+  bool copy = false;       ///< copy the bytes into the store instead of referencing them
+  /// The allocation the tensors are views of, when the caller knows it: one memory registration
+  /// then serves every object inside it (10,000 views of one buffer cost one ibv_reg_mr).
   std::span<const std::byte> region;
-  // A name peers can fetch it by (ObjectRef::named), even before it is put: their fetches wait
-  // on this side until it is. Unique among this context's live objects (a taken name is
-  // errc::invalid_argument); freed when the object is collected.
+  /// A name peers can fetch it by (ObjectRef::named), even before it is put: their fetches wait
+  /// on this side until it is. Unique among this context's live objects (a taken name is
+  /// errc::invalid_argument); freed when the object is collected.
   std::string name;
-  // Runs on a thread running the context (an io thread, or a Context::BusyPoll holder) each time
-  // a serve of this object has ended well on this side: the transport is done with the bytes
-  // (over TCP they are all written to the data socket; over RDMA the fetcher's release says its
-  // reads succeeded), so a caller that reuses the memory once every expected serve has run is
-  // safe. Over TCP written bytes can still be lost with the connection: the fetcher then fails
-  // (its fetch of an object collected meanwhile cannot be made again). Asks for no
-  // acknowledgement: it costs no message. Also runs, late, for a serve that failed on this side
-  // when the fetcher then confirms every byte (over RDMA: its release saying the reads succeeded
-  // arrives after this side's queue pair broke). Not for failed or aborted serves (the fetcher
-  // fetches those again: the object must stay until it has). Must not block (the
-  // collectives count their offers' sends with it: a call ends when its sends are done, as an
-  // MPI send completes).
+  /// Runs on a thread running the context (an io thread, or a Context::BusyPoll holder) each time
+  /// a serve of this object has ended well on this side: the transport is done with the bytes
+  /// (over TCP they are all written to the data socket; over RDMA the fetcher's release says its
+  /// reads succeeded), so a caller that reuses the memory once every expected serve has run is
+  /// safe. Over TCP written bytes can still be lost with the connection: the fetcher then fails
+  /// (its fetch of an object collected meanwhile cannot be made again). Asks for no
+  /// acknowledgement: it costs no message. Also runs, late, for a serve that failed on this side
+  /// when the fetcher then confirms every byte (over RDMA: its release saying the reads succeeded
+  /// arrives after this side's queue pair broke). Not for failed or aborted serves (the fetcher
+  /// fetches those again: the object must stay until it has). Must not block (the
+  /// collectives count their offers' sends with it: a call ends when its sends are done, as an
+  /// MPI send completes).
   std::function<void()> on_sent;
-  // Runs like on_sent, after it, each time a fetch of this object has been served: once the
-  // fetcher has every byte (over TCP its acknowledgement, a message on the metadata channel the
-  // fetcher sends only for objects with this hook; over RDMA its release saying the reads
-  // succeeded). Also runs, late, when the fetcher confirms every byte of a serve that failed on
-  // this side (the data channel broke after the last write). Not for failed or aborted serves.
-  // Must not block.
+  /// Runs like on_sent, after it, each time a fetch of this object has been served: once the
+  /// fetcher has every byte (over TCP its acknowledgement, a message on the metadata channel the
+  /// fetcher sends only for objects with this hook; over RDMA its release saying the reads
+  /// succeeded). Also runs, late, when the fetcher confirms every byte of a serve that failed on
+  /// this side (the data channel broke after the last write). Not for failed or aborted serves.
+  /// Must not block.
   std::function<void()> on_served;
 };
 
+/// The root of ferry in a process (see this file's comment): its io threads run every connection,
+/// its store holds what it put, its transports move the bytes, and its listener takes peers in. Not
+/// copyable; the application owns it (directly, or through create()). Its methods may be called
+/// from any thread unless their comment says otherwise.
 class Context {
  public:
-  // Starts `options.threads` threads running the io_context and instantiates the transports.
-  // Throws std::system_error for options naming an unknown transport (use create() to get a
-  // Result instead).
+  /// Starts `options.threads` threads running the io_context and instantiates the transports.
+  /// Throws std::system_error for options naming an unknown transport (use create() to get a
+  /// Result instead).
   explicit Context(ContextOptions options = {});
+  /// As the constructor, but reports what it would throw as an error (logged with the reason):
+  /// errc::transport_unknown for an unknown transport in `options.transports`, and the error of a
+  /// TLS file that cannot be loaded.
   static Result<std::unique_ptr<Context>> create(ContextOptions options = {});
-  // close(), then joins the threads.
+  /// close(), then joins the threads.
   ~Context();
   Context(const Context&) = delete;
   Context& operator=(const Context&) = delete;
 
-  // Listens for peers on "host:port" (port 0 = any). Returns the bound port. Refs made by put()
-  // name this address as their owner (set advertise_address() when peers must use another).
+  /// Listens for peers on "host:port" (port 0 = any). Returns the bound port. Refs made by put()
+  /// name this address as their owner (set advertise_address() when peers must use another).
   Result<uint16_t> listen(std::string_view host_port);
+  /// The address refs name as their owner: the advertise address if set, else the listen address (a
+  /// wildcard host replaced by this host's name); "" before listen(). Any thread.
   std::string address() const;
+  /// Makes refs put from now on name `host_port` as their owner instead of the listen address (for
+  /// peers behind NAT, a proxy or another interface). Not checked; any thread.
   void set_advertise_address(std::string host_port);
 
-  // Connects to a peer's listener: TCP connect, Hello / HelloAnswer (transport negotiation),
-  // data channel set up. Completes with void(boost::system::error_code, Peer) on the context's
-  // executor, never inline; bounded by connect_timeout + handshake_timeout.
+  /// Connects to a peer's listener: TCP connect, Hello / HelloAnswer (transport negotiation),
+  /// data channel set up. Completes with void(boost::system::error_code, Peer) on the context's
+  /// executor, never inline; bounded by connect_timeout + handshake_timeout.
   template <typename Token>
   auto async_connect(std::string address, Token&& token) {
     return boost::asio::async_initiate<Token, void(boost::system::error_code, Peer)>(
@@ -191,90 +222,103 @@ class Context {
         },
         token, std::move(address));
   }
-  // Blocking convenience: async_connect, waited with the connect and handshake timeouts.
-  // Not from an io_context thread.
+  /// Blocking convenience: async_connect, waited with the connect and handshake timeouts.
+  /// Not from an io_context thread.
   Result<Peer> connect(std::string address);
 
-  // Puts tensors into the store and returns their ref (one local reference held by this side;
-  // drop it with release()). The memory `owner` keeps alive must not change until collection.
-  // Refs name this context's listen (or advertise) address as their owner: listen() first.
+  /// Puts tensors into the store and returns their ref (one local reference held by this side;
+  /// drop it with release()). The memory `owner` keeps alive must not change until collection.
+  /// Refs name this context's listen (or advertise) address as their owner: listen() first.
   Result<ObjectRef> put(std::vector<Tensor> tensors, std::shared_ptr<void> owner = nullptr,
                         PutOptions options = {});
-  // `bytes` of memory from the receive pool (ContextOptions::pool_bytes), 64-byte aligned,
-  // contents unspecified: fetch into it (already registered with every RDMA device, so a fetch
-  // registers nothing) or put() it (pass the pointer as `owner`). It returns to the pool when the
-  // last reference goes, from any thread, also after the Context is gone. Beyond the pool's cap it
-  // is plain memory (PoolStats::fallbacks). errc::resource_exhausted when no memory can be had
-  // (more than the machine has, or the system refuses). Any thread.
+  /// `bytes` of memory from the receive pool (ContextOptions::pool_bytes), 64-byte aligned,
+  /// contents unspecified: fetch into it (already registered with every RDMA device, so a fetch
+  /// registers nothing) or put() it (pass the pointer as `owner`). It returns to the pool when the
+  /// last reference goes, from any thread, also after the Context is gone. Beyond the pool's cap it
+  /// is plain memory (PoolStats::fallbacks). errc::resource_exhausted when no memory can be had
+  /// (more than the machine has, or the system refuses). Any thread.
   Result<std::shared_ptr<std::byte[]>> allocate(size_t bytes);
-  // The receive pool's gauges and counters. Any thread.
+  /// The receive pool's gauges and counters. Any thread.
   PoolStats pool_stats() const;
 
-  // Drops the local reference put() gave; collection follows when no peer holds the object.
+  /// Drops the local reference put() gave; collection follows when no peer holds the object.
   bool release(const ObjectRef& ref);
-  // Refs of every object in the store.
+  /// Refs of every object in the store.
   std::vector<ObjectRef> refs() const;
+  /// The local store: what this context serves. Lives as long as the Context.
   ObjectStore& store();
 
-  // Names of the transports this context instantiated, best first.
+  /// Names of the transports this context instantiated, best first.
   std::vector<std::string> transports() const;
+  /// The instance of transport `name`, or null when this context has none by that name. Any thread.
   std::shared_ptr<TransportManager> transport(std::string_view name) const;
 
-  // Number of connected peers (both directions).
+  /// Number of connected peers (both directions).
   size_t peer_count() const;
-  // How many peer connections negotiated each transport since the context started.
+  /// How many peer connections negotiated each transport since the context started.
   std::map<std::string, uint64_t> transport_counts() const;
-  // What this context has done since it started (ferry/net/stats.h): fetches and serves, bytes and
-  // errors by code, fetch latency, connections, the receive pool. A snapshot; any thread.
+  /// What this context has done since it started (ferry/net/stats.h): fetches and serves, bytes and
+  /// errors by code, fetch latency, connections, the receive pool. A snapshot; any thread.
   Stats stats() const;
 
+  /// The io_context its threads run: post work there to run beside ferry's handlers (never block in
+  /// it).
   boost::asio::io_context& io_context();
+  /// The options it was made with (threads raised to at least 1).
   const ContextOptions& options() const;
+  /// A random non-zero id of this Context, new for each one: refs carry it
+  /// (ObjectRef::owner_instance), so refs to an earlier instance at the same address are refused
+  /// (errc::stale_ref).
   uint64_t instance() const;
 
-  // Stops listening, closes every peer (their pending fetches fail with context_closed), stops
-  // the io_context. Idempotent; any thread but an io_context thread.
+  /// Stops listening, closes every peer (their pending fetches fail with context_closed), stops
+  /// the io_context. Idempotent; any thread but an io_context thread.
   void close();
 
   struct Impl;
 
-  // While one is held, the holder's thread runs the context instead of its io threads, which
-  // park: the holder calls poll() between its own checks, so a message is handled by the thread
-  // that waits for it as soon as it arrives, with no wake-up (tens of microseconds on a virtual
-  // machine whose idle CPUs halt) and no hand-off between threads (Open MPI's progress engine
-  // works so). For latency-bound stretches: the collectives hold one during each call
-  // (GroupOptions::busy_wait). Contract: the holder calls poll() at least every few
-  // milliseconds and never blocks on anything that needs the context (FetchRequest::wait, a
-  // future of a fetch) while it holds one, or nothing of this context progresses meanwhile
-  // (other threads' fetches included); completion handlers, user callbacks among them, run on the
-  // holder's thread. Several holders (threads) may poll at once. Move-only; any thread but an io
-  // thread.
-  //
-  // `linger`: when the last holder lets go, the io threads stay parked for up to this long more
-  // (0: they resume at once), so that a holder that takes another BusyPoll soon (back-to-back
-  // collective calls) finds them parked and wakes nothing: no thread leaves the reactor or
-  // returns to it per call. Meanwhile nothing runs the context: a fetch another thread waits for
-  // is delayed up to `linger`. close() ends it at once.
+  /// While one is held, the holder's thread runs the context instead of its io threads, which
+  /// park: the holder calls poll() between its own checks, so a message is handled by the thread
+  /// that waits for it as soon as it arrives, with no wake-up (tens of microseconds on a virtual
+  /// machine whose idle CPUs halt) and no hand-off between threads (Open MPI's progress engine
+  /// works so). For latency-bound stretches: the collectives hold one during each call
+  /// (GroupOptions::busy_wait). Contract: the holder calls poll() at least every few
+  /// milliseconds and never blocks on anything that needs the context (FetchRequest::wait, a
+  /// future of a fetch) while it holds one, or nothing of this context progresses meanwhile
+  /// (other threads' fetches included); completion handlers, user callbacks among them, run on the
+  /// holder's thread. Several holders (threads) may poll at once. Move-only; any thread but an io
+  /// thread.
+  ///
+  /// `linger`: when the last holder lets go, the io threads stay parked for up to this long more
+  /// (0: they resume at once), so that a holder that takes another BusyPoll soon (back-to-back
+  /// collective calls) finds them parked and wakes nothing: no thread leaves the reactor or
+  /// returns to it per call. Meanwhile nothing runs the context: a fetch another thread waits for
+  /// is delayed up to `linger`. close() ends it at once.
   class BusyPoll {
    public:
     BusyPoll() = default;
+    /// Starts holding `ctx`: its io threads park (they finish the handler they are in) and the
+    /// calling thread runs it through poll(); `linger` as above.
     explicit BusyPoll(Context& ctx, std::chrono::microseconds linger = {});
     ~BusyPoll();
+    /// Takes over `other`'s hold; `other` is left empty.
     BusyPoll(BusyPoll&& other) noexcept : impl_(std::move(other.impl_)), linger_(other.linger_) {}
+    /// Ends this one's hold (with its linger), then takes over `other`'s.
     BusyPoll& operator=(BusyPoll&& other) noexcept;
+    /// Whether it holds a context (false when default-constructed or moved from).
     explicit operator bool() const { return impl_ != nullptr; }
-    // Ends what earlier holders' linger left: io threads parked only for a linger resume now (a
-    // caller about to wait for them: a collective call that does not poll). Threads parked for a
-    // live holder stay parked. Any thread but an io thread.
+    /// Ends what earlier holders' linger left: io threads parked only for a linger resume now (a
+    /// caller about to wait for them: a collective call that does not poll). Threads parked for a
+    /// live holder stay parked. Any thread but an io thread.
     static void resume(Context& ctx);
 
-    // Runs the context's ready handlers on the calling thread (reading its sockets first); returns
-    // how many ran (0: nothing was ready, or this one is empty). Never blocks. An exception from a
-    // handler is logged, as on the io threads. The holder's thread.
+    /// Runs the context's ready handlers on the calling thread (reading its sockets first); returns
+    /// how many ran (0: nothing was ready, or this one is empty). Never blocks. An exception from a
+    /// handler is logged, as on the io threads. The holder's thread.
     size_t poll();
-    // Like poll(), but when nothing is ready blocks in the context's reactor until a handler has
-    // run or `timeout` has passed (the thread sleeps meanwhile: its core is free for others).
-    // Returns how many ran. The holder's thread.
+    /// Like poll(), but when nothing is ready blocks in the context's reactor until a handler has
+    /// run or `timeout` has passed (the thread sleeps meanwhile: its core is free for others).
+    /// Returns how many ran. The holder's thread.
     size_t poll_or_wait(std::chrono::microseconds timeout);
 
    private:

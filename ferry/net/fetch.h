@@ -1,7 +1,8 @@
-// FetchRequest and FetchResult: the two ways to hold a fetch in flight.
-//
-// A fetch completes exactly once: with success, an error, a timeout (its own deadline) or
-// operation aborted. Once it has completed, ferry never touches its target buffers again.
+/// @file
+/// FetchRequest and FetchResult: the two ways to hold a fetch in flight.
+///
+/// A fetch completes exactly once: with success, an error, a timeout (its own deadline) or
+/// operation aborted. Once it has completed, ferry never touches its target buffers again.
 #pragma once
 
 #include <boost/asio/any_completion_handler.hpp>
@@ -23,46 +24,51 @@
 
 namespace ferry {
 
-// What a fetch produced. On failure the handler still gets ref, transport and elapsed; the
-// tensors must not be read then.
+/// What a fetch produced. On failure the handler still gets ref, transport and elapsed; the
+/// tensors must not be read then.
 struct FetchResult {
-  ObjectRef ref;
-  std::vector<MutableBuffer> tensors;    // where each tensor landed
-  std::shared_ptr<std::byte[]> storage;  // owns the memory when ferry allocated it; null otherwise
-  std::string transport;                 // the transport that moved the bytes
-  uint64_t bytes = 0;
-  std::chrono::nanoseconds elapsed{0};
-  // Times the fetch was started again because its data channel broke under it (at most
-  // kMaxFetchRestarts; PeerLink::restart_fetch): 0 for almost every fetch.
+  ObjectRef ref;                       ///< the ref that was fetched
+  std::vector<MutableBuffer> tensors;  ///< where each tensor landed
+  /// owns the memory when ferry allocated it; null otherwise
+  std::shared_ptr<std::byte[]> storage;
+  std::string transport;                ///< the transport that moved the bytes
+  uint64_t bytes = 0;                   ///< the object's size: every tensor's bytes
+  std::chrono::nanoseconds elapsed{0};  ///< from the fetch's start to its completion
+  /// Times the fetch was started again because its data channel broke under it (at most
+  /// kMaxFetchRestarts; PeerLink::restart_fetch): 0 for almost every fetch.
   uint32_t restarts = 0;
 };
 
-// How many times one fetch is started again over a new data channel when its channel broke
-// while its peer lives (a one-sided transport's queue pair flushed, stalled or reset).
+/// How many times one fetch is started again over a new data channel when its channel broke
+/// while its peer lives (a one-sided transport's queue pair flushed, stalled or reset).
 inline constexpr uint32_t kMaxFetchRestarts = 3;
 
-// FetchOptions::combine: gets a piece of a target and the bytes that arrived for it (the same
-// size) and stores what the piece should hold.
+/// FetchOptions::combine: gets a piece of a target and the bytes that arrived for it (the same
+/// size) and stores what the piece should hold.
 using CombineFn =
     std::function<void(std::span<std::byte> target, std::span<const std::byte> arrived)>;
 
+/// How one fetch runs (Peer::fetch, Peer::async_fetch); the defaults suit most fetches.
 struct FetchOptions {
-  std::string transport;                 // "" = the ref's transport if both sides have it,
-                                         // else the one negotiated for the peer
-  std::chrono::milliseconds timeout{0};  // fetch deadline; 0 = none (peer liveness still bounds it)
-  // Optional: combine the arriving bytes into the targets instead of overwriting them (CombineFn);
-  // it runs on the peer's strand, once per
-  // piece, every byte of each target exactly once, in order within a tensor. A transport that
-  // streams (TCP) calls it as the bytes arrive, from a small buffer, so the bytes never land
-  // whole anywhere; others land them in a buffer of their own and call it once per non-empty
-  // tensor when the fetch succeeds. On failure the targets may hold a partial combination (TCP).
+  std::string transport;  ///< "" = the ref's transport if both sides have it,
+                          ///< else the one negotiated for the peer
+  /// fetch deadline; 0 = none (peer liveness still bounds it)
+  std::chrono::milliseconds timeout{0};
+  /// Optional: combine the arriving bytes into the targets instead of overwriting them (CombineFn);
+  /// it runs on the peer's strand, once per
+  /// piece, every byte of each target exactly once, in order within a tensor. A transport that
+  /// streams (TCP) calls it as the bytes arrive, from a small buffer, so the bytes never land
+  /// whole anywhere; others land them in a buffer of their own and call it once per non-empty
+  /// tensor when the fetch succeeds. On failure the targets may hold a partial combination (TCP).
   CombineFn combine;
 };
 
-// Completion signature of async_fetch. The error_code wraps a std::error_code of ferry's category
-// (std::error_code(ec) recovers it), so Asio's use_future / use_awaitable throw
-// boost::system::system_error on failure and as_tuple(...) delivers it without throwing.
+/// Completion signature of async_fetch. The error_code wraps a std::error_code of ferry's category
+/// (std::error_code(ec) recovers it), so Asio's use_future / use_awaitable throw
+/// boost::system::system_error on failure and as_tuple(...) delivers it without throwing.
 using FetchSignature = void(boost::system::error_code, FetchResult);
+/// A type-erased completion handler of FetchSignature (Peer::fetch with a handler): move-only, run
+/// once.
 using FetchHandler = boost::asio::any_completion_handler<FetchSignature>;
 
 namespace detail {
@@ -116,31 +122,36 @@ class FetchState {
 
 }  // namespace detail
 
-// The TransportManager-style handle of one fetch (Ray's FetchRequest). Copyable; all copies
-// refer to the same fetch. Methods are thread-safe.
+/// The TransportManager-style handle of one fetch (Ray's FetchRequest). Copyable; all copies
+/// refer to the same fetch. Methods are thread-safe.
 class FetchRequest {
  public:
   FetchRequest() = default;
+  /// A handle on `state`: how ferry's sessions and transports make one (applications get theirs
+  /// from Peer::fetch).
   explicit FetchRequest(std::shared_ptr<detail::FetchState> state) : state_(std::move(state)) {}
 
+  /// False for a default-constructed request, which no fetch stands behind.
   bool valid() const { return state_ != nullptr; }
+  /// The fetch's request id on its peer's session (as in logs); 0 for an invalid request.
   uint64_t id() const { return state_ ? state_->id() : 0; }
 
-  // -1 (any negative) waits without limit, 0 polls, a positive timeout returns errc::timed_out
-  // when it expires (the fetch itself continues). Otherwise returns the fetch's own result:
-  // success, or the error it completed with. Do not call from a ferry completion handler.
+  /// -1 (any negative) waits without limit, 0 polls, a positive timeout returns errc::timed_out
+  /// when it expires (the fetch itself continues). Otherwise returns the fetch's own result:
+  /// success, or the error it completed with. Do not call from a ferry completion handler.
   std::error_code wait(std::chrono::milliseconds timeout) const;
+  /// Whether the fetch has completed (false for an invalid request). Never blocks.
   bool done() const { return state_ && state_->done(); }
-  // Non-blocking and unambiguous: std::nullopt while the fetch is in flight, then its own result
-  // (an empty error_code on success). Unlike wait(), a timeout here is always the fetch's own.
-  // An invalid (default-constructed) request reports errc::invalid_argument.
+  /// Non-blocking and unambiguous: std::nullopt while the fetch is in flight, then its own result
+  /// (an empty error_code on success). Unlike wait(), a timeout here is always the fetch's own.
+  /// An invalid (default-constructed) request reports errc::invalid_argument.
   std::optional<std::error_code> outcome() const;
 
-  // The result, valid once done() and successful.
+  /// The result, valid once done() and successful.
   FetchResult& result() const { return state_->result(); }
 
-  // Asks for the fetch to stop. Completes it with errc::aborted unless it completed first;
-  // asynchronous: wait() observes it. The peer stays usable.
+  /// Asks for the fetch to stop. Completes it with errc::aborted unless it completed first;
+  /// asynchronous: wait() observes it. The peer stays usable.
   void abort() const;
 
  private:

@@ -1,6 +1,7 @@
-// What a Context has done since it started: fetches and serves, bytes, errors by code, fetch
-// latency, connections by transport, the receive pool. Context::stats() takes a snapshot;
-// prometheus_text() formats one for a scraper (`ferry serve --metrics` serves it).
+/// @file
+/// What a Context has done since it started: fetches and serves, bytes, errors by code, fetch
+/// latency, connections by transport, the receive pool. Context::stats() takes a snapshot;
+/// prometheus_text() formats one for a scraper (`ferry serve --metrics` serves it).
 #pragma once
 
 #include <array>
@@ -16,41 +17,48 @@
 
 namespace ferry {
 
-// Fetch latency (issue to completion), in buckets of upper bounds 2^i microseconds, i = 0 ..
-// kBuckets - 2 (1 us .. about 67 s), and one for everything slower.
+/// Fetch latency (issue to completion), in buckets of upper bounds 2^i microseconds, i = 0 to
+/// kBuckets - 2 (1 us to about 67 s), and one for everything slower.
 struct LatencyHistogram {
+  /// Buckets in counts: 27 bounded ones and the last, unbounded.
   static constexpr int kBuckets = 28;
-  std::array<uint64_t, kBuckets> counts{};  // per bucket, not cumulative
-  uint64_t count = 0;
-  double sum_seconds = 0;
-  // Bucket i's upper bound in seconds (infinity for the last).
+  std::array<uint64_t, kBuckets> counts{};  ///< per bucket, not cumulative
+  uint64_t count = 0;                       ///< latencies added (the sum of counts)
+  double sum_seconds = 0;                   ///< their sum, in seconds
+  /// Bucket i's upper bound in seconds (infinity for the last).
   static double upper_bound_seconds(int i);
+  /// Counts `latency` in the first bucket whose bound it does not exceed. No locking: the owner of
+  /// the histogram serializes (StatsRecorder does).
   void add(std::chrono::nanoseconds latency);
 };
 
+/// What a Context has done since it started (see this file's comment): Context::stats() returns a
+/// snapshot, a plain value to read or format (prometheus_text) on any thread.
 struct Stats {
   // Fetches this side issued on a connected peer (each counted once, when it completes).
-  uint64_t fetches_succeeded = 0;
-  uint64_t fetches_failed = 0;
-  uint64_t bytes_fetched = 0;
-  std::map<std::string, uint64_t> fetch_errors;  // by errc name ("timed_out", ...)
+  uint64_t fetches_succeeded = 0;  ///< fetches that completed with every byte
+  uint64_t fetches_failed = 0;     ///< fetches that completed with an error (aborts included)
+  uint64_t bytes_fetched = 0;      ///< bytes of the successful fetches
+  std::map<std::string, uint64_t> fetch_errors;  ///< by errc name ("timed_out", ...)
+  /// bytes_fetched, by the transport that moved them.
   std::map<std::string, uint64_t> bytes_fetched_by_transport;
-  LatencyHistogram fetch_latency;  // successful fetches
+  LatencyHistogram fetch_latency;  ///< successful fetches
   // Requests this side served (ended: every byte sent, or failed).
-  uint64_t serves_succeeded = 0;
-  uint64_t serves_failed = 0;
-  uint64_t bytes_served = 0;
-  std::map<std::string, uint64_t> serve_errors;  // by errc name, refusals included
+  uint64_t serves_succeeded = 0;                 ///< requests served with every byte sent
+  uint64_t serves_failed = 0;                    ///< requests refused, or failed while served
+  uint64_t bytes_served = 0;                     ///< bytes of the successful serves
+  std::map<std::string, uint64_t> serve_errors;  ///< by errc name, refusals included
+  /// bytes_served, by the transport that moved them.
   std::map<std::string, uint64_t> bytes_served_by_transport;
   // Peer connections that negotiated each transport; peers connected now.
-  std::map<std::string, uint64_t> connections_by_transport;
-  uint64_t peers = 0;
-  PoolStats pool;
+  std::map<std::string, uint64_t> connections_by_transport;  ///< since the context started
+  uint64_t peers = 0;  ///< connected now, both directions (Context::peer_count())
+  PoolStats pool;      ///< the receive pool (Context::pool_stats())
 };
 
-// `stats` in Prometheus' text exposition format (version 0.0.4), every metric named
-// `<prefix>_...` with # HELP and # TYPE lines; `labels` (e.g. `instance="a"`, may be empty) is
-// added to every sample.
+/// `stats` in Prometheus' text exposition format (version 0.0.4), every metric named
+/// `<prefix>_...` with # HELP and # TYPE lines; `labels` (e.g. `instance="a"`, may be empty) is
+/// added to every sample.
 std::string prometheus_text(const Stats& stats, std::string_view prefix = "ferry",
                             std::string_view labels = {});
 
