@@ -1,33 +1,34 @@
-// Group: N processes (ranks) running collectives over ferry's stores and transports.
-//
-// Every rank has a Context listening at its address; Group::join connects it to every other
-// rank. A collective moves data the way every fetch does: a rank offers the bytes others need
-// as *named* objects in its own store (views of the caller's memory: no serialisation, no
-// staging copy), and the others fetch them by name (ObjectRef::named), straight into their
-// destination buffers, over RDMA (one-sided READs) or the TCP fallback. A fetch of a name not
-// yet offered waits on the owner (a rendezvous), so no extra round trip announces readiness.
-//
-// Algorithms (docs/collectives.md): allreduce below `doubling_threshold` bytes, recursive
-// doubling (log2(N) steps, each a whole-tensor exchange with one partner; the ranks beyond a
-// power of two fold into a partner first); up to
-// `ring_threshold`, for a power-of-two size recursive halving then doubling (Rabenseifner's:
-// 2 log2(N) steps, each with one partner), else an exchange (reduce-scatter then allgather,
-// each one round of direct fetches); above it, a ring (the same two phases around the ring,
-// 2(N-1)/N of the tensor per rank either way), pipelined in segments of `segment_bytes` reduced and
-// passed on as they land. Allgather: recursive doubling for a power-of-two size, else every rank
-// fetches every other's input; broadcast: every rank fetches the root's buffer; reduce-scatter:
-// the ring from `ring_threshold`, else one round of direct fetches. Every rank gets
-// bit-identical results. Each offer is for one rank, which
-// fetches it once; a call ends when this rank's fetches are done and every offer has been sent
-// (PutOptions::on_sent; no barrier, no acknowledgement), and returns once its offers are
-// collected: the caller may reuse its buffers at once.
-//
-// Threading: a Group is used by one thread at a time; every rank calls the same collectives in
-// the same order (like MPI). Calls block until done, never longer than `timeout`.
-//
-// Failure: a rank that dies (or a fetch that fails) fails the call with a Status naming that
-// rank; the Group then closes its connections, so every other rank's pending fetches fail at
-// once too instead of waiting for their deadline. A failed Group stays failed.
+/// @file
+/// Group: N processes (ranks) running collectives over ferry's stores and transports.
+///
+/// Every rank has a Context listening at its address; Group::join connects it to every other
+/// rank. A collective moves data the way every fetch does: a rank offers the bytes others need
+/// as *named* objects in its own store (views of the caller's memory: no serialisation, no
+/// staging copy), and the others fetch them by name (ObjectRef::named), straight into their
+/// destination buffers, over RDMA (one-sided READs) or the TCP fallback. A fetch of a name not
+/// yet offered waits on the owner (a rendezvous), so no extra round trip announces readiness.
+///
+/// Algorithms (docs/collectives.md): allreduce below `doubling_threshold` bytes, recursive
+/// doubling (log2(N) steps, each a whole-tensor exchange with one partner; the ranks beyond a
+/// power of two fold into a partner first); up to
+/// `ring_threshold`, for a power-of-two size recursive halving then doubling (Rabenseifner's:
+/// 2 log2(N) steps, each with one partner), else an exchange (reduce-scatter then allgather,
+/// each one round of direct fetches); above it, a ring (the same two phases around the ring,
+/// 2(N-1)/N of the tensor per rank either way), pipelined in segments of `segment_bytes` reduced
+/// and passed on as they land. Allgather: recursive doubling for a power-of-two size, else every
+/// rank fetches every other's input; broadcast: every rank fetches the root's buffer;
+/// reduce-scatter: the ring from `ring_threshold`, else one round of direct fetches. Every rank
+/// gets bit-identical results. Each offer is for one rank, which fetches it once; a call ends when
+/// this rank's fetches are done and every offer has been sent (PutOptions::on_sent; no barrier, no
+/// acknowledgement), and returns once its offers are collected: the caller may reuse its buffers at
+/// once.
+///
+/// Threading: a Group is used by one thread at a time; every rank calls the same collectives in
+/// the same order (like MPI). Calls block until done, never longer than `timeout`.
+///
+/// Failure: a rank that dies (or a fetch that fails) fails the call with a Status naming that
+/// rank; the Group then closes its connections, so every other rank's pending fetches fail at
+/// once too instead of waiting for their deadline. A failed Group stays failed.
 #pragma once
 
 #include <atomic>
@@ -43,94 +44,107 @@
 #include "ferry/net/fetch.h"
 #include "ferry/net/peer.h"
 
+/// Collectives over ferry's stores and transports: Group (imperative calls), Service and Driver
+/// (declarative, over refs), and the element-wise reductions.
 namespace ferry::collective {
 
+/// How a Group joins and runs its collectives (Group::join). Every rank must pass the same name,
+/// thresholds and segment_bytes: they choose the algorithm.
 struct GroupOptions {
-  std::string name = "group";  // tells groups of the same processes apart
-  std::chrono::milliseconds join_timeout{30000};
-  std::chrono::milliseconds timeout{60000};  // each collective call
-  // Bytes: allreduce by recursive doubling below (the latency algorithm: log2(N) steps where
-  // halving takes 2 log2(N)); faster than halving at 64 KiB on 16 cores and level at 128 KiB on
-  // 2 (where each threshold was measured: bench/README.md, "Many cores").
+  std::string name = "group";                     ///< tells groups of the same processes apart
+  std::chrono::milliseconds join_timeout{30000};  ///< join(): every rank connected and joined
+  std::chrono::milliseconds timeout{60000};       ///< each collective call
+  /// Bytes: allreduce by recursive doubling below (the latency algorithm: log2(N) steps where
+  /// halving takes 2 log2(N)); faster than halving at 64 KiB on 16 cores and level at 128 KiB on
+  /// 2 (where each threshold was measured: bench/README.md, "Many cores").
   size_t doubling_threshold = 128u << 10;
-  // Bytes: below, exchange (RS + AG), or recursive halving for a power-of-two size; the ring from
-  // here. Halving was ahead of or level with the ring up to 64 MiB on 16 cores and on 2; the ring
-  // ahead at 256 MiB on 2 (bench/README.md, "Many cores"; docs/collectives.md).
+  /// Bytes: below, exchange (RS + AG), or recursive halving for a power-of-two size; the ring from
+  /// here. Halving was ahead of or level with the ring up to 64 MiB on 16 cores and on 2; the ring
+  /// ahead at 256 MiB on 2 (bench/README.md, "Many cores"; docs/collectives.md).
   size_t ring_threshold = 128u << 20;
-  size_t segment_bytes = 512u << 10;  // ring pipeline unit (each a fetch of its own)
-  // During a call of fewer than busy_wait_below bytes, poll instead of sleeping: the calling
-  // thread runs the context itself (Context::BusyPoll; its io threads park) and yields the core
-  // when nothing was ready, like Open MPI's progress engine, so each step costs no wake-up and no
-  // thread hand-off. Costs up to a core per rank while a call runs; between calls (after
-  // busy_linger) the io threads sleep.
+  size_t segment_bytes = 512u << 10;  ///< ring pipeline unit (each a fetch of its own)
+  /// During a call of fewer than busy_wait_below bytes, poll instead of sleeping: the calling
+  /// thread runs the context itself (Context::BusyPoll; its io threads park) and yields the core
+  /// when nothing was ready, like Open MPI's progress engine, so each step costs no wake-up and no
+  /// thread hand-off. Costs up to a core per rank while a call runs; between calls (after
+  /// busy_linger) the io threads sleep.
   bool busy_wait = true;
-  // Bytes (the call's tensor): from here a call does not poll. The Context's io threads move
-  // the bytes (each connection's reads and writes on its own strand, the first halving step
-  // reduced as it lands) while the calling thread reduces the rest and sleeps in between: with
-  // cores to spare the socket copies and reductions overlap, where one polling thread did them
-  // in turn. It pays with 2 io threads (ContextOptions::threads) and from about 1 MiB; below,
-  // the wake-ups cost more than the overlap gains, and without cores to spare the overlap has
-  // nothing to run on, so polling wins. Unset (the default): 1 MiB where this machine has at
-  // least 2 cores per rank of the group on it (ranks whose address has this rank's host), else
-  // SIZE_MAX (always poll). Measurements: docs/collectives.md, "Large calls".
+  /// Bytes (the call's tensor): from here a call does not poll. The Context's io threads move
+  /// the bytes (each connection's reads and writes on its own strand, the first halving step
+  /// reduced as it lands) while the calling thread reduces the rest and sleeps in between: with
+  /// cores to spare the socket copies and reductions overlap, where one polling thread did them
+  /// in turn. It pays with 2 io threads (ContextOptions::threads) and from about 1 MiB; below,
+  /// the wake-ups cost more than the overlap gains, and without cores to spare the overlap has
+  /// nothing to run on, so polling wins. Unset (the default): 1 MiB where this machine has at
+  /// least 2 cores per rank of the group on it (ranks whose address has this rank's host), else
+  /// SIZE_MAX (always poll). Measurements: docs/collectives.md, "Large calls".
   std::optional<size_t> busy_wait_below;
-  // With busy_wait, how long a waiting rank polls with nothing arriving before it sleeps in the
-  // reactor until the next event (and then polls again). Spinning for good keeps every core
-  // busy, so the scheduler never finds one idle and more ranks than cores can stay crowded on
-  // one core for a whole run (docs/collectives.md, "Waiting"); 200 us covers a step's usual gaps.
+  /// With busy_wait, how long a waiting rank polls with nothing arriving before it sleeps in the
+  /// reactor until the next event (and then polls again). Spinning for good keeps every core
+  /// busy, so the scheduler never finds one idle and more ranks than cores can stay crowded on
+  /// one core for a whole run (docs/collectives.md, "Waiting"); 200 us covers a step's usual gaps.
   std::chrono::microseconds busy_spin{200};
-  // With busy_wait, how long the io threads stay parked after a polling call (BusyPoll's
-  // linger; a call that does not poll ends it at once, as it needs them): a call
-  // that follows within it starts and ends without waking them (two wake-ups and a thread
-  // hand-off of the reactor saved per call: docs/collectives.md, "Waiting").
-  // Meanwhile nothing runs the context, so other work on it (another thread's fetch) waits up
-  // to this long. 0: they resume when the call returns.
+  /// With busy_wait, how long the io threads stay parked after a polling call (BusyPoll's
+  /// linger; a call that does not poll ends it at once, as it needs them): a call
+  /// that follows within it starts and ends without waking them (two wake-ups and a thread
+  /// hand-off of the reactor saved per call: docs/collectives.md, "Waiting").
+  /// Meanwhile nothing runs the context, so other work on it (another thread's fetch) waits up
+  /// to this long. 0: they resume when the call returns.
   std::chrono::microseconds busy_linger{2000};
 };
 
-// The outcome of a collective: ok, or the error, the rank it came from (-1: local) and a
-// message naming it.
+/// The outcome of a collective: ok, or the error, the rank it came from (-1: local) and a
+/// message naming it.
 struct Status {
-  std::error_code ec;
-  int rank = -1;
-  std::string message;
+  std::error_code ec;   ///< the error; empty on success
+  int rank = -1;        ///< the rank it came from; -1: this one (or none)
+  std::string message;  ///< what failed, naming the rank; empty on success
+  /// True on success.
   bool ok() const { return !ec; }
+  /// ok().
   explicit operator bool() const { return ok(); }
 };
 
+/// N ranks joined for collectives (see this file's comment): join() makes one, connected to every
+/// other rank through the Context, which must outlive it. Not copyable; one thread at a time.
 class Group {
  public:
-  // Joins group `options.name` as rank `rank` of addresses.size(); `ctx` must be listening at
-  // addresses[rank]. Connects to every other rank (retrying while they start) and returns once
-  // all of them have joined, or after join_timeout with errc::timed_out and a message naming
-  // the ranks that did not. Blocking; not from an io_context thread.
+  /// Joins group `options.name` as rank `rank` of addresses.size(); `ctx` must be listening at
+  /// addresses[rank]. Connects to every other rank (retrying while they start) and returns once
+  /// all of them have joined, or after join_timeout with errc::timed_out and a message naming
+  /// the ranks that did not. Blocking; not from an io_context thread. `why`, when given, gets the
+  /// failure's Status (the rank and a message).
   static Result<std::unique_ptr<Group>> join(Context& ctx, std::vector<std::string> addresses,
                                              int rank, GroupOptions options = {}, Status* why = {});
+  /// Stops watching the other ranks (waiting, up to the lease timeout, for those fetches to end)
+  /// and releases this rank's markers. Blocking; not from an io_context thread.
   ~Group();
   Group(const Group&) = delete;
   Group& operator=(const Group&) = delete;
 
+  /// This process's rank, as joined. Any thread.
   int rank() const { return rank_; }
-  // Fetches started again because their data channel broke while the peer's connection lived
-  // (a queue pair flushed, stalled or reset), by ferry itself (FetchResult::restarts, at most
-  // kMaxFetchRestarts per fetch, within its deadline); and watches of other ranks started again
-  // after theirs broke. Any thread.
+  /// Fetches started again because their data channel broke while the peer's connection lived
+  /// (a queue pair flushed, stalled or reset), by ferry itself (FetchResult::restarts, at most
+  /// kMaxFetchRestarts per fetch, within its deadline); and watches of other ranks started again
+  /// after theirs broke. Any thread.
   uint64_t refetches() const { return refetches_.load(std::memory_order_relaxed); }
+  /// The number of ranks. Any thread.
   int size() const { return static_cast<int>(addresses_.size()); }
 
-  // In place: every rank's `data` becomes op over all ranks' `data` (same size and dtype on
-  // every rank).
+  /// In place: every rank's `data` becomes op over all ranks' `data` (same size and dtype on
+  /// every rank).
   Status allreduce(std::span<std::byte> data, DType dtype, ReduceOp op);
-  // `data` of `root` is copied into every other rank's `data` (same size everywhere).
+  /// `data` of `root` is copied into every other rank's `data` (same size everywhere).
   Status broadcast(std::span<std::byte> data, int root);
-  // out = concatenation of every rank's `in`, in rank order; out.size() == size() * in.size().
+  /// out = concatenation of every rank's `in`, in rank order; out.size() == size() * in.size().
   Status allgather(std::span<const std::byte> in, std::span<std::byte> out);
-  // `in` (same size and dtype on every rank) is reduced with op, and this rank gets its chunk:
-  // elements [rank*count/N, (rank+1)*count/N) (chunk_range), so any count works.
+  /// `in` (same size and dtype on every rank) is reduced with op, and this rank gets its chunk:
+  /// elements [rank*count/N, (rank+1)*count/N) (chunk_range), so any count works.
   Status reduce_scatter(std::span<const std::byte> in, std::span<std::byte> out, DType dtype,
                         ReduceOp op);
 
-  // The balanced split the collectives use: elements [first, last) of `count` for `rank`.
+  /// The balanced split the collectives use: elements [first, last) of `count` for `rank`.
   static std::pair<size_t, size_t> chunk_range(size_t count, int rank, int size);
 
  private:

@@ -1,17 +1,18 @@
-// Declarative collectives: a driver runs collectives over objects already in the ranks' stores
-// and gets the results back as refs, without touching the tensor bytes itself.
-//
-// Every rank runs a Service over its joined Group; the driver (any process with a Context)
-// makes a Driver for the ranks' addresses and calls allreduce(refs, ...) and the like, where
-// refs[r] is an object in rank r's store. Each call is one command: the driver offers it as a
-// named object in its own store, every Service fetches it (waiting on the driver until it
-// exists), runs the same engine the imperative calls use (Group), puts its result in its own
-// store under a name, and offers a "done" marker the driver waits for. The results are named
-// refs (ObjectRef::named), fetchable by anyone; they stay in the ranks' stores until
-// Driver::release.
-//
-// Threading: a Service runs its commands on a thread of its own; a Driver is used by one thread
-// at a time. Commands run in submission order on every rank.
+/// @file
+/// Declarative collectives: a driver runs collectives over objects already in the ranks' stores
+/// and gets the results back as refs, without touching the tensor bytes itself.
+///
+/// Every rank runs a Service over its joined Group; the driver (any process with a Context)
+/// makes a Driver for the ranks' addresses and calls allreduce(refs, ...) and the like, where
+/// refs[r] is an object in rank r's store. Each call is one command: the driver offers it as a
+/// named object in its own store, every Service fetches it (waiting on the driver until it
+/// exists), runs the same engine the imperative calls use (Group), puts its result in its own
+/// store under a name, and offers a "done" marker the driver waits for. The results are named
+/// refs (ObjectRef::named), fetchable by anyone; they stay in the ranks' stores until
+/// Driver::release.
+///
+/// Threading: a Service runs its commands on a thread of its own; a Driver is used by one thread
+/// at a time. Commands run in submission order on every rank.
 #pragma once
 
 #include <atomic>
@@ -28,14 +29,16 @@
 
 namespace ferry::collective {
 
+/// A rank's side of the declarative collectives (see this file's comment): runs the commands of one
+/// driver on its own thread until destroyed. Not copyable.
 class Service {
  public:
-  // Serves the commands of the driver listening at `driver_address` for this rank of `group`
-  // (both outlive the Service). `name` tells several drivers of the same ranks apart.
+  /// Serves the commands of the driver listening at `driver_address` for this rank of `group`
+  /// (both outlive the Service). `name` tells several drivers of the same ranks apart.
   Service(Context& ctx, Group& group, std::string driver_address, std::string name = "default");
-  // Stops after the command in progress (a collective call: bounded by the Group's timeout); an
-  // idle Service, waiting for its driver's next command, stops at once (its long poll is
-  // aborted). Results it holds are released.
+  /// Stops after the command in progress (a collective call: bounded by the Group's timeout); an
+  /// idle Service, waiting for its driver's next command, stops at once (its long poll is
+  /// aborted). Results it holds are released.
   ~Service();
   Service(const Service&) = delete;
   Service& operator=(const Service&) = delete;
@@ -55,32 +58,43 @@ class Service {
   std::thread thread_;
 };
 
-// A collective submitted by a Driver: the results as refs (results[r] in rank r's store), and
-// the outcome, ready once every rank has finished (or failed; the Status names the rank).
+/// A collective submitted by a Driver: the results as refs (results[r] in rank r's store), and
+/// the outcome, ready once every rank has finished (or failed; the Status names the rank).
 struct Submitted {
-  uint64_t id = 0;
-  std::vector<ObjectRef> results;
-  std::shared_future<Status> done;
+  uint64_t id = 0;                  ///< the command's number on its Driver (from 1)
+  std::vector<ObjectRef> results;   ///< named refs: results[r] is rank r's result
+  std::shared_future<Status> done;  ///< ready when every rank has finished, bounded by the timeout
 };
 
+/// The driver's side of the declarative collectives (see this file's comment): submits commands to
+/// the ranks' Services and hands back their results as refs. Its Context must outlive it. Not
+/// copyable; one thread at a time.
 class Driver {
  public:
-  // `ctx` must be listening (the Services fetch commands from it); rank_addresses[r] is rank
-  // r's listen address. Connects to every rank (bounded by `timeout`).
+  /// `ctx` must be listening (the Services fetch commands from it); rank_addresses[r] is rank
+  /// r's listen address. Connects to every rank (bounded by `timeout`).
   static Result<std::unique_ptr<Driver>> create(
       Context& ctx, std::vector<std::string> ranks, std::string name = "default",
       std::chrono::milliseconds timeout = std::chrono::seconds(60));
+  /// Releases the commands this side still offers. Results stay in the ranks' stores until
+  /// released: release() them first.
   ~Driver();
 
-  // refs[r]: a one-tensor object in rank r's store, the same size (whole elements of dtype) on
-  // every rank. Results are new objects; the inputs are left as they are. Not one ref per rank,
-  // or a root that is not a rank: `done` is ready at once with errc::invalid_argument and
-  // nothing is sent.
+  /// refs[r]: a one-tensor object in rank r's store, the same size (whole elements of dtype) on
+  /// every rank. Results are new objects; the inputs are left as they are. Not one ref per rank,
+  /// or a root that is not a rank: `done` is ready at once with errc::invalid_argument and
+  /// nothing is sent.
   Submitted allreduce(const std::vector<ObjectRef>& refs, DType dtype, ReduceOp op);
+  /// Every rank's result is a copy of rank `root`'s object (refs[root]); one ref per rank, but
+  /// only the root's is read.
   Submitted broadcast(const std::vector<ObjectRef>& refs, int root);
+  /// Every rank's result is the concatenation of every rank's object, in rank order (all the same
+  /// size).
   Submitted allgather(const std::vector<ObjectRef>& refs);
+  /// The objects (as in allreduce()) reduced with `op`; rank r's result is its chunk of the
+  /// reduction, Group::chunk_range's elements for r.
   Submitted reduce_scatter(const std::vector<ObjectRef>& refs, DType dtype, ReduceOp op);
-  // Drops the results of `s` from the ranks' stores (asynchronously, in command order).
+  /// Drops the results of `s` from the ranks' stores (asynchronously, in command order).
   void release(const Submitted& s);
 
  private:
