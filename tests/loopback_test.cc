@@ -527,6 +527,46 @@ TEST_F(Loopback, AbortInFlightCompletesWithAbortedExactlyOnce) {
   EXPECT_TRUE(same_bytes(last.result().tensors[0], *big));
 }
 
+// The owner aborts a serve in flight: the fetcher's fetch fails with aborted (not success, not a
+// hang), the owner lets go of the object's pin, the connection carries on, and the object, not
+// released, is served again.
+TEST_F(Loopback, TheOwnerAbortsAServeInFlight) {
+  auto big = make_pattern(test_transport() == "RDMA" ? 16u << 20 : 256u << 20, 14);
+  auto ref = server.put(big);
+  auto small = make_pattern(1000, 15);
+  auto small_ref = server.put(small);
+  auto pins = [&] { return server.ctx.store().counts(ref.object_id)->pins; };
+  int aborted = 0;
+  for (int round = 0; round < 10 && aborted == 0; ++round) {
+    auto req = peer.fetch(ref);
+    // Served: the owner pins the object while it sends (TCP) or grants (RDMA).
+    eventually([&] { return pins() != 0 || req.done(); }, scaled(10s));
+    if (req.done()) continue;  // over before the owner could abort: the round proves nothing
+    EXPECT_TRUE(server.ctx.abort_serving(ref));
+    auto ec = req.wait(scaled(30s));
+    ASSERT_TRUE(ec == errc::aborted || !ec) << ec.message();
+    if (ec) {
+      ++aborted;
+    } else {
+      EXPECT_TRUE(same_bytes(req.result().tensors[0], *big));
+    }
+    // The serve ends on the owner too (over RDMA once the fetcher's READs have drained).
+    EXPECT_TRUE(eventually([&] { return pins() == 0; }, scaled(30s)));
+  }
+  ASSERT_EQ(aborted, 1) << "no round reached the owner's abort with the serve in flight";
+  EXPECT_GE(server.ctx.stats().serve_errors["aborted"], 1u);
+  EXPECT_EQ(server.ctx.stats().serves_in_flight, 0u);
+  auto after = peer.fetch(small_ref);
+  ASSERT_FALSE(after.wait(scaled(20s))) << "peer unusable after the owner's abort";
+  EXPECT_TRUE(same_bytes(after.result().tensors[0], *small));
+  auto again = peer.fetch(ref);
+  ASSERT_FALSE(again.wait(scaled(60s)));
+  EXPECT_TRUE(same_bytes(again.result().tensors[0], *big));
+  // Only the owner's own refs.
+  Context other({.name = "other"});
+  EXPECT_FALSE(other.abort_serving(ref));
+}
+
 TEST_F(Loopback, FetchDeadlineTimesOutWithinItsBound) {
   auto big = make_pattern(32u << 20, 2);
   auto ref = server.put(big);

@@ -148,14 +148,7 @@ bool Context::Impl::add_registered_transports(bool strict) {
 }
 
 void Context::Impl::broadcast_capabilities() {
-  std::vector<std::shared_ptr<Session>> open;
-  {
-    std::lock_guard lock(mu);
-    for (auto& [id, weak] : sessions) {
-      if (auto s = weak.lock()) open.push_back(std::move(s));
-    }
-  }
-  for (auto& s : open) s->announce_transports();
+  for (auto& s : live_sessions()) s->announce_transports();
 }
 
 std::shared_ptr<TransportManager> Context::Impl::find_transport(std::string_view name) const {
@@ -217,6 +210,15 @@ std::shared_ptr<Session> Context::Impl::find_session(uint64_t local_id) {
   std::lock_guard lock(mu);
   auto it = sessions.find(local_id);
   return it == sessions.end() ? nullptr : it->second.lock();
+}
+
+std::vector<std::shared_ptr<Session>> Context::Impl::live_sessions() {
+  std::vector<std::shared_ptr<Session>> out;
+  std::lock_guard lock(mu);
+  for (auto& [id, weak] : sessions) {
+    if (auto s = weak.lock()) out.push_back(std::move(s));
+  }
+  return out;
 }
 
 void Context::Impl::accept_next() {
@@ -627,13 +629,7 @@ void Context::close() {
     impl_->accept_retry.cancel();
     impl_->pool_timer.cancel();
   }
-  std::vector<std::shared_ptr<Session>> sessions;
-  {
-    std::lock_guard lock(impl_->mu);
-    for (auto& [id, weak] : impl_->sessions) {
-      if (auto s = weak.lock()) sessions.push_back(std::move(s));
-    }
-  }
+  auto sessions = impl_->live_sessions();
   for (auto& s : sessions) s->close(errc::context_closed);
   sessions.clear();
   impl_->work.reset();
@@ -854,6 +850,12 @@ Result<ObjectRef> Context::put(std::vector<Tensor> tensors, std::shared_ptr<void
 bool Context::release(const ObjectRef& ref) {
   if (ref.owner_instance != impl_->instance) return false;
   return impl_->store.release(ref.object_id);
+}
+
+bool Context::abort_serving(const ObjectRef& ref) {
+  if (ref.owner_instance != impl_->instance) return false;
+  for (auto& s : impl_->live_sessions()) s->abort_serving(ref.object_id);
+  return true;
 }
 
 std::vector<ObjectRef> Context::refs() const {

@@ -243,6 +243,14 @@ class Context {
 
   /// Drops the local reference put() gave; collection follows when no peer holds the object.
   bool release(const ObjectRef& ref);
+  /// Aborts every fetch of `ref`'s object this context is serving now: each fetcher's fetch fails
+  /// with errc::aborted ("owner ... aborted serving object N"). Over TCP the owner stops sending at
+  /// once; over RDMA the fetcher stops posting READs, and the grant ends once the posted ones have
+  /// drained (or the lease expires), so the memory stays valid under them. Fetches that arrive
+  /// later are served as usual: release() the object as well to refuse them (release first, then
+  /// abort, leaves no window). Returns false (and does nothing) for a ref this context did not
+  /// put. Any thread; returns at once, the fetchers hear of it within one round trip.
+  bool abort_serving(const ObjectRef& ref);
   /// Refs of every object in the store.
   std::vector<ObjectRef> refs() const;
   /// The local store: what this context serves. Lives as long as the Context.

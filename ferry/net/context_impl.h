@@ -117,6 +117,8 @@ struct Context::Impl : std::enable_shared_from_this<Context::Impl> {
   void add_session(const std::shared_ptr<Session>& s);
   void remove_session(uint64_t local_id);
   std::shared_ptr<Session> find_session(uint64_t local_id);
+  // Every session still alive (a snapshot, taken under mu).
+  std::vector<std::shared_ptr<Session>> live_sessions();
 
   // A new connection's first frame says what it is: Hello (a peer) or AttachChannel (a data
   // channel of an existing session). Read exactly one frame (after TLS, when the connection

@@ -484,7 +484,8 @@ void Session::handle_fetch(uint64_t rid, const wire::Fetch& msg) {
            "no " + transport->name() + " data channel to this peer", false);
     return;
   }
-  serving_.emplace(rid, transport);
+  serving_.emplace(rid, Serving{transport, id});
+  ctx_->stats->serve_started();
   FERRY_LOG_DEBUG("peer '{}': request {} served: object {} '{}' over {}", info_.name, rid, id,
                   msg.name(), transport->name());
   ServeHooks hooks{pin.object().on_sent, pin.object().on_served};
@@ -495,7 +496,7 @@ void Session::handle_fetch(uint64_t rid, const wire::Fetch& msg) {
       [self = shared_from_this(), rid, hooks = std::move(hooks), bytes,
        name = transport->name()](std::error_code ec) {
         self->serving_.erase(rid);
-        self->ctx_->stats->serve_done(ec, bytes, name);
+        self->ctx_->stats->serve_ended(ec, bytes, name);
         if (!ec) {
           if (hooks) hooks();
           return;
@@ -547,8 +548,30 @@ void Session::handle_cancel(uint64_t rid) {
   }
   auto it = serving_.find(rid);
   if (it == serving_.end()) return;  // already finished: nothing to stop
-  auto transport = it->second;
+  auto transport = it->second.transport;
   transport->abort(*this, rid);
+}
+
+void Session::abort_serving(ObjectId object) {
+  asio::post(strand_, [self = shared_from_this(), object] {
+    std::vector<uint64_t> rids;
+    for (auto& [rid, serve] : self->serving_) {
+      if (serve.object != object || serve.aborted) continue;
+      serve.aborted = true;
+      rids.push_back(rid);
+    }
+    for (uint64_t rid : rids) {
+      self->send_error(rid, errc::aborted,
+                       "owner '" + self->ctx_->options.name + "' aborted serving object " +
+                           std::to_string(object),
+                       false);
+      // A transport's abort may end the serve at once (its SendDone erases the entry).
+      auto it = self->serving_.find(rid);
+      if (it == self->serving_.end() || it->second.transport->is_one_sided()) continue;
+      auto transport = it->second.transport;
+      transport->abort(*self, rid);
+    }
+  });
 }
 
 void Session::handle_ref(uint64_t rid, ObjectId id, bool add) {

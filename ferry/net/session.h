@@ -54,6 +54,11 @@ class Session final : public PeerLink, public std::enable_shared_from_this<Sessi
   void announce_transports();
   // An object was put under `name`: serve the fetches parked waiting for it. Any thread.
   void on_named(const std::string& name);
+  // The owner aborts its serves of `object` to this peer: each fails at the fetcher with
+  // errc::aborted. A two-sided transport stops sending at once; a one-sided one keeps its grant
+  // until the fetcher has stopped reading (its Cancel) or the lease ends, so that no grant is
+  // revoked under posted READs. Any thread; returns at once.
+  void abort_serving(ObjectId object);
   // A copy of the peer's description, safe from any thread.
   PeerInfo info_snapshot() const;
 
@@ -226,7 +231,13 @@ class Session final : public PeerLink, public std::enable_shared_from_this<Sessi
   std::unordered_map<uint64_t, PendingFetch> fetches_;
   // Fetches started again (restart_fetch): FetchRequest::id -> the request id they run under.
   std::unordered_map<uint64_t, uint64_t> restarted_;
-  std::unordered_map<uint64_t, std::shared_ptr<TransportManager>> serving_;
+  // A serve in flight: the transport moving it, the object, whether abort_serving() ended it.
+  struct Serving {
+    std::shared_ptr<TransportManager> transport;
+    ObjectId object = 0;
+    bool aborted = false;
+  };
+  std::unordered_map<uint64_t, Serving> serving_;
   // Serves of objects that count them which failed on this side while the peer lives: the
   // fetcher may have every byte all the same, and its word (settle) counts them. At most
   // max_requests_per_peer, oldest dropped first (rare: only after a channel broke).

@@ -124,6 +124,8 @@ std::string prometheus_text(const Stats& s, std::string_view prefix, std::string
   w.counter("served_bytes_total", "Bytes served.", static_cast<double>(s.bytes_served));
   w.by("served_bytes_by_transport_total", "counter", "Bytes served, by transport.", "transport",
        s.bytes_served_by_transport);
+  w.gauge("serves_in_flight", "Requests being served now.",
+          static_cast<double>(s.serves_in_flight));
   w.by("connections_total", "counter", "Peer connections, by the transport they negotiated.",
        "transport", s.connections_by_transport);
   w.gauge("peers", "Peers connected now.", static_cast<double>(s.peers));
@@ -171,6 +173,20 @@ void StatsRecorder::serve_done(const std::error_code& ec, uint64_t bytes,
   s_.bytes_served_by_transport[transport] += bytes;
 }
 
+void StatsRecorder::serve_started() {
+  std::lock_guard lock(mu_);
+  ++s_.serves_in_flight;
+}
+
+void StatsRecorder::serve_ended(const std::error_code& ec, uint64_t bytes,
+                                const std::string& transport) {
+  {
+    std::lock_guard lock(mu_);
+    --s_.serves_in_flight;
+  }
+  serve_done(ec, bytes, transport);
+}
+
 void StatsRecorder::snapshot(Stats& out) const {
   std::lock_guard lock(mu_);
   out.fetches_succeeded = s_.fetches_succeeded;
@@ -184,6 +200,7 @@ void StatsRecorder::snapshot(Stats& out) const {
   out.bytes_served = s_.bytes_served;
   out.serve_errors = s_.serve_errors;
   out.bytes_served_by_transport = s_.bytes_served_by_transport;
+  out.serves_in_flight = s_.serves_in_flight;
 }
 
 }  // namespace detail

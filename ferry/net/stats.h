@@ -50,6 +50,7 @@ struct Stats {
   std::map<std::string, uint64_t> serve_errors;  ///< by errc name, refusals included
   /// bytes_served, by the transport that moved them.
   std::map<std::string, uint64_t> bytes_served_by_transport;
+  uint64_t serves_in_flight = 0;  ///< requests being served now (started, not ended)
   // Peer connections that negotiated each transport; peers connected now.
   std::map<std::string, uint64_t> connections_by_transport;  ///< since the context started
   uint64_t peers = 0;  ///< connected now, both directions (Context::peer_count())
@@ -70,7 +71,10 @@ class StatsRecorder {
  public:
   void fetch_done(const std::error_code& ec, uint64_t bytes, const std::string& transport,
                   std::chrono::nanoseconds latency);
+  // A refusal (never started), or a serve that started (serve_started) and ended.
   void serve_done(const std::error_code& ec, uint64_t bytes, const std::string& transport);
+  void serve_started();
+  void serve_ended(const std::error_code& ec, uint64_t bytes, const std::string& transport);
   // Copies the counters into `out` (its other fields untouched).
   void snapshot(Stats& out) const;
 

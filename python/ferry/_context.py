@@ -156,6 +156,14 @@ class Context:
         object and no fetch serves it. False when this context holds no such object."""
         return self._native.release(_native_ref(ref))
 
+    def abort_serving(self, ref: ObjectRef) -> bool:
+        """Aborts every fetch of ``ref``'s object this context is serving now: each fetcher's
+        future fails with ferry.AbortedError within about one round trip. Over TCP the sending
+        stops at once; over RDMA the fetcher stops reading first, so the memory stays valid
+        under its posted reads. Later fetches are served as usual: release(ref) first to refuse
+        them. Never blocks. False when ``ref`` was not put by this context."""
+        return self._native.abort_serving(_native_ref(ref))
+
     def refs(self):
         """Refs of every object in the store (as ferry describes them: no Python kinds)."""
         return [ObjectRef(r) for r in self._native.refs()]
@@ -185,6 +193,17 @@ class Context:
     def pool_stats(self):
         """The receive pool's gauges and counters (ferry::PoolStats) as a dict."""
         return self._native.pool_stats()
+
+    def stats(self):
+        """What this context has done since it started (ferry::Stats, docs/metrics.md) as a
+        dict: fetches and serves (succeeded, failed, errors by name, bytes, by transport),
+        serves in flight, fetch latency count and sum, connections, peers, and the pool."""
+        return self._native.stats()
+
+    def prometheus_text(self, labels=""):
+        """stats() in Prometheus' text format (metrics named ferry_*), for an exporter of the
+        application's own; ``labels`` (e.g. 'instance="a"') is added to every sample."""
+        return self._native.prometheus_text(labels)
 
     @property
     def inflight(self):

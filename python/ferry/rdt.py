@@ -258,12 +258,14 @@ class FerryTensorTransport(TensorTransportManager):
             ref_bytes = getattr(tensor_transport_meta, "ferry_ref", None)
             ref = ObjectRef.from_bytes(ref_bytes) if ref_bytes else None
         if ref is not None and ctx is not None and not ctx.closed:
-            ctx.release(ref)
+            ctx.release(ref)  # first: no fetch starts after the abort
+            ctx.abort_serving(ref)
 
     def abort_transport(self, obj_id: str, communicator_metadata: CommunicatorMetadata):
         """Aborts every fetch of `obj_id` in flight in this process (each fails with
         ferry.AbortedError, and ferry lets go of its buffers first) and refuses later ones. On
-        the source it also withdraws the object."""
+        the source it withdraws the object (later fetches fail with ObjectNotFoundError) and
+        aborts its serves in flight: the destinations' fetches fail with AbortedError."""
         with _process.lock:
             _process.aborted[obj_id] = None
             while len(_process.aborted) > _ABORTED_LIMIT:
@@ -274,7 +276,8 @@ class FerryTensorTransport(TensorTransportManager):
         for future in futures:
             future.abort()
         if ref is not None and ctx is not None and not ctx.closed:
-            ctx.release(ref)
+            ctx.release(ref)  # first: no fetch starts after the abort
+            ctx.abort_serving(ref)
 
     def __reduce__(self):
         return (FerryTensorTransport, ())

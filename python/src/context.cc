@@ -11,6 +11,7 @@
 
 #include "ferry/net/context.h"
 #include "ferry/net/errors.h"
+#include "ferry/net/stats.h"
 #include "python/src/bindings.h"
 #include "python/src/completions.h"
 #include "python/src/errors.h"
@@ -152,6 +153,19 @@ class PeerHandle {
   std::string address_;
 };
 
+py::dict pool_dict(const PoolStats& s) {
+  py::dict d;
+  d["held_bytes"] = s.held_bytes;
+  d["in_use_bytes"] = s.in_use_bytes;
+  d["hits"] = s.hits;
+  d["misses"] = s.misses;
+  d["fallbacks"] = s.fallbacks;
+  d["fallback_bytes"] = s.fallback_bytes;
+  d["regions_created"] = s.regions_created;
+  d["regions_trimmed"] = s.regions_trimmed;
+  return d;
+}
+
 class ContextHandle {
  public:
   explicit ContextHandle(const py::dict& given) {
@@ -221,6 +235,12 @@ class ContextHandle {
     return c->release(ref);
   }
 
+  bool abort_serving(const ObjectRef& ref) {
+    auto c = ctx();
+    py::gil_scoped_release nogil;
+    return c->abort_serving(ref);
+  }
+
   std::vector<ObjectRef> refs() { return ctx()->refs(); }
 
   std::unique_ptr<PeerHandle> connect(const std::string& address) {
@@ -245,18 +265,30 @@ class ContextHandle {
   std::vector<std::string> transports() { return ctx()->transports(); }
   size_t peer_count() { return ctx()->peer_count(); }
   size_t inflight() const { return inflight_->size(); }
-  py::dict pool_stats() {
-    const PoolStats s = ctx()->pool_stats();
+  py::dict pool_stats() { return pool_dict(ctx()->pool_stats()); }
+  py::dict stats() {
+    const Stats s = ctx()->stats();
     py::dict d;
-    d["held_bytes"] = s.held_bytes;
-    d["in_use_bytes"] = s.in_use_bytes;
-    d["hits"] = s.hits;
-    d["misses"] = s.misses;
-    d["fallbacks"] = s.fallbacks;
-    d["fallback_bytes"] = s.fallback_bytes;
-    d["regions_created"] = s.regions_created;
-    d["regions_trimmed"] = s.regions_trimmed;
+    d["fetches_succeeded"] = s.fetches_succeeded;
+    d["fetches_failed"] = s.fetches_failed;
+    d["bytes_fetched"] = s.bytes_fetched;
+    d["fetch_errors"] = s.fetch_errors;
+    d["bytes_fetched_by_transport"] = s.bytes_fetched_by_transport;
+    d["fetch_latency_count"] = s.fetch_latency.count;
+    d["fetch_latency_sum_seconds"] = s.fetch_latency.sum_seconds;
+    d["serves_succeeded"] = s.serves_succeeded;
+    d["serves_failed"] = s.serves_failed;
+    d["serves_in_flight"] = s.serves_in_flight;
+    d["bytes_served"] = s.bytes_served;
+    d["serve_errors"] = s.serve_errors;
+    d["bytes_served_by_transport"] = s.bytes_served_by_transport;
+    d["connections_by_transport"] = s.connections_by_transport;
+    d["peers"] = s.peers;
+    d["pool"] = pool_dict(s.pool);
     return d;
+  }
+  std::string prometheus_text(const std::string& labels) {
+    return ferry::prometheus_text(ctx()->stats(), "ferry", labels);
   }
 
  private:
@@ -311,7 +343,10 @@ void bind_context(py::module_& m) {
       .def("transports", &ContextHandle::transports)
       .def("peer_count", &ContextHandle::peer_count)
       .def("inflight", &ContextHandle::inflight)
-      .def("pool_stats", &ContextHandle::pool_stats);
+      .def("pool_stats", &ContextHandle::pool_stats)
+      .def("abort_serving", &ContextHandle::abort_serving)
+      .def("stats", &ContextHandle::stats)
+      .def("prometheus_text", &ContextHandle::prometheus_text, py::arg("labels"));
 }
 
 }  // namespace ferry::python

@@ -9,6 +9,7 @@ Commands, by the part Ray's diagrams give each process:
                                             metadata; answers the metadata (pickled)
   ("gc", obj_id, metadata)                 source: garbage_collect
   ("abort", obj_id)                        either side: abort_transport
+  ("serving",)                             serves in flight now (ferry's stats)
   ("fetch", obj_id, metadata, targets)     destination: fetch_multiple_tensors (targets: None or
                                             a list of (kind, dtype, shape) to allocate); answers
                                             "started"; the fetch is kept under obj_id
@@ -109,6 +110,9 @@ def main():
                 comm = transport.get_communicator_metadata(None, None, "FERRY")
                 tensors = transport.recv_multiple_tensors(obj_id, meta, comm, buffers)
                 value = ([digest(t) for t in tensors], buffers is not None)
+            elif op == "serving":
+                from ferry import rdt
+                value = rdt._process.context.stats()["serves_in_flight"]
             elif op == "has_ferry":
                 value = True
             elif op == "stats":

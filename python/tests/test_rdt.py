@@ -214,6 +214,39 @@ def test_abort_on_the_source_withdraws_the_object(actors):
     assert destination.call("recv", "obj-c", other, None)[0] == other_digests  # others go on
 
 
+def test_abort_on_the_source_fails_a_fetch_it_is_serving(actors):
+    source, destination = actors(), actors()
+    connect(source, destination)
+    for attempt in range(5):
+        obj_id = f"obj-big-{attempt}"
+        meta, digests = source.call("extract", obj_id, "numpy", 20 + attempt, [(128 << 20,)])
+        destination.call("fetch", obj_id, meta, None)
+        deadline = time.monotonic() + 10
+        while source.call("serving") == 0 and time.monotonic() < deadline:
+            time.sleep(0.001)
+        destination.stop()  # its reads stop: the source's sending stalls mid-object
+        if source.call("serving") == 0:  # over before it stopped: this attempt proves nothing
+            destination.child.signal(signal.SIGCONT)
+            assert destination.call("wait", obj_id, -1)[0] == digests
+            continue
+        source.call("abort", obj_id)
+        destination.child.signal(signal.SIGCONT)
+        t0 = time.monotonic()
+        with pytest.raises(ferry.AbortedError):
+            destination.call("wait", obj_id, 30)
+        assert time.monotonic() - t0 < 10
+        deadline = time.monotonic() + 10
+        while source.call("serving") != 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert source.call("serving") == 0, "the source still serves what it aborted"
+        with pytest.raises(ferry.ObjectNotFoundError):  # withdrawn as well
+            destination.call("recv", obj_id, meta, None)
+        other, other_digests = source.call("extract", "obj-after", "numpy", 9, [(1000,)])
+        assert destination.call("recv", "obj-after", other, None)[0] == other_digests
+        return
+    pytest.fail("no attempt caught the source serving: 128 MiB moved too fast to stop")
+
+
 def test_a_corrupted_ref_in_the_metadata_is_a_clear_error(actors):
     source, destination = actors(), actors()
     meta, _ = source.call("extract", "obj-x", "numpy", 8, [(10,)])
