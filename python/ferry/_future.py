@@ -2,6 +2,8 @@
 
 import asyncio
 import concurrent.futures
+import math
+import time
 
 from . import _completion
 from ._errors import from_info
@@ -21,9 +23,14 @@ class Future(concurrent.futures.Future):
       (or with its result, if that came first). ``cancel()`` does the same and returns False:
       a fetch in flight cannot be cancelled synchronously, because ferry may be writing into its
       buffers until it has stopped; the future completes only once ferry has let them go.
-    - Done-callbacks run on ferry's completion thread (one per process). They may start other
+    - ``result()`` / ``exception()`` wait in C++ with the GIL released; when the fetch ends
+      while a thread waits there, that thread resolves the future itself (ferry's io thread
+      wakes it directly, and no other thread runs). Otherwise ferry's completion thread (one
+      per process) resolves it.
+    - Done-callbacks run on the thread that resolves the future: the completion thread, or a
+      thread blocked in ``result()`` / ``exception()`` of this future. They may start other
       fetches and call anything non-blocking; they must not wait on another ferry future
-      (``result()`` there raises RuntimeError instead of deadlocking).
+      (``result()`` on the completion thread raises RuntimeError instead of deadlocking).
     """
 
     def __init__(self, peer, ref, into, keep):
@@ -71,11 +78,30 @@ class Future(concurrent.futures.Future):
 
     def result(self, timeout=None):
         self._check_not_deadlocking()
-        return super().result(timeout)
+        return super().result(self._wait_native(timeout))
 
     def exception(self, timeout=None):
         self._check_not_deadlocking()
-        return super().exception(timeout)
+        return super().exception(self._wait_native(timeout))
+
+    def _wait_native(self, timeout):
+        """Waits for the fetch in C++ (GIL released) and resolves the future here when this
+        thread is handed the outcome. Returns the time left of `timeout` for the wait on the
+        future itself (which then only waits when another thread resolves it)."""
+        request = self._request
+        if request is None or self.done():
+            return timeout
+        if timeout is None:
+            got = request.wait(-1)
+        else:
+            start = time.monotonic()
+            got = request.wait(max(0, math.ceil(timeout * 1000)))
+            timeout = max(0.0, timeout - (time.monotonic() - start))
+        if got is False:
+            return 0  # timed out: the future's own wait says so (or sees it done just now)
+        if got is not True:
+            self._ferry_complete(got)
+        return timeout
 
     def __await__(self):
         return asyncio.wrap_future(self).__await__()
@@ -88,7 +114,8 @@ class Future(concurrent.futures.Future):
                 "callback instead)")
 
     def _ferry_complete(self, outcome):
-        """Completion thread only: the fetch ended (FetchOutcome)."""
+        """The fetch ended (FetchOutcome): on the completion thread, or on the thread that
+        waited for it in C++ (_wait_native). Once per fetch."""
         self._outcome = outcome
         peer, self._peer = self._peer, None
         keep, self._keep = self._keep, None

@@ -115,8 +115,8 @@ class PeerHandle {
   bool is_open() const { return peer_.is_open(); }
   std::string transport() const { return peer_.transport(); }
 
-  FetchRequest fetch(ObjectRef ref, const std::vector<std::pair<uintptr_t, size_t>>& targets,
-                     int64_t timeout_ms, std::string transport, py::object future) {
+  NativeFetch fetch(ObjectRef ref, const std::vector<std::pair<uintptr_t, size_t>>& targets,
+                    int64_t timeout_ms, std::string transport, py::object future) {
     std::vector<MutableBuffer> buffers;
     buffers.reserve(targets.size());
     for (const auto& [address, size] : targets) {

@@ -24,10 +24,47 @@ py::array_t<uint8_t> view_of(const std::shared_ptr<std::byte[]>& storage, Mutabl
 }  // namespace
 
 bool PendingFetch::finish(std::error_code ec, FetchResult result) {
-  if (finished_.exchange(true)) return false;
   auto outcome = std::make_unique<FetchOutcome>(FetchOutcome{ec, std::move(result)});
-  queue_completion(future_.release(), std::move(outcome));
+  PyObject* future = nullptr;
+  {
+    std::lock_guard lock(mu_);
+    if (finished_) return false;
+    finished_ = true;
+    if (waiters_ > 0) {
+      outcome_ = std::move(outcome);
+    } else {
+      future = future_.release();
+    }
+  }
+  if (future) {
+    queue_completion(future, std::move(outcome));
+  } else {
+    cv_.notify_all();
+  }
   return true;
+}
+
+PendingFetch::WaitResult PendingFetch::wait(std::chrono::milliseconds timeout) {
+  std::unique_lock lock(mu_);
+  if (!finished_) {
+    ++waiters_;
+    auto done = [&] { return finished_; };
+    if (timeout.count() < 0) {
+      cv_.wait(lock, done);
+    } else {
+      cv_.wait_for(lock, timeout, done);
+    }
+    --waiters_;
+  }
+  WaitResult out;
+  if (outcome_) {
+    out.how = Waited::mine;
+    out.outcome = std::move(outcome_);
+    out.future = future_.release();
+  } else {
+    out.how = finished_ ? Waited::elsewhere : Waited::timed_out;
+  }
+  return out;
 }
 
 uint64_t InflightFetches::add(std::shared_ptr<PendingFetch> fetch) {
@@ -60,13 +97,13 @@ size_t InflightFetches::size() const {
   return fetches_.size();
 }
 
-FetchRequest start_fetch(const Peer& peer, const std::shared_ptr<InflightFetches>& inflight,
-                         ObjectRef ref, std::vector<MutableBuffer> targets, FetchOptions options,
-                         py::object future) {
+NativeFetch start_fetch(const Peer& peer, const std::shared_ptr<InflightFetches>& inflight,
+                        ObjectRef ref, std::vector<MutableBuffer> targets, FetchOptions options,
+                        py::object future) {
   auto pending = std::make_shared<PendingFetch>(PyRef(std::move(future)));
   if (!peer.valid()) {
     pending->finish(make_error_code(errc::peer_closed), FetchResult{.ref = std::move(ref)});
-    return FetchRequest();
+    return NativeFetch{FetchRequest(), pending};
   }
   const uint64_t key = inflight->add(pending);
   // Runs on an io thread: no GIL, no Python; the queue takes it from here.
@@ -76,8 +113,9 @@ FetchRequest start_fetch(const Peer& peer, const std::shared_ptr<InflightFetches
     if (auto in = weak.lock()) in->remove(key);
   };
   try {
-    return peer.fetch(std::move(ref), std::move(targets), std::move(options),
-                      FetchHandler(std::move(handler)));
+    return NativeFetch{peer.fetch(std::move(ref), std::move(targets), std::move(options),
+                                  FetchHandler(std::move(handler))),
+                       pending};
   } catch (...) {
     inflight->remove(key);
     throw;
@@ -85,12 +123,31 @@ FetchRequest start_fetch(const Peer& peer, const std::shared_ptr<InflightFetches
 }
 
 void bind_fetch(py::module_& m) {
-  py::class_<FetchRequest>(m, "FetchRequest", "ferry::FetchRequest: abort a fetch in flight")
-      .def_property_readonly("id", &FetchRequest::id)
-      .def("done", &FetchRequest::done)
-      .def("abort", &FetchRequest::abort,
-           "Asks the fetch to stop: it completes with errc::aborted unless it completed first. "
-           "Never blocks.");
+  py::class_<NativeFetch>(m, "Fetch", "One fetch in flight: abort it, or wait for it")
+      .def_property_readonly("id", [](const NativeFetch& f) { return f.request.id(); })
+      .def("done", [](const NativeFetch& f) { return f.request.done(); })
+      .def(
+          "abort", [](NativeFetch& f) { f.request.abort(); },
+          "Asks the fetch to stop: it completes with errc::aborted unless it completed first. "
+          "Never blocks.")
+      .def(
+          "wait",
+          [](NativeFetch& f, int64_t timeout_ms) -> py::object {
+            PendingFetch::WaitResult r;
+            {
+              py::gil_scoped_release nogil;
+              r = f.pending->wait(std::chrono::milliseconds(timeout_ms));
+            }
+            if (r.how == PendingFetch::Waited::mine) {
+              py::reinterpret_steal<py::object>(r.future);  // the future's own reference
+              return py::cast(std::move(r.outcome));
+            }
+            return py::bool_(r.how == PendingFetch::Waited::elsewhere);
+          },
+          py::arg("timeout_ms"),
+          "Waits (GIL released) up to timeout_ms (negative: no limit) for the fetch to end. "
+          "Returns its FetchOutcome when this thread is to resolve the future with it, True "
+          "when the completion thread (or another waiter) resolves it, False on timeout.");
 
   py::class_<FetchOutcome>(m, "FetchOutcome", "What one fetch ended with")
       .def_property_readonly("error",

@@ -5,7 +5,8 @@
 
 #include <pybind11/pybind11.h>
 
-#include <atomic>
+#include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -19,16 +20,41 @@
 
 namespace ferry::python {
 
-// One fetch's Python future. finish() hands it to the completion queue; the first call wins.
+// One fetch's Python future. finish() hands the outcome to a Python thread blocked in wait() on
+// this fetch, when there is one (no other thread wakes), else to the completion queue; the first
+// call wins.
 class PendingFetch {
  public:
   explicit PendingFetch(PyRef future) : future_(std::move(future)) {}
   // Any thread; never takes the GIL.
   bool finish(std::error_code ec, FetchResult result);
 
+  // What wait() found: the outcome is this thread's to resolve the future with (`outcome` and
+  // `future`, an owned reference, set), the completion queue or another waiter has it, or the
+  // time ran out first.
+  enum class Waited { mine, elsewhere, timed_out };
+  struct WaitResult {
+    Waited how = Waited::timed_out;
+    std::unique_ptr<FetchOutcome> outcome;
+    PyObject* future = nullptr;
+  };
+  // Blocks until finish() or `timeout` (negative: no limit). Call without the GIL.
+  WaitResult wait(std::chrono::milliseconds timeout);
+
  private:
-  std::atomic<bool> finished_{false};
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool finished_ = false;
+  int waiters_ = 0;
+  std::unique_ptr<FetchOutcome> outcome_;  // finished while a thread waited, not yet taken
   PyRef future_;
+};
+
+// A fetch as Python's Future holds it: abort() through the request, wait() through the pending
+// state.
+struct NativeFetch {
+  FetchRequest request;
+  std::shared_ptr<PendingFetch> pending;
 };
 
 // The fetches in flight of one context, so that close() can fail those whose completion
@@ -48,10 +74,10 @@ class InflightFetches {
 };
 
 // Starts fetching `ref` from `peer` into `targets` (empty: ferry allocates); `future` gets
-// `_ferry_complete(FetchOutcome)` on the completion thread. GIL held (for `future`); does not
-// block.
-FetchRequest start_fetch(const Peer& peer, const std::shared_ptr<InflightFetches>& inflight,
-                         ObjectRef ref, std::vector<MutableBuffer> targets, FetchOptions options,
-                         pybind11::object future);
+// `_ferry_complete(FetchOutcome)` on the completion thread, unless a thread waiting in
+// NativeFetch::pending->wait() takes the outcome. GIL held (for `future`); does not block.
+NativeFetch start_fetch(const Peer& peer, const std::shared_ptr<InflightFetches>& inflight,
+                        ObjectRef ref, std::vector<MutableBuffer> targets, FetchOptions options,
+                        pybind11::object future);
 
 }  // namespace ferry::python

@@ -204,3 +204,61 @@ def test_blocking_calls_let_other_threads_run(stopped):
         stop.set()
         spinner.join(10)
     assert ticks[0] > 1000  # the spinner ran while hold() waited
+
+
+def test_a_waiting_thread_is_handed_the_outcome_directly(owner, ctx):
+    """result() waits in C++: a fetch that ends while a thread waits there wakes that thread
+    (which resolves the future) and not ferry's completion thread; callbacks registered first
+    still run, once."""
+    from ferry import _ferry
+    ref = owner.refs["np_big"]
+    peer = ctx.connect(ref)
+    want = objects(False)["np_big"]
+    into = np.empty_like(want)
+    peer.fetch(ref, into=into).result(60)  # the data channel is up
+    n = 50
+    queued = _ferry._completion_counts()[1]
+    for _ in range(n):
+        assert peer.fetch(ref, into=into).result(60) is into
+    direct = n - (_ferry._completion_counts()[1] - queued)
+    # A fetch that ended before result() was called goes through the completion thread.
+    assert direct >= n // 2, f"only {direct} of {n} outcomes reached their waiting thread"
+    same(want, into)
+    ran = []
+    future = peer.fetch(ref)
+    future.add_done_callback(lambda f: ran.append(threading.current_thread().name))
+    same(want, future.result(60))
+    deadline = time.monotonic() + 30
+    while not ran and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert len(ran) == 1
+
+
+def test_several_threads_wait_on_one_future(owner, ctx):
+    ref = owner.refs["np_float32"]
+    peer = ctx.connect(ref)
+    peer.fetch(ref).result(60)  # the data channel is up
+    owner.child.signal(signal.SIGSTOP)
+    try:
+        future = peer.fetch(ref)
+        results, errors = [], []
+
+        def wait():
+            try:
+                results.append(future.result(60))
+            except BaseException as e:  # noqa: BLE001
+                errors.append(e)
+
+        threads = [threading.Thread(target=wait) for _ in range(4)]
+        for t in threads:
+            t.start()
+        time.sleep(0.2)
+        with pytest.raises(concurrent.futures.TimeoutError):  # a short wait beside them
+            future.result(timeout=0.05)
+    finally:
+        owner.child.signal(signal.SIGCONT)
+    for t in threads:
+        t.join(60)
+    assert not errors and len(results) == 4
+    assert all(r is results[0] for r in results)  # one resolution, the same result for all
+    same(objects(False)["np_float32"], results[0])
