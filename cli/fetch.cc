@@ -180,12 +180,19 @@ int fetch_targets(const FetchArgs& args, Peer& peer, const std::vector<Target>& 
   Progress progress(args.quiet ? ProgressMode::kNever : parse_progress_mode(args.progress),
                     targets.size(), total_bytes);
   auto queue = std::make_shared<CompletionQueue>();  // outlives late completions
+  std::map<size_t, FetchRequest> running;            // by target index: their bytes so far
   auto issue = [&](size_t i) {
-    peer.async_fetch(
-        targets[i].ref, {}, options,
-        [queue, i, issued = Clock::now()](boost::system::error_code ec, FetchResult result) {
-          queue->push({i, ec, std::move(result), Clock::now() - issued});
-        });
+    running[i] = peer.fetch(targets[i].ref, {}, options,
+                            FetchHandler([queue, i, issued = Clock::now()](
+                                             boost::system::error_code ec, FetchResult result) {
+                              queue->push({i, ec, std::move(result), Clock::now() - issued});
+                            }));
+  };
+  // What has landed: the objects done, and the bytes of those in flight so far.
+  auto landed = [&] {
+    uint64_t bytes = summary.bytes;
+    for (const auto& [i, request] : running) bytes += request.bytes_landed();
+    return bytes;
   };
 
   const auto start = Clock::now();
@@ -194,8 +201,13 @@ int fetch_targets(const FetchArgs& args, Peer& peer, const std::vector<Target>& 
   int rc = kExitOk;
   while (rc == kExitOk && (next < targets.size() || in_flight > 0)) {
     for (; in_flight < window && next < targets.size(); ++next, ++in_flight) issue(next);
-    // Each fetch has its own deadline; this bound only guards against a lost completion.
-    auto done = queue->pop(options.timeout + std::chrono::seconds(5));
+    // Each fetch has its own deadline; this bound only guards against a lost completion. The
+    // progress moves meanwhile, with the bytes of the fetches in flight.
+    const auto give_up = Clock::now() + options.timeout + std::chrono::seconds(5);
+    std::optional<Completion> done;
+    while (!(done = queue->pop(std::chrono::milliseconds(100))) && Clock::now() < give_up) {
+      progress.update(summary.objects, landed());
+    }
     if (!done) {
       progress.clear();
       rc = fail(kExitTimeout,
@@ -203,6 +215,7 @@ int fetch_targets(const FetchArgs& args, Peer& peer, const std::vector<Target>& 
       break;
     }
     --in_flight;
+    running.erase(done->index);
     if (done->ec) {
       progress.clear();
       rc = fail(done->ec == errc::timed_out ? kExitTimeout : kExitFetchFailed,
@@ -214,7 +227,7 @@ int fetch_targets(const FetchArgs& args, Peer& peer, const std::vector<Target>& 
     summary.bytes += done->result.bytes;
     summary.latencies.push_back(done->latency);
     rc = finish_object(args, targets[done->index], done->result, summary, progress);
-    progress.update(summary.objects, summary.bytes);
+    progress.update(summary.objects, landed());
   }  // each iteration's `done` releases its object's memory
   summary.wall = Clock::now() - start;
   progress.finish();

@@ -2,11 +2,35 @@
 
 #include <unistd.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 
 #include "cli/units.h"
 
 namespace ferry::cli {
+namespace {
+
+// "ETA 1m05s" for `remaining` bytes at `rate` GB/s; "done" with nothing left, "ETA ?" before the
+// rate is known.
+std::string eta_text(double rate, uint64_t remaining) {
+  if (remaining == 0) return "done";
+  if (rate <= 0) return "ETA ?";
+  const double seconds = static_cast<double>(remaining) / (rate * 1e9);
+  if (!std::isfinite(seconds) || seconds > 359999) return "ETA ?";
+  const auto s = static_cast<unsigned long long>(std::ceil(seconds));
+  char text[32];
+  if (s >= 3600) {
+    std::snprintf(text, sizeof(text), "ETA %lluh%02llum", s / 3600, s % 3600 / 60);
+  } else if (s >= 60) {
+    std::snprintf(text, sizeof(text), "ETA %llum%02llus", s / 60, s % 60);
+  } else {
+    std::snprintf(text, sizeof(text), "ETA %llus", s);
+  }
+  return text;
+}
+
+}  // namespace
 
 ProgressMode parse_progress_mode(const std::string& text) {
   if (text == "always") return ProgressMode::kAlways;
@@ -71,20 +95,21 @@ void Progress::draw() {
   const double fraction =
       total_bytes_ ? static_cast<double>(bytes_) / static_cast<double>(total_bytes_) : 1.0;
   const std::string done = format_bytes(bytes_), total = format_bytes(total_bytes_);
+  const std::string eta = eta_text(rate, total_bytes_ - std::min(bytes_, total_bytes_));
   if (style_ == Style::kLines) {
-    std::fprintf(stderr, "fetched %llu/%llu objects, %s of %s (%.0f%%), %.2f GB/s\n",
+    std::fprintf(stderr, "fetched %llu/%llu objects, %s of %s (%.0f%%), %.2f GB/s, %s\n",
                  static_cast<unsigned long long>(objects_),
                  static_cast<unsigned long long>(total_objects_), done.c_str(), total.c_str(),
-                 100 * fraction, rate);
+                 100 * fraction, rate, eta.c_str());
   } else {
     constexpr int kWidth = 30;
     const int filled = static_cast<int>(fraction * kWidth);
     std::string bar(static_cast<size_t>(filled), '#');
     bar.append(static_cast<size_t>(kWidth - filled), '.');
-    std::fprintf(stderr, "\r[%s] %llu/%llu objects  %s / %s  %.2f GB/s\x1b[K", bar.c_str(),
+    std::fprintf(stderr, "\r[%s] %llu/%llu objects  %s / %s  %.2f GB/s  %s\x1b[K", bar.c_str(),
                  static_cast<unsigned long long>(objects_),
-                 static_cast<unsigned long long>(total_objects_), done.c_str(), total.c_str(),
-                 rate);
+                 static_cast<unsigned long long>(total_objects_), done.c_str(), total.c_str(), rate,
+                 eta.c_str());
   }
   std::fflush(stderr);
   drawn_ = true;

@@ -567,6 +567,33 @@ TEST_F(Loopback, TheOwnerAbortsAServeInFlight) {
   EXPECT_FALSE(other.abort_serving(ref));
 }
 
+// Progress: bytes_landed() moves while a large fetch is in flight (not only at its end), never
+// passes the total, and is the total once the fetch succeeded.
+TEST_F(Loopback, BytesLandedMoveDuringAFetchAndEndAtTheTotal) {
+  const size_t size = test_transport() == "RDMA" ? 16u << 20 : 256u << 20;
+  auto big = make_pattern(size, 16);
+  auto ref = server.put(big);
+  std::vector<std::byte> target(size);
+  bool seen_partial = false;
+  for (int round = 0; round < 5 && !seen_partial; ++round) {
+    auto req = peer.fetch(ref, {MutableBuffer(target)});
+    uint64_t last = 0;
+    while (!req.done()) {
+      const uint64_t landed = req.bytes_landed();
+      ASSERT_GE(landed, last) << "progress went back without a restart";
+      ASSERT_LE(landed, size);
+      if (landed > 0 && landed < size && !req.done()) seen_partial = true;
+      last = landed;
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+    ASSERT_FALSE(req.wait(scaled(60s)));
+    EXPECT_EQ(req.bytes_landed(), size);
+    EXPECT_TRUE(same_bytes(target, *big));
+  }
+  EXPECT_TRUE(seen_partial) << "five fetches of " << size << " bytes showed no partial progress";
+  EXPECT_EQ(FetchRequest().bytes_landed(), 0u);
+}
+
 TEST_F(Loopback, FetchDeadlineTimesOutWithinItsBound) {
   auto big = make_pattern(32u << 20, 2);
   auto ref = server.put(big);

@@ -16,6 +16,7 @@ bool FetchState::complete(std::error_code ec) {
     if (done_) return false;
     done_ = true;
     ec_ = ec;
+    if (!ec) landed_.store(result_.bytes, std::memory_order_relaxed);
     handler.swap(handler_);
     abort_hook_ = nullptr;
   }

@@ -5,6 +5,7 @@
 /// operation aborted. Once it has completed, ferry never touches its target buffers again.
 #pragma once
 
+#include <atomic>
 #include <boost/asio/any_completion_handler.hpp>
 #include <boost/asio/any_io_executor.hpp>
 #include <boost/system/error_code.hpp>
@@ -104,6 +105,11 @@ class FetchState {
   // Asks the running side to abort (set by the session). Safe from any thread, any time.
   void set_abort_hook(std::function<void()> hook);
   void request_abort();
+  // Bytes landed in the targets so far: transports add as they land (any thread), a restart
+  // starts again from 0, success sets the total.
+  void add_landed(uint64_t bytes) { landed_.fetch_add(bytes, std::memory_order_relaxed); }
+  void reset_landed() { landed_.store(0, std::memory_order_relaxed); }
+  uint64_t landed() const { return landed_.load(std::memory_order_relaxed); }
 
  private:
   const uint64_t id_;
@@ -117,6 +123,7 @@ class FetchState {
   std::optional<FetchHandler> handler_;
   std::function<void()> abort_hook_;
   std::shared_ptr<StatsRecorder> stats_;
+  std::atomic<uint64_t> landed_{0};
   std::chrono::steady_clock::time_point started_;
 };
 
@@ -149,6 +156,18 @@ class FetchRequest {
 
   /// The result, valid once done() and successful.
   FetchResult& result() const { return state_->result(); }
+
+  /// Bytes of this fetch that have landed in its targets so far: for progress displays. The
+  /// built-in transports report as bytes land (TCP per chunk received, RDMA per completed READ);
+  /// a transport that does not report shows 0 until success. The total once the fetch succeeded;
+  /// back to 0 when a fetch restarts on a new channel. 0 for an invalid request. Any thread;
+  /// never blocks.
+  uint64_t bytes_landed() const { return state_ ? state_->landed() : 0; }
+  /// For transports: `bytes` more of this fetch have landed in its targets (bytes_landed()).
+  /// Any thread; never blocks.
+  void report_landed(uint64_t bytes) const {
+    if (state_) state_->add_landed(bytes);
+  }
 
   /// Asks for the fetch to stop. Completes it with errc::aborted unless it completed first;
   /// asynchronous: wait() observes it. The peer stays usable.

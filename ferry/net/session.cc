@@ -936,6 +936,7 @@ void Session::relaunch(uint64_t id, PendingFetch pending, std::error_code ec,
     return;
   }
   auto targets = pending.combine ? pending.slots : state->result().tensors;
+  state->reset_landed();  // every byte lands again
   launch(id, std::move(pending), std::move(targets), {});
 }
 

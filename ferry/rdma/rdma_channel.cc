@@ -191,7 +191,12 @@ void RdmaChannel::drain() {
         continue;
       }
       auto it = fetches_.find(wc.wr_id);
-      if (it != fetches_.end() && it->second.posted) --it->second.posted;
+      if (it != fetches_.end() && it->second.posted) {
+        --it->second.posted;
+        const uint32_t length = it->second.posted_lengths.front();
+        it->second.posted_lengths.pop_front();
+        if (wc.status == IBV_WC_SUCCESS) it->second.op.request.report_landed(length);
+      }
       if (wc.status != IBV_WC_SUCCESS) {
         if (wc.status != IBV_WC_WR_FLUSH_ERR) {
           FERRY_LOG_WARN("rdma: READ for request {} failed: {}", wc.wr_id,
@@ -372,6 +377,7 @@ void RdmaChannel::post_reads() {
     f.reads.pop_front();
     ++in_flight_;
     ++f.posted;
+    f.posted_lengths.push_back(r.length);
     idle = 0;
     posted_any = true;
     if (!f.reads.empty()) ready_.push_back(id);

@@ -104,6 +104,7 @@ class RdmaChannel final : public TransportChannel,
     std::vector<std::shared_ptr<Region>> regions;  // per tensor; null for empty tensors
     std::deque<Read> reads;                        // not yet posted
     uint32_t posted = 0;                           // handed to the QP, not yet completed
+    std::deque<uint32_t> posted_lengths;           // of those, in posting (= completion) order
     bool granted = false;
     bool aborted = false;
     std::error_code error;

@@ -50,6 +50,7 @@ void TcpChannel::post_recv(const FetchOp& op) {
   Recv r;
   r.targets = op.targets;
   r.combine = op.combine;
+  r.request = op.request;
   r.written.reserve(op.targets.size());
   for (const auto& t : op.targets) r.written.emplace_back(t.size());
   recvs_[op.request_id] = std::move(r);
@@ -149,6 +150,9 @@ bool TcpChannel::consume_stage(size_t n) {
 void TcpChannel::end_payload() {
   read_state_ = ReadState::header;
   header_got_ = 0;
+  if (auto it = recvs_.find(header_.request_id); it != recvs_.end()) {
+    it->second.request.report_landed(header_.length);
+  }
   if (header_.flags & kFlagEnd) finish_request();
 }
 

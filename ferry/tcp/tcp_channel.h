@@ -47,6 +47,7 @@ class TcpChannel final : public TransportChannel, public std::enable_shared_from
     std::vector<MutableBuffer> targets;
     std::vector<Coverage> written;  // per target: the chunks' offsets may not overlap or leave gaps
     CombineFn combine;              // optional
+    FetchRequest request;           // bytes landed are reported to it, per chunk
   };
   struct Send {
     uint64_t request_id = 0;

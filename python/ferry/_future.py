@@ -57,6 +57,14 @@ class Future(concurrent.futures.Future):
         return self._outcome.nbytes if self._outcome is not None else None
 
     @property
+    def bytes_landed(self):
+        """Bytes of the fetch that have landed so far, for progress: moves while it is in flight
+        (TCP per chunk, RDMA per completed read), the total once it succeeded, back to 0 if it
+        restarts on a new channel."""
+        request = self._request
+        return request.bytes_landed if request is not None else 0
+
+    @property
     def elapsed(self):
         """Seconds from issue to completion; None until done."""
         return self._outcome.elapsed if self._outcome is not None else None

@@ -126,6 +126,9 @@ void bind_fetch(py::module_& m) {
   py::class_<NativeFetch>(m, "Fetch", "One fetch in flight: abort it, or wait for it")
       .def_property_readonly("id", [](const NativeFetch& f) { return f.request.id(); })
       .def("done", [](const NativeFetch& f) { return f.request.done(); })
+      .def_property_readonly(
+          "bytes_landed", [](const NativeFetch& f) { return f.request.bytes_landed(); },
+          "Bytes landed in the targets so far (ferry::FetchRequest::bytes_landed)")
       .def(
           "abort", [](NativeFetch& f) { f.request.abort(); },
           "Asks the fetch to stop: it completes with errc::aborted unless it completed first. "

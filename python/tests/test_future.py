@@ -262,3 +262,16 @@ def test_several_threads_wait_on_one_future(owner, ctx):
     assert not errors and len(results) == 4
     assert all(r is results[0] for r in results)  # one resolution, the same result for all
     same(objects(False)["np_float32"], results[0])
+
+
+def test_bytes_landed_reach_the_total(owner, ctx):
+    ref = owner.refs["np_big"]
+    peer = ctx.connect(ref)
+    future = peer.fetch(ref)
+    seen = [future.bytes_landed]
+    while not future.done():
+        seen.append(future.bytes_landed)
+        time.sleep(0.0005)
+    future.result(60)
+    assert seen == sorted(seen), "progress went back"
+    assert future.bytes_landed == future.nbytes == objects(False)["np_big"].nbytes
