@@ -10,6 +10,7 @@
 #include <functional>
 #include <limits>
 #include <random>
+#include <stdexcept>
 #include <thread>
 
 #include "ferry/collective/group.h"
@@ -333,6 +334,11 @@ class Ranks {
       ASSERT_TRUE(g.ok()) << why.message;
       groups_[r] = std::move(*g);
     });
+    // A failed join is recorded above (on its thread); the test must not go on to use the
+    // missing group: gtest reports the exception as this test's failure.
+    for (int r = 0; r < n; ++r) {
+      if (!groups_[r]) throw std::runtime_error("rank " + std::to_string(r) + " did not join");
+    }
   }
   // Runs f(rank) on one thread per rank and joins them.
   void run(const std::function<void(int)>& f) {
