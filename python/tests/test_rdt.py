@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from conftest import DEADLINE, have_torch
+from conftest import DEADLINE, RDMA, have_torch
 
 ferry = pytest.importorskip("ferry", reason="ferry is not built (PYTHONPATH=build/python)")
 from ferry import rdt  # noqa: E402
@@ -215,6 +215,9 @@ def test_abort_on_the_source_withdraws_the_object(actors):
 
 
 def test_abort_on_the_source_fails_a_fetch_it_is_serving(actors):
+    """Over TCP the destination is stopped (SIGSTOP) so that the source's sending stalls
+    mid-object; over RDMA the reads go on in the kernel whoever is stopped, so nobody is, and
+    128 MiB over emulated RDMA takes long enough for the abort to land mid-transfer."""
     source, destination = actors(), actors()
     connect(source, destination)
     for attempt in range(5):
@@ -224,18 +227,24 @@ def test_abort_on_the_source_fails_a_fetch_it_is_serving(actors):
         deadline = time.monotonic() + 10
         while source.call("serving") == 0 and time.monotonic() < deadline:
             time.sleep(0.001)
-        destination.stop()  # its reads stop: the source's sending stalls mid-object
-        if source.call("serving") == 0:  # over before it stopped: this attempt proves nothing
-            destination.child.signal(signal.SIGCONT)
-            assert destination.call("wait", obj_id, -1)[0] == digests
-            continue
+        if not RDMA:
+            destination.stop()  # its reads stop: the source's sending stalls mid-object
+            if source.call("serving") == 0:  # over before it stopped: proves nothing
+                destination.child.signal(signal.SIGCONT)
+                assert destination.call("wait", obj_id, -1)[0] == digests
+                continue
         source.call("abort", obj_id)
         destination.child.signal(signal.SIGCONT)
         t0 = time.monotonic()
-        with pytest.raises(ferry.AbortedError):
-            destination.call("wait", obj_id, 30)
-        assert time.monotonic() - t0 < 10
-        deadline = time.monotonic() + 10
+        try:
+            got = destination.call("wait", obj_id, 60)
+        except ferry.AbortedError:
+            got = None
+        if got is not None:  # every byte had landed before the abort arrived: proves nothing
+            assert got[0] == digests
+            continue
+        assert time.monotonic() - t0 < 30
+        deadline = time.monotonic() + 30
         while source.call("serving") != 0 and time.monotonic() < deadline:
             time.sleep(0.01)
         assert source.call("serving") == 0, "the source still serves what it aborted"
@@ -244,7 +253,7 @@ def test_abort_on_the_source_fails_a_fetch_it_is_serving(actors):
         other, other_digests = source.call("extract", "obj-after", "numpy", 9, [(1000,)])
         assert destination.call("recv", "obj-after", other, None)[0] == other_digests
         return
-    pytest.fail("no attempt caught the source serving: 128 MiB moved too fast to stop")
+    pytest.fail("no attempt caught the source serving: 128 MiB moved too fast to abort")
 
 
 def test_a_corrupted_ref_in_the_metadata_is_a_clear_error(actors):
