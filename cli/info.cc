@@ -5,9 +5,13 @@
 #include <string>
 #include <vector>
 
+#include <boost/json/array.hpp>
+#include <boost/json/object.hpp>
+#include <boost/json/value.hpp>
+
 #include <openssl/opensslv.h>
 
-#include "cli/json.h"
+#include "cli/pretty_json.h"
 #include "cli/status.h"
 #include "ferry/ferry.h"
 #include "ferry/net/log.h"
@@ -137,42 +141,41 @@ void print_json(const std::vector<RegisteredTransport>& registered,
                 const std::vector<std::string>& instantiated,
                 const std::vector<rdma::DeviceInfo>& devices,
                 const std::vector<Setting>& settings) {
-  auto strings = [](JsonWriter& w, const std::vector<std::string>& items) {
-    w.begin_array();
-    for (const auto& item : items) w.value(item);
-    w.end_array();
+  auto strings = [](const std::vector<std::string>& items) {
+    return boost::json::array(items.begin(), items.end());
   };
-  JsonWriter w;
-  w.begin_object().key("version").value(kVersion).key("build").value(build_text());
-  w.key("registered_transports").begin_array();
+  boost::json::array transports;
   for (const auto& t : registered) {
-    w.begin_object().key("name").value(t.name).key("devices");
-    strings(w, t.devices);
-    w.key("state").value(state_of(t, instantiated, devices));
-    w.end_object();
+    transports.push_back(boost::json::object{{"name", t.name},
+                                             {"devices", strings(t.devices)},
+                                             {"state", state_of(t, instantiated, devices)}});
   }
-  w.end_array().key("context_transports");
-  strings(w, instantiated);
-  w.key("rdma").begin_object().key("compiled_in").value(rdma::compiled_in());
-  w.key("devices").begin_array();
+  boost::json::array rdma_devices;
   for (const auto& dev : devices) {
-    w.begin_object().key("name").value(dev.name).key("ports").begin_array();
+    boost::json::array ports;
     for (const auto& port : dev.ports) {
-      w.begin_object().key("port").value(uint64_t{port.port}).key("state").value(port.state);
-      w.key("link_layer").value(port.link_layer).key("gids");
-      strings(w, port.gids);
-      w.end_object();
+      ports.push_back(boost::json::object{{"port", uint64_t{port.port}},
+                                          {"state", port.state},
+                                          {"link_layer", port.link_layer},
+                                          {"gids", strings(port.gids)}});
     }
-    w.end_array().end_object();
+    rdma_devices.push_back(boost::json::object{{"name", dev.name}, {"ports", std::move(ports)}});
   }
-  w.end_array().end_object();
-  w.key("settings").begin_array();
+  boost::json::array setting_list;
   for (const auto& st : settings) {
-    w.begin_object().key("variable").value(st.variable).key("option").value(st.option);
-    w.key("value").value(st.value).key("source").value(st.source).end_object();
+    setting_list.push_back(boost::json::object{{"variable", st.variable},
+                                               {"option", st.option},
+                                               {"value", st.value},
+                                               {"source", st.source}});
   }
-  w.end_array().end_object();
-  std::fputs(w.str().c_str(), stdout);
+  const boost::json::object doc{
+      {"version", kVersion},
+      {"build", build_text()},
+      {"registered_transports", std::move(transports)},
+      {"context_transports", strings(instantiated)},
+      {"rdma", {{"compiled_in", rdma::compiled_in()}, {"devices", std::move(rdma_devices)}}},
+      {"settings", std::move(setting_list)}};
+  std::fputs(pretty_json(doc).c_str(), stdout);
 }
 
 }  // namespace

@@ -3,7 +3,10 @@
 #include <algorithm>
 #include <cmath>
 
-#include "cli/json.h"
+#include <boost/json/object.hpp>
+#include <boost/json/value.hpp>
+
+#include "cli/pretty_json.h"
 #include "cli/status.h"
 #include "cli/units.h"
 
@@ -68,30 +71,33 @@ void print_table(std::FILE* out, const FetchSummary& s) {
 
 std::string summary_json(const FetchSummary& s) {
   const double gbps = gigabytes_per_second(s);
-  JsonWriter w;
-  w.begin_object();
-  w.key("objects").value(s.objects).key("tensors").value(s.tensors).key("bytes").value(s.bytes);
-  w.key("transport").value(s.transport).key("wall_s").value(seconds(s.wall));
-  w.key("throughput_gb_s").value(gbps).key("throughput_gbit_s").value(gbps * 8);
-  w.key("latency_ms").begin_object();
-  w.key("p50").value(latency_ms(s.latencies, 50)).key("p99").value(latency_ms(s.latencies, 99));
-  w.key("max").value(latency_ms(s.latencies, 100)).end_object();
-  w.key("verified");
-  if (s.verified == FetchSummary::Verified::kNotChecked) {
-    w.null();
-  } else {
-    w.value(s.verified == FetchSummary::Verified::kYes);
+  boost::json::value verified = nullptr;
+  if (s.verified != FetchSummary::Verified::kNotChecked) {
+    verified = s.verified == FetchSummary::Verified::kYes;
   }
-  w.key("mismatched_objects").value(s.mismatched);
-  w.key("receive_pool").begin_object();
-  w.key("held_bytes").value(s.pool.held_bytes).key("in_use_bytes").value(s.pool.in_use_bytes);
-  w.key("hits").value(s.pool.hits).key("misses").value(s.pool.misses);
-  w.key("fallbacks").value(s.pool.fallbacks).key("fallback_bytes").value(s.pool.fallback_bytes);
-  w.key("regions_created").value(s.pool.regions_created);
-  w.key("regions_trimmed").value(s.pool.regions_trimmed).end_object();
-  write_failure(w);
-  w.end_object();
-  return w.str();
+  return pretty_json(boost::json::object{{"objects", s.objects},
+                                         {"tensors", s.tensors},
+                                         {"bytes", s.bytes},
+                                         {"transport", s.transport},
+                                         {"wall_s", seconds(s.wall)},
+                                         {"throughput_gb_s", gbps},
+                                         {"throughput_gbit_s", gbps * 8},
+                                         {"latency_ms",
+                                          {{"p50", latency_ms(s.latencies, 50)},
+                                           {"p99", latency_ms(s.latencies, 99)},
+                                           {"max", latency_ms(s.latencies, 100)}}},
+                                         {"verified", verified},
+                                         {"mismatched_objects", s.mismatched},
+                                         {"receive_pool",
+                                          {{"held_bytes", s.pool.held_bytes},
+                                           {"in_use_bytes", s.pool.in_use_bytes},
+                                           {"hits", s.pool.hits},
+                                           {"misses", s.pool.misses},
+                                           {"fallbacks", s.pool.fallbacks},
+                                           {"fallback_bytes", s.pool.fallback_bytes},
+                                           {"regions_created", s.pool.regions_created},
+                                           {"regions_trimmed", s.pool.regions_trimmed}}},
+                                         {"error", failure_value()}});
 }
 
 }  // namespace ferry::cli

@@ -3,7 +3,10 @@
 #include <cstdio>
 #include <string>
 
-#include "cli/json.h"
+#include <boost/json/object.hpp>
+#include <boost/json/value.hpp>
+
+#include "cli/pretty_json.h"
 #include "ferry/net/errors.h"
 
 namespace ferry::cli {
@@ -54,24 +57,15 @@ int fail(ExitCode code, std::string_view what) {
 
 const Failure& first_failure() { return failure(); }
 
-void write_failure(JsonWriter& w) {
+boost::json::value failure_value() {
   const auto& f = failure();
-  w.key("error");
-  if (f.exit_code == kExitOk) {
-    w.null();
-    return;
-  }
-  w.begin_object().key("exit_code").value(static_cast<uint64_t>(f.exit_code));
-  w.key("message").value(f.message);
-  w.key("error").value(f.error).key("category").value(f.error_category).end_object();
+  if (f.exit_code == kExitOk) return nullptr;
+  return boost::json::object{{"exit_code", f.exit_code},
+                             {"message", f.message},
+                             {"error", f.error},
+                             {"category", f.error_category}};
 }
 
-std::string failure_json() {
-  JsonWriter w;
-  w.begin_object();
-  write_failure(w);
-  w.end_object();
-  return w.str();
-}
+std::string failure_json() { return pretty_json(boost::json::object{{"error", failure_value()}}); }
 
 }  // namespace ferry::cli

@@ -5,6 +5,8 @@
 #include <string_view>
 #include <system_error>
 
+#include <boost/json/fwd.hpp>
+
 namespace ferry::cli {
 
 enum ExitCode : int {
@@ -35,10 +37,9 @@ struct Failure {
 };
 const Failure& first_failure();
 
-class JsonWriter;
-// Adds "error": {"exit_code", "message", "error", "category"} for first_failure() to an open
-// object, or "error": null when there was none.
-void write_failure(JsonWriter& w);
+// first_failure() as the "error" member of a --json document: {"exit_code", "message", "error",
+// "category"}, or null when there was none.
+boost::json::value failure_value();
 // A JSON document holding only that "error" member: what a --json subcommand prints when it
 // fails before it has anything else to say.
 std::string failure_json();
