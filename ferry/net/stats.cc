@@ -163,6 +163,11 @@ void StatsRecorder::fetch_done(const std::error_code& ec, uint64_t bytes,
 void StatsRecorder::serve_done(const std::error_code& ec, uint64_t bytes,
                                const std::string& transport) {
   std::lock_guard lock(mu_);
+  count_serve(ec, bytes, transport);
+}
+
+void StatsRecorder::count_serve(const std::error_code& ec, uint64_t bytes,
+                                const std::string& transport) {
   if (ec) {
     ++s_.serves_failed;
     ++s_.serve_errors[error_name(ec)];
@@ -180,11 +185,9 @@ void StatsRecorder::serve_started() {
 
 void StatsRecorder::serve_ended(const std::error_code& ec, uint64_t bytes,
                                 const std::string& transport) {
-  {
-    std::lock_guard lock(mu_);
-    --s_.serves_in_flight;
-  }
-  serve_done(ec, bytes, transport);
+  std::lock_guard lock(mu_);
+  --s_.serves_in_flight;
+  count_serve(ec, bytes, transport);
 }
 
 void StatsRecorder::snapshot(Stats& out) const {

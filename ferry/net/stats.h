@@ -79,6 +79,9 @@ class StatsRecorder {
   void snapshot(Stats& out) const;
 
  private:
+  // A serve's outcome into s_; mu_ held.
+  void count_serve(const std::error_code& ec, uint64_t bytes, const std::string& transport);
+
   mutable std::mutex mu_;
   Stats s_;
 };
