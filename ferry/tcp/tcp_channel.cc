@@ -1,6 +1,7 @@
 #include "ferry/tcp/tcp_channel.h"
 
 #include <sys/socket.h>
+#include <sys/uio.h>
 
 #include <algorithm>
 #include <boost/asio/bind_executor.hpp>
@@ -58,29 +59,35 @@ void TcpChannel::post_recv(const FetchOp& op) {
 
 void TcpChannel::arm_read() {
   if (closed_) return;
-  socket_.async_wait(
-      asio::ip::tcp::socket::wait_read,
-      asio::bind_executor(strand_, [self = shared_from_this()](boost::system::error_code ec) {
-        if (self->closed_) return;
-        if (ec) return self->fail(errc::peer_closed);
-        self->on_readable();
-      }));
+  if (stage_.empty()) stage_.resize(kStageBytes);
+  // Into stage_, which the channel owns (never a target: a read queued in the reactor would land
+  // in a target after its fetch was aborted). Asio tries the read at once and otherwise queues
+  // it for the socket's next readiness; unlike async_wait it does not re-register the socket
+  // with epoll (a system call, and a spurious writable event after it) on every wait.
+  socket_.async_read_some(asio::buffer(stage_),
+                          asio::bind_executor(strand_, [self = shared_from_this()](
+                                                           boost::system::error_code ec, size_t n) {
+                            if (self->closed_) return;
+                            if (ec) return self->fail(errc::peer_closed);
+                            if (!self->consume_stage(n)) return;
+                            // A read that did not fill the stage emptied the socket: wait for more.
+                            // Otherwise more may be queued: read on from the handler.
+                            if (n < self->stage_.size()) return self->arm_read();
+                            self->on_readable();
+                          }));
 }
 
 void TcpChannel::on_readable() {
   const int fd = socket_.native_handle();
   size_t budget = kReadBudget;
   while (!closed_) {
-    ssize_t n;
-    if (read_state_ == ReadState::header) {
-      // Whatever has arrived, up to kStageBytes, in one call: the header and, for a small
-      // chunk, its payload (and the chunks after it) too; consume_stage() copies them out.
-      if (stage_.empty()) stage_.resize(kStageBytes);
-      n = ::recv(fd, stage_.data(), stage_.size(), MSG_DONTWAIT);
-      if (n > 0) {
-        if (!consume_stage(static_cast<size_t>(n))) return;
-      }
-    } else {
+    // One read takes the rest of the current chunk's payload (into its target, or through
+    // scratch_ / combining_) and, when that is all of it, the bytes after it into stage_ (the
+    // next headers, small chunks whole): a read that fills less than both emptied the socket.
+    iovec iov[2];
+    int count = 0;
+    size_t into_payload = 0;
+    if (read_state_ == ReadState::payload) {
       std::byte* dst = payload_dst_;
       size_t want = static_cast<size_t>(payload_left_);
       if (!dst) {
@@ -92,23 +99,34 @@ void TcpChannel::on_readable() {
         dst = combining_.data();
         want = std::min(want, combining_.size());
       }
-      n = ::recv(fd, dst, want, MSG_DONTWAIT);
-      if (n > 0) {
-        payload_left_ -= static_cast<uint64_t>(n);
+      iov[count++] = {dst, want};
+      into_payload = want;
+    }
+    if (read_state_ == ReadState::header || into_payload == payload_left_) {
+      iov[count++] = {stage_.data(), stage_.size()};
+    }
+    size_t asked = 0;
+    for (int i = 0; i < count; ++i) asked += iov[i].iov_len;
+    const ssize_t n = ::readv(fd, iov, count);
+    if (n > 0) {
+      const size_t got = static_cast<size_t>(n);
+      const size_t payload = std::min(got, into_payload);
+      if (payload > 0) {
+        payload_left_ -= payload;
         if (payload_dst_) {
-          if (combine_)
-            (*combine_)({payload_dst_, static_cast<size_t>(n)}, {dst, static_cast<size_t>(n)});
-          payload_dst_ += n;
+          if (combine_) (*combine_)({payload_dst_, payload}, {combining_.data(), payload});
+          payload_dst_ += payload;
         }
         if (payload_left_ == 0) end_payload();
       }
-    }
-    if (n > 0) {
-      if (static_cast<size_t>(n) >= budget) {
+      if (got > payload && !consume_stage(got - payload)) return;
+      if (got < asked) return arm_read();
+      if (got >= budget) {
+        // Yield the strand to the peer's other work; read on after it.
         asio::post(strand_, [self = shared_from_this()] { self->on_readable(); });
         return;
       }
-      budget -= static_cast<size_t>(n);
+      budget -= got;
       continue;
     }
     if (n == 0) return fail(errc::peer_closed);

@@ -1,12 +1,14 @@
 // TcpChannel: one peer's TCP data channel (internal to the TCP transport).
 //
-// Receiving: the socket is waited on for readability and read with non-blocking recv() inside
-// strand handlers, so bytes land in a target buffer only while its fetch is live; abort() on the
-// strand is therefore final: no read is in flight into a buffer once its request is gone. While
-// a header is expected, one recv() takes up to 16 KiB into a staging buffer (a small chunk's
-// header and payload in one call); a large payload's remainder is received straight into its
-// target, or, for a request that combines (FetchOp::combine), into a buffer of 128 KiB and
-// combined into its target from there while the bytes are still in cache.
+// Receiving: the one read queued with Asio (waiting for the socket to be readable) goes into a
+// staging buffer of 16 KiB that the channel owns; every other read is a non-blocking readv()
+// inside a strand handler. So bytes land in a target buffer only while its fetch is live, and
+// abort() on the strand is final: no read is in flight into a buffer once its request is gone.
+// The staging buffer takes headers and small chunks whole; a large payload's remainder is
+// received straight into its target (with the bytes after it into the staging buffer, in the same
+// call), or, for a request that combines (FetchOp::combine), into a buffer of 128 KiB and
+// combined into its target from there while the bytes are still in cache. A read that returns
+// less than it asked for has emptied the socket, so the channel waits again without another.
 // Sending: requests are served round-robin in chunks of `chunk_bytes`, each an async_write of
 // {header, payload} straight from the pinned object. A send of an object that counts its serves
 // (PutOptions::on_served) completes when the fetcher acknowledges receipt (an empty
@@ -61,7 +63,10 @@ class TcpChannel final : public TransportChannel, public std::enable_shared_from
   };
   enum class ReadState { header, payload };
 
+  // Queues a read into stage_ for when the socket is readable; its handler parses it and reads
+  // on (on_readable) unless it emptied the socket. Strand.
   void arm_read();
+  // Reads until the socket is empty (then arm_read) or a budget is spent (then posts itself).
   void on_readable();
   // Parses the first `n` bytes of stage_: headers, and payload bytes copied to their target.
   // Returns false when the channel failed.
