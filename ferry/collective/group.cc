@@ -429,7 +429,11 @@ Group::Group(Context& ctx, std::vector<std::string> addresses, int rank, GroupOp
     const auto local = static_cast<unsigned>(std::count_if(
         addresses_.begin(), addresses_.end(), [&](const auto& a) { return host(a) == here; }));
     const bool spare = std::thread::hardware_concurrency() >= 2 * local;
-    busy_wait_below_ = spare ? size_t{1} << 20 : std::numeric_limits<size_t>::max();
+    // 256 KiB per rank, at least 1 MiB: a call's messages shrink as the group grows, and below
+    // about that a wake-up costs more than the overlap gains (docs/collectives.md, "Large
+    // calls", where the threshold was measured).
+    busy_wait_below_ = spare ? std::max<size_t>(size_t{1} << 20, size() * (size_t{256} << 10))
+                             : std::numeric_limits<size_t>::max();
   }
 }
 
