@@ -1221,15 +1221,11 @@ void Session::send(const wire::Envelope& env) {
     do_close(errc::peer_unresponsive);
     return;
   }
-  // Not at once: the frames this strand queues before it runs the flush go out together, in
-  // one system call and one read at the peer (a collective's fetches of one call, posted back
-  // to back, cost one request write per peer instead of one per fetch).
-  if (!writing_.empty() || flush_posted_) return;
-  flush_posted_ = true;
-  asio::post(strand_, [self = shared_from_this()] {
-    self->flush_posted_ = false;
-    self->write_more();
-  });
+  // An idle connection writes at once (a lone request costs no trip through the loop); frames
+  // queued while a write is in flight go out together after it, in one system call and one read
+  // at the peer (a collective's fetches of one call, posted back to back, cost two request
+  // writes per peer instead of one per fetch).
+  write_more();
 }
 
 void Session::send_error(uint64_t rid, std::error_code ec, const std::string& message, bool fatal) {

@@ -212,7 +212,6 @@ class Session final : public PeerLink, public std::enable_shared_from_this<Sessi
   std::array<char, 64 * 1024> read_buf_;
   std::deque<std::string> write_queue_;
   std::vector<std::string> writing_;
-  bool flush_posted_ = false;  // a write_more() is posted to the strand (send())
   size_t queued_bytes_ = 0;
   bool close_after_write_ = false;
   std::error_code close_after_write_ec_;
