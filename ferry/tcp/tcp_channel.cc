@@ -59,22 +59,34 @@ void TcpChannel::post_recv(const FetchOp& op) {
 
 void TcpChannel::arm_read() {
   if (closed_) return;
+  const auto self = shared_from_this();
+  if (read_state_ == ReadState::payload) {
+    // Mid-payload more bytes are on their way: wait for them and read them straight into the
+    // target from the handler (a queued read can only use stage_, and would cost a copy).
+    socket_.async_wait(asio::ip::tcp::socket::wait_read,
+                       asio::bind_executor(strand_, [self](boost::system::error_code ec) {
+                         if (self->closed_) return;
+                         if (ec) return self->fail(errc::peer_closed);
+                         self->on_readable();
+                       }));
+    return;
+  }
+  // Between chunks: a read into stage_, which the channel owns (never a target: a read queued in
+  // the reactor would land in a target after its fetch was aborted). Asio tries it at once and
+  // otherwise queues it for the socket's next readiness; unlike async_wait it does not
+  // re-register the socket with epoll (a system call, and a spurious writable event after it).
   if (stage_.empty()) stage_.resize(kStageBytes);
-  // Into stage_, which the channel owns (never a target: a read queued in the reactor would land
-  // in a target after its fetch was aborted). Asio tries the read at once and otherwise queues
-  // it for the socket's next readiness; unlike async_wait it does not re-register the socket
-  // with epoll (a system call, and a spurious writable event after it) on every wait.
-  socket_.async_read_some(asio::buffer(stage_),
-                          asio::bind_executor(strand_, [self = shared_from_this()](
-                                                           boost::system::error_code ec, size_t n) {
-                            if (self->closed_) return;
-                            if (ec) return self->fail(errc::peer_closed);
-                            if (!self->consume_stage(n)) return;
-                            // A read that did not fill the stage emptied the socket: wait for more.
-                            // Otherwise more may be queued: read on from the handler.
-                            if (n < self->stage_.size()) return self->arm_read();
-                            self->on_readable();
-                          }));
+  socket_.async_read_some(
+      asio::buffer(stage_),
+      asio::bind_executor(strand_, [self](boost::system::error_code ec, size_t n) {
+        if (self->closed_) return;
+        if (ec) return self->fail(errc::peer_closed);
+        if (!self->consume_stage(n)) return;
+        // A read that did not fill the stage emptied the socket: wait for more. Otherwise more
+        // may be queued: read on from the handler.
+        if (n < self->stage_.size()) return self->arm_read();
+        self->on_readable();
+      }));
 }
 
 void TcpChannel::on_readable() {

@@ -1,8 +1,8 @@
 // TcpChannel: one peer's TCP data channel (internal to the TCP transport).
 //
-// Receiving: the one read queued with Asio (waiting for the socket to be readable) goes into a
-// staging buffer of 16 KiB that the channel owns; every other read is a non-blocking readv()
-// inside a strand handler. So bytes land in a target buffer only while its fetch is live, and
+// Receiving: between chunks the one read queued with Asio (waiting for the socket to be
+// readable) goes into a staging buffer of 16 KiB that the channel owns; mid-payload the channel
+// waits for readability; every other read is a non-blocking readv() inside a strand handler. So bytes land in a target buffer only while its fetch is live, and
 // abort() on the strand is final: no read is in flight into a buffer once its request is gone.
 // The staging buffer takes headers and small chunks whole; a large payload's remainder is
 // received straight into its target (with the bytes after it into the staging buffer, in the same
@@ -63,8 +63,9 @@ class TcpChannel final : public TransportChannel, public std::enable_shared_from
   };
   enum class ReadState { header, payload };
 
-  // Queues a read into stage_ for when the socket is readable; its handler parses it and reads
-  // on (on_readable) unless it emptied the socket. Strand.
+  // Waits for the socket to be readable: between chunks by a read queued into stage_, whose
+  // handler parses it and reads on (on_readable) unless it emptied the socket; mid-payload by
+  // async_wait, then on_readable. Strand.
   void arm_read();
   // Reads until the socket is empty (then arm_read) or a budget is spent (then posts itself).
   void on_readable();
