@@ -2,13 +2,15 @@
 //
 // Receiving: between chunks the one read queued with Asio (waiting for the socket to be
 // readable) goes into a staging buffer of 16 KiB that the channel owns; mid-payload the channel
-// waits for readability; every other read is a non-blocking readv() inside a strand handler. So bytes land in a target buffer only while its fetch is live, and
-// abort() on the strand is final: no read is in flight into a buffer once its request is gone.
-// The staging buffer takes headers and small chunks whole; a large payload's remainder is
-// received straight into its target (with the bytes after it into the staging buffer, in the same
-// call), or, for a request that combines (FetchOp::combine), into a buffer of 128 KiB and
-// combined into its target from there while the bytes are still in cache. A read that returns
-// less than it asked for has emptied the socket, so the channel waits again without another.
+// waits for readability; every other read is a non-blocking readv() inside a strand handler. So
+// bytes land in a target buffer only while its fetch is live, and abort() on the strand is final:
+// no read is in flight into a buffer once its request is gone. The staging buffer takes headers
+// and small chunks whole; a large payload's remainder is received straight into its target (with
+// the bytes after it into the staging buffer, in the same call), or, for a request that combines
+// (FetchOp::combine), into a buffer of 128 KiB and combined into its target from there while the
+// bytes are still in cache. A read that returns less than it asked for has emptied the socket, so
+// the channel waits again without another.
+//
 // Sending: requests are served round-robin in chunks of `chunk_bytes`, each an async_write of
 // {header, payload} straight from the pinned object. A send of an object that counts its serves
 // (PutOptions::on_served) completes when the fetcher acknowledges receipt (an empty
