@@ -12,42 +12,12 @@
 #include "ferry/net/errors.h"
 #include "ferry/net/log.h"
 #include "ferry/net/socket_util.h"
-#include "ferry/net/system_memory.h"
 #include "ferry/net/wire_convert.h"
 
 namespace ferry {
 namespace asio = boost::asio;
 
 namespace {
-
-// One block of the receive pool with a 64-byte aligned slot of each of `sizes`, in order: the
-// memory (which owns the slots) and the slots. Null, with nothing allocated, when the sizes add
-// up to more than the machine's memory (a forged or corrupt ref: sizes up to 2^48 parse) or no
-// memory can be had: the caller fails its fetch with errc::resource_exhausted. Never throws.
-std::shared_ptr<std::byte[]> allocate_slots(mem::Pool& pool, const std::vector<size_t>& sizes,
-                                            std::vector<MutableBuffer>& slots) noexcept {
-  try {
-    const uint64_t limit = physical_memory_bytes();
-    uint64_t total = 0;
-    std::vector<size_t> offsets;
-    offsets.reserve(sizes.size());
-    for (size_t n : sizes) {
-      if (n > limit || total > limit - n) return nullptr;  // also keeps the sum from wrapping
-      offsets.push_back(total);
-      total += (n + 63) & ~size_t{63};
-    }
-    auto memory = pool.allocate(total);
-    if (!memory) return nullptr;
-    slots.clear();
-    slots.reserve(sizes.size());
-    for (size_t i = 0; i < sizes.size(); ++i) {
-      slots.emplace_back(memory.get() + offsets[i], sizes[i]);
-    }
-    return memory;
-  } catch (const std::bad_alloc&) {  // the bookkeeping itself
-    return nullptr;
-  }
-}
 
 std::string random_token() {
   std::random_device rd;
@@ -78,7 +48,12 @@ Session::Session(std::shared_ptr<Context::Impl> ctx, MetaStream stream, bool ini
       handshake_timer_(ctx_->io),
       heartbeat_timer_(ctx_->io),
       drain_timer_(ctx_->io),
-      deadline_timer_(ctx_->io) {
+      deadline_timer_(ctx_->io),
+      fetches_(*this, *ctx_->pool),
+      serves_(
+          *this, ctx_->store, *ctx_->stats,
+          ServeTable::Options{ctx_->options.name, ctx_->instance,
+                              ctx_->options.max_requests_per_peer, ctx_->options.lease_timeout}) {
   info_.address = std::move(address);
   info_.initiator = initiator;
   next_request_id_ = initiator ? 1 : 2;
@@ -271,7 +246,7 @@ void Session::start_reading() {
 
 void Session::on_read(const boost::system::error_code& ec, size_t n) {
   if (state_ == State::closed) return;
-  if (ec == asio::error::eof && state_ == State::open && awaits_peer_bytes()) {
+  if (ec == asio::error::eof && state_ == State::open && fetches_.awaits_peer_bytes()) {
     // A peer that ends right after sending (a collective rank leaving after its last call)
     // closes this connection and its data channel alike: what it wrote before is still
     // delivered on the data channel, ahead of that channel's end.
@@ -350,10 +325,10 @@ std::error_code Session::dispatch(const wire::Envelope& env) {
   }
   switch (env.body_case()) {
     case wire::Envelope::kFetch:
-      handle_fetch(rid, env.fetch());
+      serves_.serve(rid, env.fetch());
       return {};
     case wire::Envelope::kCancel:
-      handle_cancel(rid);
+      serves_.cancel(rid);
       return {};
     case wire::Envelope::kError:
       handle_error(rid, env.error());
@@ -411,168 +386,21 @@ std::error_code Session::dispatch(const wire::Envelope& env) {
 
 // ---------------------------------------------------------------- owner side
 
-// A request this side will not serve: counted (Context::stats) and answered with the error.
-void Session::refuse(uint64_t rid, std::error_code ec, const std::string& text, bool fatal) {
-  ctx_->stats->serve_done(ec, 0, {});
-  send_error(rid, ec, text, fatal);
-}
-
-void Session::handle_fetch(uint64_t rid, const wire::Fetch& msg) {
-  if (serving_.count(rid) || parked_.count(rid) || rid % 2 == next_request_id_ % 2) {
-    refuse(rid, errc::invalid_argument, "request id in use, or not one the peer may use", false);
-    return;
-  }
-  if (serving_.size() + parked_.size() >= ctx_->options.max_requests_per_peer) {
-    // Bounded: a peer that floods requests (or never reads what it asked for) gets errors, not
-    // an ever-growing share of this process.
-    refuse(
-        rid, errc::overloaded,
-        "more than " + std::to_string(ctx_->options.max_requests_per_peer) + " requests in flight",
-        false);
-    return;
-  }
-  if (msg.owner_instance() != 0 && msg.owner_instance() != ctx_->instance) {
-    refuse(rid, errc::stale_ref, "ref is from an earlier instance of this owner", false);
-    return;
-  }
-  std::error_code ec;
-  auto transport = pick_transport(msg.transport(), {}, ec);
-  if (!transport) {
-    refuse(rid, ec, "transport '" + msg.transport() + "' is not available", false);
-    return;
-  }
-  ObjectId id = msg.object_id();
-  if (id == 0 && !msg.name().empty()) {
-    id = ctx_->find_or_wait_name(msg.name(), shared_from_this());
-    if (id == 0) {
-      // Not put yet: wait for it, at most what the fetcher allows and our lease timeout.
-      const auto wait = std::min<uint64_t>(msg.wait_ms(), ctx_->options.lease_timeout.count());
-      const auto deadline = Clock::now() + std::chrono::milliseconds(wait);
-      parked_[rid] = Parked{msg, deadline};
-      arm_deadline(deadline);
-      FERRY_LOG_DEBUG("peer '{}': request {} waits for the name '{}'", info_.name, rid, msg.name());
-      return;
-    }
-  }
-  auto pin = ctx_->store.pin(id);
-  if (!pin) {
-    refuse(rid, errc::object_not_found,
-           msg.name().empty()
-               ? "object " + std::to_string(id) + " not found on '" + ctx_->options.name + "'"
-               : "object named '" + msg.name() + "' is gone from '" + ctx_->options.name + "'",
-           false);
-    return;
-  }
-  if (pin.object().exclusive && pin.object().transport != transport->name()) {
-    refuse(rid, errc::transport_unavailable,
-           "object " + std::to_string(msg.object_id()) + " is offered only over " +
-               pin.object().transport + ", not " + transport->name(),
-           false);
-    return;
-  }
-  const auto& tensors = pin.object().tensors;
-  bool sizes_ok = static_cast<size_t>(msg.sizes_size()) == tensors.size();
-  for (size_t i = 0; sizes_ok && i < tensors.size(); ++i) {
-    sizes_ok = msg.sizes(static_cast<int>(i)) == tensors[i].data.size();
-  }
-  if (!sizes_ok) {
-    refuse(rid, errc::size_mismatch, "requested sizes do not match the object", false);
-    return;
-  }
-  if (!channel(transport->name())) {
-    refuse(rid, errc::transport_unavailable,
-           "no " + transport->name() + " data channel to this peer", false);
-    return;
-  }
-  serving_.emplace(rid, Serving{transport, id});
-  ctx_->stats->serve_started();
-  FERRY_LOG_DEBUG("peer '{}': request {} served: object {} '{}' over {}", info_.name, rid, id,
-                  msg.name(), transport->name());
-  ServeHooks hooks{pin.object().on_sent, pin.object().on_served};
-  uint64_t bytes = 0;
-  for (const auto& t : tensors) bytes += t.data.size();
-  transport->send_multiple(
-      *this, rid, std::move(pin),
-      [self = shared_from_this(), rid, hooks = std::move(hooks), bytes,
-       name = transport->name()](std::error_code ec) {
-        self->serving_.erase(rid);
-        self->ctx_->stats->serve_ended(ec, bytes, name);
-        if (!ec) {
-          if (hooks) hooks();
-          return;
-        }
-        if (ec == errc::aborted || !self->is_open()) return;
-        if (hooks) {  // the fetcher may confirm every byte yet (PeerLink::settle)
-          if (self->unsettled_.size() >= self->ctx_->options.max_requests_per_peer) {
-            self->unsettled_.pop_front();
-          }
-          self->unsettled_.emplace_back(rid, hooks);
-        }
-        self->refuse(rid, ec, "send failed", false);
-      });
-}
-
-void Session::settle(uint64_t request_id) {
-  auto it = std::find_if(unsettled_.begin(), unsettled_.end(),
-                         [&](const auto& u) { return u.first == request_id; });
-  if (it == unsettled_.end()) return;
-  auto hooks = std::move(it->second);
-  unsettled_.erase(it);
-  FERRY_LOG_DEBUG("peer '{}': request {} served after all (the fetcher has every byte)", info_.name,
-                  request_id);
-  hooks();
-}
+void Session::settle(uint64_t request_id) { serves_.settle(request_id); }
 
 void Session::on_named(const std::string& name) {
-  asio::post(strand_, [self = shared_from_this(), name] {
-    std::vector<std::pair<uint64_t, wire::Fetch>> ready;
-    for (auto it = self->parked_.begin(); it != self->parked_.end();) {
-      if (it->second.msg.name() == name) {
-        ready.emplace_back(it->first, std::move(it->second.msg));
-        it = self->parked_.erase(it);
-      } else {
-        ++it;
-      }
-    }
-    for (auto& [rid, msg] : ready) {
-      if (self->is_open()) self->handle_fetch(rid, msg);
-    }
-  });
-}
-
-void Session::handle_cancel(uint64_t rid) {
-  if (auto parked = parked_.find(rid); parked != parked_.end()) {
-    ctx_->forget_name_wait(parked->second.msg.name(), this);
-    parked_.erase(parked);
-    return;  // waiting for a name: nothing started
-  }
-  auto it = serving_.find(rid);
-  if (it == serving_.end()) return;  // already finished: nothing to stop
-  auto transport = it->second.transport;
-  transport->abort(*this, rid);
+  asio::post(strand_, [self = shared_from_this(), name] { self->serves_.on_named(name); });
 }
 
 void Session::abort_serving(ObjectId object) {
-  asio::post(strand_, [self = shared_from_this(), object] {
-    std::vector<uint64_t> rids;
-    for (auto& [rid, serve] : self->serving_) {
-      if (serve.object != object || serve.aborted) continue;
-      serve.aborted = true;
-      rids.push_back(rid);
-    }
-    for (uint64_t rid : rids) {
-      self->send_error(rid, errc::aborted,
-                       "owner '" + self->ctx_->options.name + "' aborted serving object " +
-                           std::to_string(object),
-                       false);
-      // A transport's abort may end the serve at once (its SendDone erases the entry).
-      auto it = self->serving_.find(rid);
-      if (it == self->serving_.end() || it->second.transport->is_one_sided()) continue;
-      auto transport = it->second.transport;
-      transport->abort(*self, rid);
-    }
-  });
+  asio::post(strand_, [self = shared_from_this(), object] { self->serves_.abort_object(object); });
 }
+
+ObjectId Session::wait_for_name(const std::string& name) {
+  return ctx_->find_or_wait_name(name, shared_from_this());
+}
+
+void Session::forget_name_wait(const std::string& name) { ctx_->forget_name_wait(name, this); }
 
 void Session::handle_ref(uint64_t rid, ObjectId id, bool add) {
   bool ok = add ? ctx_->store.add_remote_ref(id, local_id_)
@@ -602,7 +430,7 @@ void Session::handle_list(uint64_t rid) {
 
 void Session::handle_error(uint64_t rid, const wire::Error& err) {
   auto ec = from_wire_code(err.code());
-  if (rid != 0 && fetches_.count(rid)) {
+  if (rid != 0 && fetches_.contains(rid)) {
     FERRY_LOG_INFO("fetch {} from '{}' failed: {} ({})", rid, info_.name, err.message(),
                    ec.message());
     complete_fetch(rid, ec);
@@ -645,13 +473,7 @@ FetchRequest Session::fetch(ObjectRef ref, std::vector<MutableBuffer> targets, F
       if (auto s = weak_state.lock()) s->complete(errc::aborted);
       return;
     }
-    asio::post(self->strand_, [self, weak_state, id] {
-      if (const uint64_t wire = self->wire_id(id); self->fetches_.count(wire)) {
-        self->complete_fetch(wire, errc::aborted);
-      } else if (auto s = weak_state.lock()) {
-        s->complete(errc::aborted);  // not started yet (channel opening): nothing to undo
-      }
-    });
+    asio::post(self->strand_, [self, weak_state, id] { self->fetches_.abort(id, weak_state); });
   });
   asio::post(strand_, [self = shared_from_this(), state, ref = std::move(ref),
                        targets = std::move(targets), options = std::move(options)]() mutable {
@@ -659,18 +481,10 @@ FetchRequest Session::fetch(ObjectRef ref, std::vector<MutableBuffer> targets, F
       self->do_fetch(state, std::move(ref), std::move(targets), std::move(options));
     } catch (const std::bad_alloc&) {
       // Out of memory for the fetch's bookkeeping: it still completes, exactly once.
-      self->fail_fetch(*state, errc::resource_exhausted);
+      self->fetches_.fail(*state, errc::resource_exhausted);
     }
   });
   return FetchRequest(state);
-}
-
-void Session::fail_fetch(detail::FetchState& state, std::error_code ec) {
-  if (const uint64_t wire = wire_id(state.id()); fetches_.count(wire)) {
-    complete_fetch(wire, ec);  // launched: the transport lets go of the targets first
-  } else {
-    state.complete(ec);
-  }
 }
 
 std::shared_ptr<TransportManager> Session::pick_transport(const std::string& requested,
@@ -710,9 +524,16 @@ std::shared_ptr<TransportManager> Session::pick_transport(const std::string& req
   return nullptr;
 }
 
+std::shared_ptr<TransportManager> Session::fallback_transport(
+    const TransportManager& failed) const {
+  for (const auto& t : *ctx_->transport_list()) {  // best first
+    if (t.get() != &failed && t->peer_has_transport(info_)) return t;
+  }
+  return nullptr;
+}
+
 void Session::do_fetch(std::shared_ptr<detail::FetchState> state, ObjectRef ref,
                        std::vector<MutableBuffer> targets, FetchOptions options) {
-  auto& result = state->result();
   if (state_ != State::open) {
     state->complete(close_reason_ ? close_reason_ : std::error_code(errc::peer_closed));
     return;
@@ -721,264 +542,26 @@ void Session::do_fetch(std::shared_ptr<detail::FetchState> state, ObjectRef ref,
     state->complete(errc::stale_ref);
     return;
   }
-  std::error_code ec;
-  const auto& md = ref.metadata;
-  std::shared_ptr<TransportManager> transport;
-  if (md.exclusive && !options.transport.empty() && options.transport != "auto" &&
-      options.transport != md.transport) {
-    ec = errc::transport_unavailable;  // the caller insists on another transport
-  } else if (md.exclusive) {
-    transport = pick_transport(md.transport, {}, ec);
-    if (!transport) ec = errc::transport_unavailable;  // unknown here is unavailable to both
-  } else {
-    transport = pick_transport(options.transport, md.transport, ec);
-  }
-  if (!transport) {
-    if (md.exclusive) {
-      FERRY_LOG_WARN(
-          "fetch from '{}': object {} is offered only over {}, which this side and "
-          "the peer do not share",
-          info_.name, ref.object_id, md.transport);
-    } else {
-      FERRY_LOG_WARN("fetch from '{}': transport '{}': {}", info_.name, options.transport,
-                     ec.message());
-    }
-    state->complete(ec);
-    return;
-  }
-  const auto& tensors = ref.metadata.tensors;
-  if (targets.empty()) {
-    std::vector<size_t> sizes;
-    for (const auto& t : tensors) sizes.push_back(t.nbytes);
-    result.storage = allocate_slots(*ctx_->pool, sizes, targets);
-    if (!result.storage) {
-      FERRY_LOG_WARN(
-          "fetch from '{}': object {} announces {} bytes, more than this process can "
-          "allocate",
-          info_.name, ref.object_id, ref.metadata.total_bytes());
-      state->complete(errc::resource_exhausted);
-      return;
-    }
-  } else {
-    bool ok = targets.size() == tensors.size();
-    for (size_t i = 0; ok && i < tensors.size(); ++i) ok = targets[i].size() == tensors[i].nbytes;
-    if (!ok) {
-      state->complete(errc::size_mismatch);
-      return;
-    }
-  }
-  result.ref = std::move(ref);
-  result.tensors = targets;
-  result.transport = transport->name();
-  result.bytes = result.ref.metadata.total_bytes();
-  const bool forced = !options.transport.empty() && options.transport != "auto";
-  ensure_channel(
-      transport, [self = shared_from_this(), state, transport, forced, targets = std::move(targets),
-                  options = std::move(options)](std::error_code ec) mutable {
-        if (!ec) {
-          self->start_transfer(std::move(state), std::move(transport), std::move(targets),
-                               std::move(options));
-          return;
-        }
-        // The transport's channel cannot be (re)built: unless the caller insisted on it, fall back
-        // to the next transport both sides have, and say so.
-        std::shared_ptr<TransportManager> fallback;
-        if (!forced && self->state_ == State::open) {
-          for (const auto& t : *self->ctx_->transport_list()) {
-            if (t != transport && t->peer_has_transport(self->info_)) {
-              fallback = t;
-              break;
-            }
-          }
-        }
-        if (!fallback) {
-          state->complete(ec);
-          return;
-        }
-        FERRY_LOG_WARN("peer '{}': no {} channel ({}); this fetch falls back to {}",
-                       self->info_.name, transport->name(), ec.message(), fallback->name());
-        state->result().transport = fallback->name();
-        self->ensure_channel(fallback, [self, state, fallback, targets = std::move(targets),
-                                        options = std::move(options)](std::error_code ec) mutable {
-          if (ec) {
-            state->complete(ec);
-            return;
-          }
-          self->start_transfer(std::move(state), std::move(fallback), std::move(targets),
-                               std::move(options));
-        });
-      });
-}
-
-void Session::start_transfer(std::shared_ptr<detail::FetchState> state,
-                             std::shared_ptr<TransportManager> transport,
-                             std::vector<MutableBuffer> targets, FetchOptions options) {
-  if (state->done()) return;  // aborted while the channel was opening
-  if (state_ != State::open) {
-    state->complete(close_reason_ ? close_reason_ : std::error_code(errc::peer_closed));
-    return;
-  }
-  PendingFetch pending{state, transport, Clock::now()};
-  if (options.timeout.count() > 0) pending.deadline = pending.started + options.timeout;
-  CombineFn stream;
-  if (options.combine && transport->combines()) {
-    stream = std::move(options.combine);
-    pending.streams = true;
-  } else if (options.combine) {
-    // The transport lands the bytes whole: in slots of ours, combined on success.
-    std::vector<size_t> sizes;
-    for (const auto& t : targets) sizes.push_back(t.size());
-    pending.combine = std::move(options.combine);
-    pending.targets = std::move(targets);
-    pending.landed = allocate_slots(*ctx_->pool, sizes, targets);
-    if (!pending.landed) {
-      state->complete(errc::resource_exhausted);
-      return;
-    }
-    pending.slots = targets;
-  }
-  launch(state->id(), std::move(pending), std::move(targets), std::move(stream));
-}
-
-void Session::launch(uint64_t id, PendingFetch pending, std::vector<MutableBuffer> targets,
-                     CombineFn stream) {
-  const auto state = pending.state;
-  const auto transport = pending.transport;
-  const auto deadline = pending.deadline;
-  const auto& ref = state->result().ref;
-  if (deadline != Clock::time_point::max()) arm_deadline(deadline);
-  FetchOp op{id, ref, std::move(targets), FetchRequest(state), std::move(stream)};
-  fetches_.emplace(id, std::move(pending));
-  auto started = transport->is_one_sided() ? transport->fetch_multiple(*this, op)
-                                           : transport->recv_multiple(*this, op);
-  if (!started) {
-    complete_fetch(id, started.error());
-    return;
-  }
-  wire::Envelope env;
-  env.set_request_id(id);
-  auto* f = env.mutable_fetch();
-  f->set_object_id(ref.object_id);
-  f->set_transport(transport->name());
-  f->set_owner_instance(ref.owner_instance);
-  for (const auto& t : ref.metadata.tensors) f->add_sizes(t.nbytes);
-  if (!ref.name.empty()) {
-    f->set_name(ref.name);
-    // The owner waits for the name at most the time left to the deadline (and at most its lease
-    // timeout); the clock is read only when there is a deadline.
-    uint64_t wait_ms = ~uint64_t{0};
-    if (deadline != Clock::time_point::max()) {
-      const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now());
-      wait_ms = static_cast<uint64_t>(std::max<int64_t>(left.count(), 1));
-    }
-    f->set_wait_ms(wait_ms);
-  }
-  FERRY_LOG_DEBUG("peer '{}': fetch {} of object {} '{}' requested over {}", info_.name, id,
-                  ref.object_id, ref.name, transport->name());
-  send(env);
-}
-
-uint64_t Session::wire_id(uint64_t id) const {
-  auto it = restarted_.find(id);
-  return it == restarted_.end() ? id : it->second;
+  fetches_.start(std::move(state), std::move(ref), std::move(targets), std::move(options));
 }
 
 void Session::restart_fetch(uint64_t request_id, std::error_code ec) {
-  auto it = fetches_.find(request_id);
-  if (it == fetches_.end()) return;
-  auto& p = it->second;
-  auto& restarts = p.state->result().restarts;
-  if (p.releasing || p.streams || restarts >= kMaxFetchRestarts || state_ != State::open ||
-      Clock::now() >= p.deadline) {
-    return complete_fetch(request_id, ec);
-  }
-  // The transport has let go of the targets: the fetch waits for a new channel, outside fetches_
-  // (an abort completes it at once; a deadline is looked at again when it is launched).
-  ++restarts;
-  auto pending = std::move(p);
-  fetches_.erase(it);
-  const uint64_t original = pending.state->id();
-  const uint64_t id = next_request_id_.fetch_add(2);
-  restarted_[original] = id;
-  FERRY_LOG_INFO(
-      "peer '{}': fetch {} lost its {} channel ({}): fetching it again as request {} "
-      "({} of {})",
-      info_.name, original, pending.transport->name(), ec.message(), id, restarts,
-      kMaxFetchRestarts);
-  // Posted: the transport drops the broken channel after this call, and the restart must not
-  // find it still installed.
-  asio::post(strand_, [self = shared_from_this(), id, ec, pending = std::move(pending)]() mutable {
-    if (self->state_ != State::open) return self->relaunch(id, std::move(pending), ec, {});
-    auto transport = pending.transport;
-    self->ensure_channel(
-        transport, [self, id, ec, pending = std::move(pending)](std::error_code open_ec) mutable {
-          self->relaunch(id, std::move(pending), ec, open_ec);
-        });
-  });
-}
-
-void Session::relaunch(uint64_t id, PendingFetch pending, std::error_code ec,
-                       std::error_code open_ec) {
-  auto state = pending.state;
-  std::error_code failed;
-  if (state_ != State::open) {
-    failed = close_reason_ ? close_reason_ : ec;  // the session ended: its reason
-  } else if (open_ec) {
-    failed = ec;  // no new channel: the broken channel's error
-  }
-  if (state->done() || failed) {
-    restarted_.erase(state->id());
-    if (state->done()) return;  // aborted meanwhile
-    FERRY_LOG_WARN("peer '{}': fetch {} cannot start again: {}", info_.name, state->id(),
-                   (open_ec ? open_ec : failed).message());
-    state->result().elapsed = Clock::now() - pending.started;
-    state->complete(failed);
-    return;
-  }
-  auto targets = pending.combine ? pending.slots : state->result().tensors;
-  state->reset_landed();  // every byte lands again
-  launch(id, std::move(pending), std::move(targets), {});
+  fetches_.restart(request_id, ec);
 }
 
 void Session::complete_fetch(uint64_t request_id, std::error_code ec) {
-  auto it = fetches_.find(request_id);
-  if (it == fetches_.end()) return;
-  if (it->second.releasing) {
-    // The transport has drained what it had posted for an aborted fetch: report the abort now.
-    ec = it->second.releasing;
-  } else if (ec) {
-    // The transport lets go of the targets before the caller hears of the failure.
-    if (!it->second.transport->abort(*this, request_id)) {
-      it->second.releasing = ec;  // it calls complete_fetch() again once they are free
-      it->second.deadline = Clock::time_point::max();
-      return;
-    }
-  }
-  // Only now may the owner stop: a one-sided grant revoked while our READs were still posted
-  // failed them with a remote access error and broke the queue pair under every other fetch on
-  // it (found by the soak with per-peer grants on rxe).
-  if ((ec == errc::aborted || ec == errc::timed_out) && state_ == State::open) {
-    wire::Envelope env;
-    env.set_request_id(request_id);
-    env.mutable_cancel();
-    send(env);
-  }
-  FERRY_LOG_DEBUG("peer '{}': fetch {} completes: {}", info_.name, request_id,
-                  ec ? ec.message() : "ok");
-  auto pending = std::move(it->second);
-  fetches_.erase(it);
-  if (!restarted_.empty()) restarted_.erase(pending.state->id());
-  if (!ec && pending.combine) {
-    for (size_t i = 0; i < pending.targets.size(); ++i) {
-      if (!pending.targets[i].empty()) pending.combine(pending.targets[i], pending.slots[i]);
-    }
-  }
-  pending.state->result().elapsed = Clock::now() - pending.started;
-  pending.state->complete(ec);
-  if (state_ == State::draining && !awaits_peer_bytes()) {
+  fetches_.complete(request_id, ec);
+}
+
+void Session::fetch_completed() {
+  if (state_ == State::draining && !fetches_.awaits_peer_bytes()) {
     // Not from inside the channel's handler that completed it: it may go on reading.
     asio::post(strand_, [self = shared_from_this()] { self->do_close(errc::peer_closed); });
   }
+}
+
+void Session::post(std::function<void()> fn) {
+  asio::post(strand_, [self = shared_from_this(), fn = std::move(fn)] { fn(); });
 }
 
 void Session::arm_deadline(Clock::time_point at) {
@@ -995,36 +578,11 @@ void Session::on_deadline() {
   deadline_armed_ = Clock::time_point::max();
   if (state_ == State::closed) return;
   const auto now = Clock::now();
-  std::vector<uint64_t> due;
-  for (const auto& [id, f] : fetches_) {
-    if (f.deadline <= now) due.push_back(id);
-  }
-  for (uint64_t id : due) complete_fetch(id, errc::timed_out);
-  for (auto it = parked_.begin(); it != parked_.end();) {
-    if (it->second.deadline > now) {
-      ++it;
-      continue;
-    }
-    if (is_open()) {
-      // The same error as the fetcher's own deadline, which this wait ends with: a name that
-      // never appears fails with timed_out, whichever side's clock ends it.
-      send_error(it->first, errc::timed_out,
-                 "no object was put under the name '" + it->second.msg.name() + "' in time", false);
-    }
-    ctx_->forget_name_wait(it->second.msg.name(), this);
-    it = parked_.erase(it);
-  }
+  fetches_.expire(now);
+  serves_.expire(now);
   // Whatever is left is due later (completing the due ones may have started more).
-  auto next = Clock::time_point::max();
-  for (const auto& [id, f] : fetches_) next = std::min(next, f.deadline);
-  for (const auto& [rid, p] : parked_) next = std::min(next, p.deadline);
+  const auto next = std::min(fetches_.next_deadline(), serves_.next_deadline());
   if (next != Clock::time_point::max()) arm_deadline(next);
-}
-
-bool Session::awaits_peer_bytes() const {
-  return std::any_of(fetches_.begin(), fetches_.end(), [this](const auto& f) {
-    return !f.second.transport->is_one_sided() && channel(f.second.transport->name());
-  });
 }
 
 void Session::ensure_channel(const std::shared_ptr<TransportManager>& transport,
@@ -1346,22 +904,14 @@ void Session::do_close(std::error_code ec) {
   deadline_timer_.cancel();
   stream_.close();
   // Channels first: they drop their hold on every target buffer and pinned object.
-  for (const auto& [rid, parked] : parked_) ctx_->forget_name_wait(parked.msg.name(), this);
-  parked_.clear();
+  serves_.close();
   auto channels = std::move(channels_);
   channels_.clear();
   for (auto& [name, slot] : channels) {
     if (slot.channel) slot.channel->close(close_reason_);
     for (auto& w : slot.waiters) w(close_reason_);
   }
-  auto fetches = std::move(fetches_);
-  fetches_.clear();
-  for (auto& [id, pending] : fetches) {
-    pending.state->result().elapsed = Clock::now() - pending.started;
-    pending.state->complete(close_reason_);
-  }
-  serving_.clear();
-  unsettled_.clear();
+  fetches_.close(close_reason_);
   auto rpcs = std::move(rpcs_);
   rpcs_.clear();
   for (auto& [id, pending] : rpcs) {
