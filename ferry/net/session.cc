@@ -31,11 +31,6 @@ std::error_code from_wire_code(uint32_t code) {
   return make_error_code(static_cast<errc>(code));
 }
 
-uint32_t to_wire_code(std::error_code ec) {
-  if (ec.category() == ferry_category()) return static_cast<uint32_t>(ec.value());
-  return static_cast<uint32_t>(errc::peer_closed);
-}
-
 }  // namespace
 
 Session::Session(std::shared_ptr<Context::Impl> ctx, MetaStream stream, bool initiator,
@@ -43,10 +38,12 @@ Session::Session(std::shared_ptr<Context::Impl> ctx, MetaStream stream, bool ini
     : ctx_(std::move(ctx)),
       local_id_(ctx_->next_session_id++),
       strand_(asio::make_strand(ctx_->io)),
-      stream_(std::move(stream)),
-      decoder_(std::min(kMaxHandshakeFrameBytes, ctx_->options.max_frame_bytes)),
+      control_(*this, strand_, ctx_->io, std::move(stream),
+               ControlStream::Options{
+                   std::min(kMaxHandshakeFrameBytes, ctx_->options.max_frame_bytes),
+                   ctx_->options.max_frame_bytes, ctx_->options.max_queued_control_bytes,
+                   ctx_->options.heartbeat_interval, ctx_->options.peer_timeout}),
       handshake_timer_(ctx_->io),
-      heartbeat_timer_(ctx_->io),
       drain_timer_(ctx_->io),
       deadline_timer_(ctx_->io),
       fetches_(*this, *ctx_->pool),
@@ -58,10 +55,10 @@ Session::Session(std::shared_ptr<Context::Impl> ctx, MetaStream stream, bool ini
   info_.initiator = initiator;
   next_request_id_ = initiator ? 1 : 2;
   boost::system::error_code ignored;
-  stream_.socket().set_option(tcp::no_delay(true), ignored);
-  auto local = stream_.socket().local_endpoint(ignored);
+  control_.socket().set_option(tcp::no_delay(true), ignored);
+  auto local = control_.socket().local_endpoint(ignored);
   if (!ignored) info_.local_ip = local.address().to_string();
-  auto remote = stream_.socket().remote_endpoint(ignored);
+  auto remote = control_.socket().remote_endpoint(ignored);
   if (!ignored) info_.remote_ip = remote.address().to_string();
 }
 
@@ -95,13 +92,11 @@ void Session::start_client(std::string requested_transport,
       asio::bind_executor(strand_, [self = shared_from_this()](boost::system::error_code ec) {
         if (!ec && self->state_ == State::handshaking) self->do_close(errc::handshake_failed);
       }));
-  last_rx_ = Clock::now();
   send(env);
-  start_reading();
+  control_.start();
 }
 
 void Session::start_server(const wire::Hello& hello) {
-  last_rx_ = Clock::now();
   std::unique_lock info_lock(info_mu_);
   info_.name = hello.name();
   peer_instance_ = hello.instance();
@@ -109,7 +104,7 @@ void Session::start_server(const wire::Hello& hello) {
   token_ = random_token();
   for (const auto& t : hello.transports()) info_.transports.push_back(from_wire(t));
   info_lock.unlock();
-  start_reading();
+  control_.start();
   if (hello.protocol_version() != kProtocolVersion) {
     send_error(0, errc::version_mismatch,
                "protocol version " + std::to_string(hello.protocol_version()) +
@@ -166,9 +161,8 @@ void Session::start_server(const wire::Hello& hello) {
 
 void Session::open_server() {
   state_ = State::open;
-  decoder_.set_max_frame_bytes(ctx_->options.max_frame_bytes);
+  control_.open();
   ctx_->note_negotiated(info_, chosen_);
-  arm_heartbeat();
 }
 
 void Session::on_auth(const wire::Auth& msg) {
@@ -225,8 +219,7 @@ void Session::finish_handshake(std::shared_ptr<TransportManager> transport) {
     self->handshake_timer_.cancel();
     if (!ec && self->state_ == State::handshaking) {
       self->state_ = State::open;
-      self->decoder_.set_max_frame_bytes(self->ctx_->options.max_frame_bytes);
-      self->arm_heartbeat();
+      self->control_.open();
       self->ctx_->note_negotiated(self->info_, self->chosen_);
     }
     if (ec) self->do_close(ec);
@@ -234,23 +227,15 @@ void Session::finish_handshake(std::shared_ptr<TransportManager> transport) {
   });
 }
 
-// ---------------------------------------------------------------- reading and dispatch
+// ---------------------------------------------------------------- the connection, dispatch
 
-void Session::start_reading() {
-  stream_.async_read_some(asio::buffer(read_buf_),
-                          asio::bind_executor(strand_, [self = shared_from_this()](
-                                                           boost::system::error_code ec, size_t n) {
-                            self->on_read(ec, n);
-                          }));
-}
-
-void Session::on_read(const boost::system::error_code& ec, size_t n) {
-  if (state_ == State::closed) return;
-  if (ec == asio::error::eof && state_ == State::open && fetches_.awaits_peer_bytes()) {
+void Session::on_end(std::error_code ec, bool peer_eof) {
+  if (peer_eof && state_ == State::open && fetches_.awaits_peer_bytes()) {
     // A peer that ends right after sending (a collective rank leaving after its last call)
     // closes this connection and its data channel alike: what it wrote before is still
     // delivered on the data channel, ahead of that channel's end.
     state_ = State::draining;
+    control_.drain();
     FERRY_LOG_DEBUG("peer '{}' closed its connection; draining its data channel", info_.name);
     drain_timer_.expires_after(kDrainBound);
     drain_timer_.async_wait(
@@ -259,36 +244,7 @@ void Session::on_read(const boost::system::error_code& ec, size_t n) {
         }));
     return;
   }
-  if (ec) {
-    do_close(ec == asio::error::eof ? std::error_code(errc::peer_closed) : std::error_code(ec));
-    return;
-  }
-  last_rx_ = Clock::now();
-  auto err = decoder_.feed(std::string_view(read_buf_.data(), n),
-                           [this](std::string_view body) { return on_frame(body); });
-  if (err && state_ == State::handshaking) {
-    do_close(errc::handshake_failed);  // whatever answered is not a ferry peer
-    return;
-  }
-  if (err) {
-    FERRY_LOG_WARN("peer '{}' ({}): {}; closing its connection", info_.name, info_.address,
-                   err.message());
-    send_error(0, err,
-               err == errc::frame_too_large
-                   ? "frame length exceeds the maximum of " +
-                         std::to_string(ctx_->options.max_frame_bytes) + " bytes"
-                   : "malformed frame",
-               true);
-    return;  // stop reading: the connection ends once the error frame is out
-  }
-  if (state_ != State::closed && !close_after_write_) start_reading();
-}
-
-std::error_code Session::on_frame(std::string_view body) {
-  if (close_after_write_ || state_ == State::closed) return {};
-  wire::Envelope env;
-  if (auto ec = parse_envelope(body, env)) return ec;
-  return dispatch(env);
+  do_close(ec);
 }
 
 std::error_code Session::dispatch(const wire::Envelope& env) {
@@ -685,7 +641,7 @@ void Session::async_open_side_connection(std::string_view transport_name,
     }
   };
   boost::system::error_code err;
-  auto endpoint = stream_.socket().remote_endpoint(err);
+  auto endpoint = control_.socket().remote_endpoint(err);
   if (err || !info_.initiator) {
     done(err ? std::error_code(err) : std::error_code(errc::invalid_argument),
          tcp::socket(ctx_->io));
@@ -765,99 +721,13 @@ void Session::rpc(wire::Envelope request, std::chrono::milliseconds timeout, Rpc
   });
 }
 
-// ---------------------------------------------------------------- writing
-
-void Session::send(const wire::Envelope& env) {
-  if (state_ == State::closed || state_ == State::draining || close_after_write_) return;
-  auto frame = encode_frame(env);
-  queued_bytes_ += frame.size();
-  write_queue_.push_back(std::move(frame));
-  if (queued_bytes_ > ctx_->options.max_queued_control_bytes) {
-    // The peer does not read what we send it: it cannot be served, and must not cost memory.
-    FERRY_LOG_WARN("peer '{}' ({}) is not reading its control channel; closing it", info_.name,
-                   info_.address);
-    do_close(errc::peer_unresponsive);
-    return;
-  }
-  // Not at once: the frames this strand queues before it runs the flush go out together, in
-  // one system call and one read at the peer (a collective's fetches of one call, posted back
-  // to back, cost one request write per peer instead of one per fetch).
-  if (!writing_.empty() || flush_posted_) return;
-  flush_posted_ = true;
-  asio::post(strand_, [self = shared_from_this()] {
-    self->flush_posted_ = false;
-    self->write_more();
-  });
-}
+void Session::send(const wire::Envelope& env) { control_.send(env); }
 
 void Session::send_error(uint64_t rid, std::error_code ec, const std::string& message, bool fatal) {
-  wire::Envelope env;
-  env.set_request_id(rid);
-  auto* err = env.mutable_error();
-  err->set_code(to_wire_code(ec));
-  err->set_message(message);
-  err->set_fatal(fatal);
-  send(env);
-  if (fatal) {
-    write_more();  // now: the connection ends once this frame is out
-    close_after_write_ = true;
-    close_after_write_ec_ = ec;
-    // Bounded: a peer that never reads the error does not keep the connection.
-    handshake_timer_.expires_after(std::chrono::seconds(1));
-    handshake_timer_.async_wait(
-        asio::bind_executor(strand_, [self = shared_from_this()](boost::system::error_code e) {
-          if (!e) self->do_close(self->close_after_write_ec_);
-        }));
-    if (writing_.empty()) do_close(ec);
-  }
-}
-
-void Session::write_more() {
-  if (!writing_.empty() || write_queue_.empty() || state_ == State::closed) return;
-  std::vector<asio::const_buffer> buffers;
-  while (!write_queue_.empty() && writing_.size() < 64) {
-    writing_.push_back(std::move(write_queue_.front()));
-    write_queue_.pop_front();
-  }
-  for (const auto& f : writing_) buffers.emplace_back(asio::buffer(f));
-  stream_.async_write(
-      buffers, asio::bind_executor(
-                   strand_, [self = shared_from_this()](boost::system::error_code ec, size_t n) {
-                     self->queued_bytes_ -= n;
-                     self->writing_.clear();
-                     if (self->state_ == State::closed) return;
-                     if (ec) {
-                       // Draining: the peer is gone already; its data channel decides.
-                       if (self->state_ != State::draining) self->do_close(errc::peer_closed);
-                       return;
-                     }
-                     if (self->close_after_write_ && self->write_queue_.empty()) {
-                       self->do_close(self->close_after_write_ec_);
-                       return;
-                     }
-                     self->write_more();
-                   }));
+  control_.send_error(rid, ec, message, fatal);
 }
 
 // ---------------------------------------------------------------- liveness and closing
-
-void Session::arm_heartbeat() {
-  heartbeat_timer_.expires_after(ctx_->options.heartbeat_interval);
-  heartbeat_timer_.async_wait(
-      asio::bind_executor(strand_, [self = shared_from_this()](boost::system::error_code ec) {
-        if (ec || self->state_ != State::open) return;
-        if (Clock::now() - self->last_rx_ > self->ctx_->options.peer_timeout) {
-          FERRY_LOG_WARN("peer '{}' ({}) silent for {} ms; closing", self->info_.name,
-                         self->info_.address, self->ctx_->options.peer_timeout.count());
-          self->do_close(errc::peer_unresponsive);
-          return;
-        }
-        wire::Envelope ping;
-        ping.mutable_ping()->set_nonce(0);
-        self->send(ping);
-        self->arm_heartbeat();
-      }));
-}
 
 void Session::fail(std::error_code ec) { do_close(ec); }
 
@@ -899,10 +769,9 @@ void Session::do_close(std::error_code ec) {
     FERRY_LOG_INFO("peer '{}' ({}) closed: {}", info_.name, info_.address, close_reason_.message());
   }
   handshake_timer_.cancel();
-  heartbeat_timer_.cancel();
   drain_timer_.cancel();
   deadline_timer_.cancel();
-  stream_.close();
+  control_.close();
   // Channels first: they drop their hold on every target buffer and pinned object.
   serves_.close();
   auto channels = std::move(channels_);

@@ -22,6 +22,7 @@
 #include "ferry/net/frame.h"
 #include "ferry/net/meta_stream.h"
 #include "ferry/net/proto/ferry.pb.h"
+#include "ferry/net/session/control_stream.h"
 #include "ferry/net/session/fetch_table.h"
 #include "ferry/net/session/serve_table.h"
 #include "ferry/net/session/session_link.h"
@@ -29,10 +30,11 @@
 
 namespace ferry {
 
-// Session implements PeerLink for the transports and SessionLink for its pieces (FetchTable,
-// ServeTable), which it owns.
+// Session implements PeerLink for the transports, SessionLink for its tables (FetchTable,
+// ServeTable) and ControlStream::Owner for its metadata connection, all of which it owns.
 class Session final : public PeerLink,
                       private SessionLink,
+                      private ControlStream::Owner,
                       public std::enable_shared_from_this<Session> {
  public:
   using tcp = boost::asio::ip::tcp;
@@ -110,9 +112,13 @@ class Session final : public PeerLink,
     std::unique_ptr<boost::asio::steady_timer> timer;
   };
 
-  void start_reading();
-  void on_read(const boost::system::error_code& ec, size_t n);
-  std::error_code on_frame(std::string_view body);
+  // ControlStream::Owner (strand).
+  std::shared_ptr<void> keep_alive() override { return shared_from_this(); }
+  const PeerInfo& peer_info() const override { return info_; }
+  std::error_code on_envelope(const wire::Envelope& env) override { return dispatch(env); }
+  // Closes the session with `ec`, or, when the peer ended its connection while fetches of ours
+  // wait for bytes it sent over a data channel, drains.
+  void on_end(std::error_code ec, bool peer_eof) override;
   std::error_code dispatch(const wire::Envelope& env);
   std::error_code on_hello_answer(const wire::HelloAnswer& answer);
   // Initiator: after the answer (and, with a secret, the acceptor's Ack of our proof).
@@ -154,19 +160,16 @@ class Session final : public PeerLink,
   void arm_deadline(Clock::time_point at) override;
   void on_deadline();
 
-  // Queues a frame for the peer. It is written by a write_more() posted to the strand, with
-  // every frame queued by then (send_error() with `fatal` writes at once). Strand.
+  // ControlStream::send and send_error. Strand.
   void send(const wire::Envelope& env) override;
   void send_error(uint64_t rid, std::error_code ec, const std::string& message,
                   bool fatal) override;
-  void write_more();
-  void arm_heartbeat();
   void do_close(std::error_code ec);
 
   std::shared_ptr<Context::Impl> ctx_;
   const uint64_t local_id_;
   PeerStrand strand_;
-  MetaStream stream_;
+  ControlStream control_;
   PeerInfo info_;  // written on the strand, under info_mu_
   mutable std::mutex info_mu_;
   std::string token_;
@@ -179,21 +182,10 @@ class Session final : public PeerLink,
   std::atomic<State> state_{State::handshaking};
   std::error_code close_reason_;
 
-  FrameDecoder decoder_;
-  std::array<char, 64 * 1024> read_buf_;
-  std::deque<std::string> write_queue_;
-  std::vector<std::string> writing_;
-  bool flush_posted_ = false;  // a write_more() is posted to the strand (send())
-  size_t queued_bytes_ = 0;
-  bool close_after_write_ = false;
-  std::error_code close_after_write_ec_;
-
   boost::asio::steady_timer handshake_timer_;
-  boost::asio::steady_timer heartbeat_timer_;
   boost::asio::steady_timer drain_timer_;
   boost::asio::steady_timer deadline_timer_;
   Clock::time_point deadline_armed_ = Clock::time_point::max();  // max: not armed
-  Clock::time_point last_rx_;
   std::function<void(std::error_code)> on_ready_;
 
   // Odd on the connecting side, even on the accepting side: our ids and the peer's never
