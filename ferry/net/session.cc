@@ -6,9 +6,7 @@
 #include <boost/asio/post.hpp>
 #include <boost/asio/read.hpp>
 #include <boost/asio/write.hpp>
-#include <random>
 
-#include "ferry/net/auth.h"
 #include "ferry/net/errors.h"
 #include "ferry/net/log.h"
 #include "ferry/net/socket_util.h"
@@ -16,22 +14,6 @@
 
 namespace ferry {
 namespace asio = boost::asio;
-
-namespace {
-
-std::string random_token() {
-  std::random_device rd;
-  std::string t(16, '\0');
-  for (auto& c : t) c = static_cast<char>(rd() & 0xff);
-  return t;
-}
-
-std::error_code from_wire_code(uint32_t code) {
-  if (code == 0 || code > static_cast<uint32_t>(errc::context_closed)) return errc::protocol_error;
-  return make_error_code(static_cast<errc>(code));
-}
-
-}  // namespace
 
 Session::Session(std::shared_ptr<Context::Impl> ctx, MetaStream stream, bool initiator,
                  std::string address)
@@ -43,6 +25,8 @@ Session::Session(std::shared_ptr<Context::Impl> ctx, MetaStream stream, bool ini
                    std::min(kMaxHandshakeFrameBytes, ctx_->options.max_frame_bytes),
                    ctx_->options.max_frame_bytes, ctx_->options.max_queued_control_bytes,
                    ctx_->options.heartbeat_interval, ctx_->options.peer_timeout}),
+      handshake_(*this, Handshake::Options{initiator, ctx_->options.name, ctx_->options.secret,
+                                           ctx_->instance, local_id_}),
       handshake_timer_(ctx_->io),
       drain_timer_(ctx_->io),
       deadline_timer_(ctx_->io),
@@ -64,10 +48,10 @@ Session::Session(std::shared_ptr<Context::Impl> ctx, MetaStream stream, bool ini
 
 Session::~Session() = default;
 
-std::string Session::chosen_transport() const { return chosen_; }
+std::string Session::chosen_transport() const { return handshake_.chosen(); }
 
 bool Session::chosen_combines() const {
-  const auto t = ctx_->find_transport(chosen_);
+  const auto t = ctx_->find_transport(handshake_.chosen());
   return t && t->combines();
 }
 
@@ -76,155 +60,47 @@ bool Session::chosen_combines() const {
 void Session::start_client(std::string requested_transport,
                            std::function<void(std::error_code)> done) {
   on_ready_ = std::move(done);
-  wire::Envelope env;
-  auto* hello = env.mutable_hello();
-  hello->set_protocol_version(kProtocolVersion);
-  hello->set_name(ctx_->options.name);
-  hello->set_instance(ctx_->instance);
-  if (requested_transport != "auto") hello->set_requested_transport(requested_transport);
-  if (!ctx_->options.secret.empty()) {
-    auth_ours_ = auth::nonce();
-    hello->set_auth_nonce(auth_ours_);
-  }
-  for (const auto& t : ctx_->local_infos()) to_wire(t, *hello->add_transports());
+  const auto hello = handshake_.hello(requested_transport);
   handshake_timer_.expires_after(ctx_->options.handshake_timeout);
   handshake_timer_.async_wait(
       asio::bind_executor(strand_, [self = shared_from_this()](boost::system::error_code ec) {
         if (!ec && self->state_ == State::handshaking) self->do_close(errc::handshake_failed);
       }));
-  send(env);
+  send(hello);
   control_.start();
 }
 
 void Session::start_server(const wire::Hello& hello) {
-  std::unique_lock info_lock(info_mu_);
-  info_.name = hello.name();
-  peer_instance_ = hello.instance();
-  info_.session_id = local_id_;
-  token_ = random_token();
-  for (const auto& t : hello.transports()) info_.transports.push_back(from_wire(t));
-  info_lock.unlock();
   control_.start();
-  if (hello.protocol_version() != kProtocolVersion) {
-    send_error(0, errc::version_mismatch,
-               "protocol version " + std::to_string(hello.protocol_version()) +
-                   " is not supported; this side speaks " + std::to_string(kProtocolVersion),
-               true);
-    return;
-  }
-  std::error_code ec;
-  auto chosen = pick_transport(hello.requested_transport(), {}, ec);
-  if (!chosen) {
-    send_error(0, errc::transport_unavailable,
-               hello.requested_transport().empty()
-                   ? "no transport in common with peer '" + info_.name + "'"
-                   : "transport '" + hello.requested_transport() + "' is not available on '" +
-                         ctx_->options.name + "' for peer '" + info_.name + "'",
-               true);
-    return;
-  }
-  chosen_ = chosen->name();
-  wire::Envelope env;
-  auto* answer = env.mutable_hello_answer();
-  answer->set_protocol_version(kProtocolVersion);
-  answer->set_name(ctx_->options.name);
-  answer->set_chosen_transport(chosen_);
-  answer->set_session_id(local_id_);
-  answer->set_session_token(token_);
-  answer->set_instance(ctx_->instance);
-  for (const auto& t : ctx_->local_infos()) to_wire(t, *answer->add_transports());
-  const std::string& secret = ctx_->options.secret;
-  if (!secret.empty()) {
-    if (hello.auth_nonce().empty()) {
-      send_error(0, errc::auth_failed, "'" + ctx_->options.name + "' requires a shared secret",
-                 true);
-      return;
-    }
-    // Prove we know the secret, then wait (bounded) for the peer's proof before anything else.
-    auth_theirs_ = hello.auth_nonce();
-    auth_ours_ = auth::nonce();
-    answer->set_auth_nonce(auth_ours_);
-    answer->set_auth_proof(auth::proof(secret, auth::kServerLabel, auth_theirs_, auth_ours_));
-    send(env);
+  handshake_.on_hello(hello);
+  if (handshake_.step() == Handshake::Step::proof_awaited) {
+    // Bounded: the peer's proof comes before anything else, or the session ends.
     handshake_timer_.expires_after(ctx_->options.handshake_timeout);
     handshake_timer_.async_wait(
         asio::bind_executor(strand_, [self = shared_from_this()](boost::system::error_code ec) {
           if (!ec && self->state_ == State::handshaking) self->do_close(errc::auth_failed);
         }));
-  } else {
-    // Open before the answer leaves: the initiator attaches its data channel as soon as it reads
-    // the answer, and the acceptor checks that this session is open on another thread.
-    open_server();
-    send(env);
   }
 }
 
-void Session::open_server() {
-  state_ = State::open;
-  control_.open();
-  ctx_->note_negotiated(info_, chosen_);
+void Session::set_peer(Handshake::Peer peer) {
+  std::lock_guard lock(info_mu_);
+  info_.name = std::move(peer.name);
+  info_.session_id = peer.session_id;
+  for (auto& t : peer.transports) info_.transports.push_back(std::move(t));
+  token_ = std::move(peer.token);
+  peer_instance_ = peer.instance;
 }
 
-void Session::on_auth(const wire::Auth& msg) {
-  const auto expected =
-      auth::proof(ctx_->options.secret, auth::kClientLabel, auth_ours_, auth_theirs_);
-  if (info_.initiator || ctx_->options.secret.empty() || !auth::same(msg.proof(), expected)) {
-    FERRY_LOG_WARN("peer '{}' ({}) failed the shared-secret handshake", info_.name, info_.address);
-    send_error(0, errc::auth_failed, "wrong shared secret", true);
-    return;
-  }
+void Session::opened(std::error_code ec) {
   handshake_timer_.cancel();
-  wire::Envelope ack;
-  ack.mutable_ack();
-  open_server();  // before the Ack leaves, as in start_server()
-  send(ack);
-}
-
-std::error_code Session::on_hello_answer(const wire::HelloAnswer& answer) {
-  if (answer.protocol_version() != kProtocolVersion) return errc::version_mismatch;
-  if (!within_wire_limits(answer.transports())) return errc::protocol_error;
-  {
-    std::lock_guard lock(info_mu_);
-    info_.name = answer.name();
-    info_.session_id = answer.session_id();
-    for (const auto& t : answer.transports()) info_.transports.push_back(from_wire(t));
+  if (!ec && state_ == State::handshaking) {
+    state_ = State::open;
+    control_.open();
+    ctx_->note_negotiated(info_, handshake_.chosen());
   }
-  token_ = answer.session_token();
-  peer_instance_ = answer.instance();
-  auto transport = ctx_->find_transport(answer.chosen_transport());
-  if (!transport) return errc::transport_unavailable;
-  chosen_ = transport->name();
-  const std::string& secret = ctx_->options.secret;
-  if (!secret.empty()) {
-    // Mutual: the acceptor proves it knows the secret before we prove it.
-    const auto expected = auth::proof(secret, auth::kServerLabel, auth_ours_, answer.auth_nonce());
-    if (answer.auth_proof().empty() || !auth::same(answer.auth_proof(), expected)) {
-      FERRY_LOG_WARN("{} did not prove the shared secret", info_.address);
-      do_close(errc::auth_failed);
-      return {};
-    }
-    wire::Envelope env;
-    env.mutable_auth()->set_proof(
-        auth::proof(secret, auth::kClientLabel, answer.auth_nonce(), auth_ours_));
-    send(env);
-    awaiting_auth_ = transport;  // the acceptor's Ack continues in finish_handshake()
-    return {};
-  }
-  finish_handshake(std::move(transport));
-  return {};
-}
-
-void Session::finish_handshake(std::shared_ptr<TransportManager> transport) {
-  ensure_channel(transport, [self = shared_from_this()](std::error_code ec) {
-    self->handshake_timer_.cancel();
-    if (!ec && self->state_ == State::handshaking) {
-      self->state_ = State::open;
-      self->control_.open();
-      self->ctx_->note_negotiated(self->info_, self->chosen_);
-    }
-    if (ec) self->do_close(ec);
-    if (auto done = std::move(self->on_ready_)) done(ec ? ec : self->close_reason_);
-  });
+  if (ec) do_close(ec);
+  if (auto done = std::move(on_ready_)) done(ec ? ec : close_reason_);
 }
 
 // ---------------------------------------------------------------- the connection, dispatch
@@ -250,34 +126,15 @@ void Session::on_end(std::error_code ec, bool peer_eof) {
 std::error_code Session::dispatch(const wire::Envelope& env) {
   const uint64_t rid = env.request_id();
   if (state_ == State::handshaking) {
-    if (env.has_hello_answer() && info_.initiator && chosen_.empty()) {
-      return on_hello_answer(env.hello_answer());
-    }
-    if (env.has_auth()) {  // acceptor: the initiator's proof
-      on_auth(env.auth());
-      return {};
-    }
-    if (env.has_ack() && awaiting_auth_) {  // initiator: the acceptor took our proof
-      finish_handshake(std::move(awaiting_auth_));
-      awaiting_auth_.reset();
-      return {};
-    }
     // After the answer, the chosen transport sets up its channel with its own messages.
-    if (env.has_transport_message() && !chosen_.empty() && info_.initiator) {
+    if (env.has_transport_message() && !handshake_.chosen().empty() && info_.initiator) {
       const auto& m = env.transport_message();
       if (auto t = ctx_->find_transport(m.transport())) {
         t->on_transport_message(*this, rid, m.payload());
         return {};
       }
     }
-    if (env.has_error()) {
-      auto ec = from_wire_code(env.error().code());
-      FERRY_LOG_WARN("peer {} refused the handshake: {} ({})", info_.address, env.error().message(),
-                     ec.message());
-      do_close(ec);
-      return {};
-    }
-    return errc::protocol_error;
+    return handshake_.on_envelope(env);
   }
   switch (env.body_case()) {
     case wire::Envelope::kFetch:
@@ -385,7 +242,7 @@ void Session::handle_list(uint64_t rid) {
 }
 
 void Session::handle_error(uint64_t rid, const wire::Error& err) {
-  auto ec = from_wire_code(err.code());
+  auto ec = error_from_wire(err.code());
   if (rid != 0 && fetches_.contains(rid)) {
     FERRY_LOG_INFO("fetch {} from '{}' failed: {} ({})", rid, info_.name, err.message(),
                    ec.message());
@@ -464,7 +321,7 @@ std::shared_ptr<TransportManager> Session::pick_transport(const std::string& req
     // The object prefers a transport these two sides do not share: say so, once per peer.
     if (fallback_logged_.insert(ref_transport).second) {
       FERRY_LOG_WARN("peer '{}': objects that prefer {} fall back to {} ({} side lacks it)",
-                     info_.name, ref_transport, chosen_, t ? "the peer's" : "this");
+                     info_.name, ref_transport, handshake_.chosen(), t ? "the peer's" : "this");
     }
   }
   // The best transport both sides have now (one registered after connecting counts), among
@@ -475,7 +332,7 @@ std::shared_ptr<TransportManager> Session::pick_transport(const std::string& req
       return t;
     }
   }
-  if (!chosen_.empty()) return ctx_->find_transport(chosen_);
+  if (!handshake_.chosen().empty()) return ctx_->find_transport(handshake_.chosen());
   ec = errc::transport_unavailable;
   return nullptr;
 }
@@ -690,7 +547,7 @@ void Session::async_open_side_connection(std::string_view transport_name,
                                   if (parse_envelope(op->body, reply))
                                     return op->finish(errc::protocol_error);
                                   if (reply.has_error())
-                                    return op->finish(from_wire_code(reply.error().code()));
+                                    return op->finish(error_from_wire(reply.error().code()));
                                   if (!reply.has_ack()) return op->finish(errc::protocol_error);
                                   op->finish({});
                                 }));

@@ -1,14 +1,18 @@
 // Session: the core's per-peer state (internal). One metadata connection, the transports'
 // data channels, the fetches this side runs against the peer and the requests it serves.
 // Everything mutable is touched only on the session's strand.
+//
+// The session keeps its state (handshaking, open, draining, closed), dispatches the peer's
+// messages, holds the data channels and RPCs, and closes; each other job is a piece of its own
+// in ferry/net/session/, which it owns and which never includes this file: the handshake
+// (Handshake), the metadata connection's framing, write queue and heartbeat (ControlStream),
+// the fetches this side runs (FetchTable) and the requests it serves (ServeTable).
 #pragma once
 
-#include <array>
 #include <atomic>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <chrono>
-#include <deque>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -19,11 +23,11 @@
 
 #include "ferry/net/context_impl.h"
 #include "ferry/net/fetch.h"
-#include "ferry/net/frame.h"
 #include "ferry/net/meta_stream.h"
 #include "ferry/net/proto/ferry.pb.h"
 #include "ferry/net/session/control_stream.h"
 #include "ferry/net/session/fetch_table.h"
+#include "ferry/net/session/handshake.h"
 #include "ferry/net/session/serve_table.h"
 #include "ferry/net/session/session_link.h"
 #include "ferry/net/transport.h"
@@ -31,10 +35,12 @@
 namespace ferry {
 
 // Session implements PeerLink for the transports, SessionLink for its tables (FetchTable,
-// ServeTable) and ControlStream::Owner for its metadata connection, all of which it owns.
+// ServeTable), ControlStream::Owner for its metadata connection and Handshake::Link for its
+// handshake, all of which it owns.
 class Session final : public PeerLink,
                       private SessionLink,
                       private ControlStream::Owner,
+                      private Handshake::Link,
                       public std::enable_shared_from_this<Session> {
  public:
   using tcp = boost::asio::ip::tcp;
@@ -120,12 +126,16 @@ class Session final : public PeerLink,
   // wait for bytes it sent over a data channel, drains.
   void on_end(std::error_code ec, bool peer_eof) override;
   std::error_code dispatch(const wire::Envelope& env);
-  std::error_code on_hello_answer(const wire::HelloAnswer& answer);
-  // Initiator: after the answer (and, with a secret, the acceptor's Ack of our proof).
-  void finish_handshake(std::shared_ptr<TransportManager> transport);
-  // Acceptor: the peer is in (authenticated when a secret is set).
-  void open_server();
-  void on_auth(const wire::Auth& auth);
+
+  // Handshake::Link (strand; send, send_error, fail, pick_transport, ensure_channel and
+  // peer_info are shared with the other interfaces).
+  std::vector<TransportInfo> local_infos() const override { return ctx_->local_infos(); }
+  std::shared_ptr<TransportManager> find_transport(std::string_view name) const override {
+    return ctx_->find_transport(name);
+  }
+  void set_peer(Handshake::Peer peer) override;
+  // Opens the session (or closes it with `ec`) and runs start_client's `done`.
+  void opened(std::error_code ec) override;
 
   void handle_error(uint64_t rid, const wire::Error& err);
   void handle_ref(uint64_t rid, ObjectId id, bool add);
@@ -173,12 +183,9 @@ class Session final : public PeerLink,
   PeerInfo info_;  // written on the strand, under info_mu_
   mutable std::mutex info_mu_;
   std::string token_;
-  std::string chosen_;
   uint64_t peer_instance_ = 0;
-  std::string auth_ours_;                            // our nonce in the shared-secret handshake
-  std::string auth_theirs_;                          // the peer's
-  std::shared_ptr<TransportManager> awaiting_auth_;  // initiator: proof sent, Ack awaited
-  mutable std::set<std::string> fallback_logged_;    // transports whose fallback was reported
+  Handshake handshake_;
+  mutable std::set<std::string> fallback_logged_;  // transports whose fallback was reported
   std::atomic<State> state_{State::handshaking};
   std::error_code close_reason_;
 

@@ -6,18 +6,10 @@
 
 #include "ferry/net/errors.h"
 #include "ferry/net/log.h"
+#include "ferry/net/wire_convert.h"
 
 namespace ferry {
 namespace asio = boost::asio;
-
-namespace {
-
-uint32_t to_wire_code(std::error_code ec) {
-  if (ec.category() == ferry_category()) return static_cast<uint32_t>(ec.value());
-  return static_cast<uint32_t>(errc::peer_closed);
-}
-
-}  // namespace
 
 ControlStream::ControlStream(Owner& owner, PeerStrand& strand, asio::io_context& io,
                              MetaStream stream, Options options)
@@ -129,7 +121,7 @@ void ControlStream::send_error(uint64_t rid, std::error_code ec, const std::stri
   wire::Envelope env;
   env.set_request_id(rid);
   auto* err = env.mutable_error();
-  err->set_code(to_wire_code(ec));
+  err->set_code(error_to_wire(ec));
   err->set_message(message);
   err->set_fatal(fatal);
   send(env);
