@@ -34,6 +34,8 @@ class FakeTransport : public TransportManager {
   bool can_abort() const override { return true; }
   TransportInfo local_info() const override { return {name_, {}, {}, 0}; }
   void async_open_channel(std::shared_ptr<PeerLink>, ChannelOpenHandler done) override {
+    ++opens;
+    if (hold_opens) return pending_opens.push_back(std::move(done));
     done(errc::transport_unavailable, nullptr);
   }
   Result<FetchRequest> fetch_multiple(PeerLink&, const FetchOp& op) override { return take(op); }
@@ -63,6 +65,9 @@ class FakeTransport : public TransportManager {
   std::vector<uint64_t> aborts;               // every abort() call
   bool abort_lets_go = true;                  // what abort() returns
   std::error_code fail_launch;                // fetch/recv_multiple fail with it when set
+  int opens = 0;                              // async_open_channel() calls
+  bool hold_opens = false;  // async_open_channel waits in `pending_opens` (else it fails)
+  std::vector<ChannelOpenHandler> pending_opens;
 
  private:
   Result<FetchRequest> take(const FetchOp& op) {

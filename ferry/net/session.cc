@@ -34,7 +34,8 @@ Session::Session(std::shared_ptr<Context::Impl> ctx, MetaStream stream, bool ini
       serves_(
           *this, ctx_->store, *ctx_->stats,
           ServeTable::Options{ctx_->options.name, ctx_->instance,
-                              ctx_->options.max_requests_per_peer, ctx_->options.lease_timeout}) {
+                              ctx_->options.max_requests_per_peer, ctx_->options.lease_timeout}),
+      channels_(*this) {
   info_.address = std::move(address);
   info_.initiator = initiator;
   next_request_id_ = initiator ? 1 : 2;
@@ -400,63 +401,20 @@ void Session::on_deadline() {
 
 void Session::ensure_channel(const std::shared_ptr<TransportManager>& transport,
                              std::function<void(std::error_code)> done) {
-  auto& slot = channels_[transport->name()];
-  if (slot.channel) {
-    done({});
-    return;
-  }
-  slot.waiters.push_back(std::move(done));
-  if (slot.opening) return;
-  if (!info_.initiator) {
-    // Channels are opened by the side that connected; it did so for the negotiated transport.
-    auto waiters = std::move(slot.waiters);
-    channels_.erase(transport->name());
-    for (auto& w : waiters) w(errc::transport_unavailable);
-    return;
-  }
-  slot.opening = true;
-  transport->async_open_channel(shared_from_this(),
-                                [self = shared_from_this(), name = transport->name()](
-                                    std::error_code ec, std::shared_ptr<TransportChannel> ch) {
-                                  auto& slot = self->channels_[name];
-                                  auto waiters = std::move(slot.waiters);
-                                  slot.opening = false;
-                                  if (!ec && self->state_ == State::closed) {
-                                    ch->close(self->close_reason_);
-                                    ec = self->close_reason_;
-                                  }
-                                  if (ec) {
-                                    self->channels_.erase(name);
-                                  } else {
-                                    slot.channel = std::move(ch);
-                                  }
-                                  for (auto& w : waiters) w(ec);
-                                });
+  channels_.ensure(transport, std::move(done));
 }
 
 bool Session::install_channel(std::string_view transport,
                               std::shared_ptr<TransportChannel> channel) {
-  auto& slot = channels_[std::string(transport)];
-  if (slot.channel || state_ == State::closed) return false;
-  slot.channel = std::move(channel);
-  auto waiters = std::move(slot.waiters);
-  slot.opening = false;
-  for (auto& w : waiters) w({});
-  return true;
+  return channels_.install(transport, std::move(channel));
 }
 
 void Session::drop_channel(std::string_view transport, std::error_code ec) {
-  auto it = channels_.find(std::string(transport));
-  if (it == channels_.end() || !it->second.channel) return;
-  auto channel = std::move(it->second.channel);
-  channels_.erase(it);
-  FERRY_LOG_WARN("peer '{}': {} channel dropped: {}", info_.name, transport, ec.message());
-  channel->close(ec);
+  channels_.drop(transport, ec);
 }
 
 std::shared_ptr<TransportChannel> Session::channel(std::string_view transport) const {
-  auto it = channels_.find(std::string(transport));
-  return it == channels_.end() ? nullptr : it->second.channel;
+  return channels_.find(transport);
 }
 
 void Session::attach_side_connection(const std::string& transport_name, tcp::socket socket) {
@@ -472,7 +430,7 @@ void Session::attach_side_connection(const std::string& transport_name, tcp::soc
                    ec.message());
     return;
   }
-  channels_[transport_name].channel = std::move(ch);
+  channels_.install(transport_name, std::move(ch));  // none is: checked above
 }
 
 void Session::async_open_side_connection(std::string_view transport_name,
@@ -631,12 +589,7 @@ void Session::do_close(std::error_code ec) {
   control_.close();
   // Channels first: they drop their hold on every target buffer and pinned object.
   serves_.close();
-  auto channels = std::move(channels_);
-  channels_.clear();
-  for (auto& [name, slot] : channels) {
-    if (slot.channel) slot.channel->close(close_reason_);
-    for (auto& w : slot.waiters) w(close_reason_);
-  }
+  channels_.close(close_reason_);
   fetches_.close(close_reason_);
   auto rpcs = std::move(rpcs_);
   rpcs_.clear();

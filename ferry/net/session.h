@@ -6,7 +6,8 @@
 // messages, holds the data channels and RPCs, and closes; each other job is a piece of its own
 // in ferry/net/session/, which it owns and which never includes this file: the handshake
 // (Handshake), the metadata connection's framing, write queue and heartbeat (ControlStream),
-// the fetches this side runs (FetchTable) and the requests it serves (ServeTable).
+// the data channels (Channels), the fetches this side runs (FetchTable) and the requests it
+// serves (ServeTable).
 #pragma once
 
 #include <atomic>
@@ -25,6 +26,7 @@
 #include "ferry/net/fetch.h"
 #include "ferry/net/meta_stream.h"
 #include "ferry/net/proto/ferry.pb.h"
+#include "ferry/net/session/channels.h"
 #include "ferry/net/session/control_stream.h"
 #include "ferry/net/session/fetch_table.h"
 #include "ferry/net/session/handshake.h"
@@ -34,9 +36,9 @@
 
 namespace ferry {
 
-// Session implements PeerLink for the transports, SessionLink for its tables (FetchTable,
-// ServeTable), ControlStream::Owner for its metadata connection and Handshake::Link for its
-// handshake, all of which it owns.
+// Session implements PeerLink for the transports and Channels, SessionLink for its tables
+// (FetchTable, ServeTable), ControlStream::Owner for its metadata connection and Handshake::Link
+// for its handshake, all of which it owns.
 class Session final : public PeerLink,
                       private SessionLink,
                       private ControlStream::Owner,
@@ -108,11 +110,6 @@ class Session final : public PeerLink,
   // they have completed, when that channel ends, or after kDrainBound.
   enum class State { handshaking, open, draining, closed };
   static constexpr std::chrono::milliseconds kDrainBound{1000};
-  struct ChannelSlot {
-    std::shared_ptr<TransportChannel> channel;
-    bool opening = false;
-    std::vector<std::function<void(std::error_code)>> waiters;
-  };
   struct PendingRpc {
     RpcHandler done;
     std::unique_ptr<boost::asio::steady_timer> timer;
@@ -201,7 +198,7 @@ class Session final : public PeerLink,
   FetchTable fetches_;
   ServeTable serves_;
   std::unordered_map<uint64_t, PendingRpc> rpcs_;
-  std::unordered_map<std::string, ChannelSlot> channels_;
+  Channels channels_;
 };
 
 }  // namespace ferry
