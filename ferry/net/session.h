@@ -1,14 +1,19 @@
 // Session: the core's per-peer state (internal). One metadata connection, the transports'
 // data channels, the fetches this side runs against the peer and the requests it serves.
 // Everything mutable is touched only on the session's strand.
+//
+// The session keeps its state (handshaking, open, draining, closed), dispatches the peer's
+// messages, holds the data channels and RPCs, and closes; each other job is a piece of its own
+// in ferry/net/session/, which it owns and which never includes this file: the handshake
+// (Handshake), the metadata connection's framing, write queue and heartbeat (ControlStream),
+// the data channels (Channels), the fetches this side runs (FetchTable) and the requests it
+// serves (ServeTable).
 #pragma once
 
-#include <array>
 #include <atomic>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <chrono>
-#include <deque>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -19,14 +24,26 @@
 
 #include "ferry/net/context_impl.h"
 #include "ferry/net/fetch.h"
-#include "ferry/net/frame.h"
 #include "ferry/net/meta_stream.h"
 #include "ferry/net/proto/ferry.pb.h"
+#include "ferry/net/session/channels.h"
+#include "ferry/net/session/control_stream.h"
+#include "ferry/net/session/fetch_table.h"
+#include "ferry/net/session/handshake.h"
+#include "ferry/net/session/serve_table.h"
+#include "ferry/net/session/session_link.h"
 #include "ferry/net/transport.h"
 
 namespace ferry {
 
-class Session final : public PeerLink, public std::enable_shared_from_this<Session> {
+// Session implements PeerLink for the transports and Channels, SessionLink for its tables
+// (FetchTable, ServeTable), ControlStream::Owner for its metadata connection and Handshake::Link
+// for its handshake, all of which it owns.
+class Session final : public PeerLink,
+                      private SessionLink,
+                      private ControlStream::Owner,
+                      private Handshake::Link,
+                      public std::enable_shared_from_this<Session> {
  public:
   using tcp = boost::asio::ip::tcp;
   using Clock = std::chrono::steady_clock;
@@ -93,157 +110,95 @@ class Session final : public PeerLink, public std::enable_shared_from_this<Sessi
   // they have completed, when that channel ends, or after kDrainBound.
   enum class State { handshaking, open, draining, closed };
   static constexpr std::chrono::milliseconds kDrainBound{1000};
-  // Whether a pending fetch of ours waits for bytes the peer sends (a two-sided transport).
-  bool awaits_peer_bytes() const;
-
-  struct PendingFetch {
-    std::shared_ptr<detail::FetchState> state;
-    std::shared_ptr<TransportManager> transport;
-    Clock::time_point started;
-    Clock::time_point deadline = Clock::time_point::max();  // none while releasing
-    std::error_code releasing;  // set while the transport drains hardware work of an abort
-    bool streams = false;       // FetchOptions::combine handed to a transport that combines()
-    // FetchOptions::combine over a transport that does not combine: the bytes land in `slots`
-    // (memory: `landed`), one per target, and are combined into `targets` on success.
-    CombineFn combine;
-    std::vector<MutableBuffer> targets, slots;
-    std::shared_ptr<std::byte[]> landed;
-  };
-  struct ChannelSlot {
-    std::shared_ptr<TransportChannel> channel;
-    bool opening = false;
-    std::vector<std::function<void(std::error_code)>> waiters;
-  };
-  // A served object's hooks (PutOptions::on_sent, on_served), run in that order.
-  struct ServeHooks {
-    std::function<void()> sent, served;
-    explicit operator bool() const { return sent || served; }
-    void operator()() const {
-      if (sent) sent();
-      if (served) served();
-    }
-  };
-  // A fetch by name that arrived before the name was put (ObjectRef::named).
-  struct Parked {
-    wire::Fetch msg;
-    Clock::time_point deadline;
-  };
   struct PendingRpc {
     RpcHandler done;
     std::unique_ptr<boost::asio::steady_timer> timer;
   };
 
-  void start_reading();
-  void on_read(const boost::system::error_code& ec, size_t n);
-  std::error_code on_frame(std::string_view body);
+  // ControlStream::Owner (strand).
+  std::shared_ptr<void> keep_alive() override { return shared_from_this(); }
+  const PeerInfo& peer_info() const override { return info_; }
+  std::error_code on_envelope(const wire::Envelope& env) override { return dispatch(env); }
+  // Closes the session with `ec`, or, when the peer ended its connection while fetches of ours
+  // wait for bytes it sent over a data channel, drains.
+  void on_end(std::error_code ec, bool peer_eof) override;
   std::error_code dispatch(const wire::Envelope& env);
-  std::error_code on_hello_answer(const wire::HelloAnswer& answer);
-  // Initiator: after the answer (and, with a secret, the acceptor's Ack of our proof).
-  void finish_handshake(std::shared_ptr<TransportManager> transport);
-  // Acceptor: the peer is in (authenticated when a secret is set).
-  void open_server();
-  void on_auth(const wire::Auth& auth);
 
-  void handle_fetch(uint64_t rid, const wire::Fetch& msg);
-  void handle_cancel(uint64_t rid);
+  // Handshake::Link (strand; send, send_error, fail, pick_transport, ensure_channel and
+  // peer_info are shared with the other interfaces).
+  std::vector<TransportInfo> local_infos() const override { return ctx_->local_infos(); }
+  std::shared_ptr<TransportManager> find_transport(std::string_view name) const override {
+    return ctx_->find_transport(name);
+  }
+  void set_peer(Handshake::Peer peer) override;
+  // Opens the session (or closes it with `ec`) and runs start_client's `done`.
+  void opened(std::error_code ec) override;
+
   void handle_error(uint64_t rid, const wire::Error& err);
   void handle_ref(uint64_t rid, ObjectId id, bool add);
   void handle_list(uint64_t rid);
   void finish_rpc(uint64_t rid, std::error_code ec, const wire::Envelope& env);
 
+  // Fetch `state`'s first step on the strand: fails it at once when the session is not open or
+  // `ref` is from another instance of the peer, else hands it to fetches_.
   void do_fetch(std::shared_ptr<detail::FetchState> state, ObjectRef ref,
                 std::vector<MutableBuffer> targets, FetchOptions options);
-  // Completes a fetch that failed wherever it stands: through complete_fetch once launched (the
-  // transport lets go of its targets first), else at once.
-  void fail_fetch(detail::FetchState& state, std::error_code ec);
-  void start_transfer(std::shared_ptr<detail::FetchState> state,
-                      std::shared_ptr<TransportManager> transport,
-                      std::vector<MutableBuffer> targets, FetchOptions options);
-  // Hands fetch `id` to its transport and asks the peer for it; `pending.transport`'s channel
-  // must exist. `targets`: where the transport lands the bytes; `stream`: the combine of a
-  // transport that combines.
-  void launch(uint64_t id, PendingFetch pending, std::vector<MutableBuffer> targets,
-              CombineFn stream);
-  // The second half of restart_fetch, once the new channel is open (`open_ec`: or not): launches
-  // fetch `pending` again as request `id`, unless it was aborted meanwhile; fails it with `ec`
-  // (the broken channel's error) if no channel could be opened, or with the session's if it ended.
-  void relaunch(uint64_t id, PendingFetch pending, std::error_code ec, std::error_code open_ec);
-  // The request id that fetch `id` (FetchRequest::id) runs under now: a restart gives it a new one.
-  uint64_t wire_id(uint64_t id) const;
+
+  // SessionLink (for fetches_ and serves_; strand).
+  PeerLink& peer() override { return *this; }
+  std::error_code close_reason() const override { return close_reason_; }
+  Clock::time_point now() const override { return Clock::now(); }
+  void post(std::function<void()> fn) override;
+  uint64_t next_request_id() override { return next_request_id_.fetch_add(2); }
+  std::shared_ptr<TransportManager> fallback_transport(
+      const TransportManager& failed) const override;
+  void fetch_completed() override;
+  ObjectId wait_for_name(const std::string& name) override;
+  void forget_name_wait(const std::string& name) override;
   void ensure_channel(const std::shared_ptr<TransportManager>& transport,
-                      std::function<void(std::error_code)> done);
+                      std::function<void(std::error_code)> done) override;
   std::shared_ptr<TransportManager> pick_transport(const std::string& requested,
                                                    const std::string& ref_transport,
-                                                   std::error_code& ec) const;
+                                                   std::error_code& ec) const override;
 
-  // One timer serves every deadline of fetches_ and parked_ (not one timer per request, which
-  // cost an allocation, a timer-queue insertion and a cancelled handler per fetch): armed for
+  // One timer serves every deadline of fetches_ and serves_ (not one timer per request, which
+  // costs an allocation, a timer-queue insertion and a cancelled handler per fetch): armed for
   // the earliest, on_deadline() ends what is due when it fires and arms it for the next.
-  void arm_deadline(Clock::time_point at);
+  void arm_deadline(Clock::time_point at) override;
   void on_deadline();
 
-  // Queues a frame for the peer. It is written by a write_more() posted to the strand, with
-  // every frame queued by then (send_error() with `fatal` writes at once). Strand.
-  void send(const wire::Envelope& env);
-  void send_error(uint64_t rid, std::error_code ec, const std::string& message, bool fatal);
-  // send_error for a fetch request this side will not serve, counted in Context::stats().
-  void refuse(uint64_t rid, std::error_code ec, const std::string& text, bool fatal);
-  void write_more();
-  void arm_heartbeat();
+  // ControlStream::send and send_error. Strand.
+  void send(const wire::Envelope& env) override;
+  void send_error(uint64_t rid, std::error_code ec, const std::string& message,
+                  bool fatal) override;
   void do_close(std::error_code ec);
 
   std::shared_ptr<Context::Impl> ctx_;
   const uint64_t local_id_;
   PeerStrand strand_;
-  MetaStream stream_;
+  ControlStream control_;
   PeerInfo info_;  // written on the strand, under info_mu_
   mutable std::mutex info_mu_;
   std::string token_;
-  std::string chosen_;
   uint64_t peer_instance_ = 0;
-  std::string auth_ours_;                            // our nonce in the shared-secret handshake
-  std::string auth_theirs_;                          // the peer's
-  std::shared_ptr<TransportManager> awaiting_auth_;  // initiator: proof sent, Ack awaited
-  mutable std::set<std::string> fallback_logged_;    // transports whose fallback was reported
+  Handshake handshake_;
+  mutable std::set<std::string> fallback_logged_;  // transports whose fallback was reported
   std::atomic<State> state_{State::handshaking};
   std::error_code close_reason_;
 
-  FrameDecoder decoder_;
-  std::array<char, 64 * 1024> read_buf_;
-  std::deque<std::string> write_queue_;
-  std::vector<std::string> writing_;
-  size_t queued_bytes_ = 0;
-  bool close_after_write_ = false;
-  std::error_code close_after_write_ec_;
-
   boost::asio::steady_timer handshake_timer_;
-  boost::asio::steady_timer heartbeat_timer_;
   boost::asio::steady_timer drain_timer_;
   boost::asio::steady_timer deadline_timer_;
   Clock::time_point deadline_armed_ = Clock::time_point::max();  // max: not armed
-  Clock::time_point last_rx_;
   std::function<void(std::error_code)> on_ready_;
 
   // Odd on the connecting side, even on the accepting side: our ids and the peer's never
   // collide in a transport's per-request tables.
   std::atomic<uint64_t> next_request_id_;
-  std::unordered_map<uint64_t, PendingFetch> fetches_;
-  // Fetches started again (restart_fetch): FetchRequest::id -> the request id they run under.
-  std::unordered_map<uint64_t, uint64_t> restarted_;
-  // A serve in flight: the transport moving it, the object, whether abort_serving() ended it.
-  struct Serving {
-    std::shared_ptr<TransportManager> transport;
-    ObjectId object = 0;
-    bool aborted = false;
-  };
-  std::unordered_map<uint64_t, Serving> serving_;
-  // Serves of objects that count them which failed on this side while the peer lives: the
-  // fetcher may have every byte all the same, and its word (settle) counts them. At most
-  // max_requests_per_peer, oldest dropped first (rare: only after a channel broke).
-  std::deque<std::pair<uint64_t, ServeHooks>> unsettled_;
-  std::unordered_map<uint64_t, Parked> parked_;
+  FetchTable fetches_;
+  ServeTable serves_;
   std::unordered_map<uint64_t, PendingRpc> rpcs_;
-  std::unordered_map<std::string, ChannelSlot> channels_;
+  Channels channels_;
 };
 
 }  // namespace ferry

@@ -1,6 +1,10 @@
 // Conversions between ferry's structs and their protobuf wire forms (internal).
 #pragma once
 
+#include <cstdint>
+#include <system_error>
+
+#include "ferry/net/errors.h"
 #include "ferry/net/object_ref.h"
 #include "ferry/net/proto/ferry.pb.h"
 #include "ferry/net/transport.h"
@@ -14,6 +18,17 @@ inline constexpr int kMaxWireTransports = 16;
 inline constexpr int kMaxWireDevices = 64;
 // False when `transports` lists more than those limits allow.
 bool within_wire_limits(const google::protobuf::RepeatedPtrField<wire::TransportInfo>& transports);
+
+// The code an Error frame carries for `ec`: a ferry error's own, peer_closed for any other.
+inline uint32_t error_to_wire(std::error_code ec) {
+  if (ec.category() == ferry_category()) return static_cast<uint32_t>(ec.value());
+  return static_cast<uint32_t>(errc::peer_closed);
+}
+// The error an Error frame's code stands for; protocol_error for a code that is no ferry error.
+inline std::error_code error_from_wire(uint32_t code) {
+  if (code == 0 || code > static_cast<uint32_t>(errc::context_closed)) return errc::protocol_error;
+  return make_error_code(static_cast<errc>(code));
+}
 
 void to_wire(const TransportInfo& in, wire::TransportInfo& out);
 TransportInfo from_wire(const wire::TransportInfo& in);

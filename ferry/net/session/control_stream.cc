@@ -1,0 +1,183 @@
+#include "ferry/net/session/control_stream.h"
+
+#include <algorithm>
+#include <boost/asio/bind_executor.hpp>
+
+#include "ferry/net/errors.h"
+#include "ferry/net/log.h"
+#include "ferry/net/wire_convert.h"
+
+namespace ferry {
+namespace asio = boost::asio;
+
+ControlStream::ControlStream(Owner& owner, PeerStrand& strand, asio::io_context& io,
+                             MetaStream stream, Options options)
+    : owner_(owner),
+      strand_(strand),
+      stream_(std::move(stream)),
+      options_(options),
+      decoder_(options.handshake_frame_bytes),
+      close_timer_(io),
+      heartbeat_timer_(io) {}
+
+void ControlStream::start() {
+  last_rx_ = Clock::now();
+  read_more();
+}
+
+void ControlStream::open() {
+  phase_ = Phase::open;
+  decoder_.set_max_frame_bytes(options_.max_frame_bytes);
+  arm_heartbeat();
+}
+
+void ControlStream::drain() {
+  if (phase_ != Phase::closed) phase_ = Phase::draining;
+}
+
+void ControlStream::close() {
+  if (phase_ == Phase::closed) return;
+  phase_ = Phase::closed;
+  close_timer_.cancel();
+  heartbeat_timer_.cancel();
+  stream_.close();
+}
+
+// ---------------------------------------------------------------- reading
+
+void ControlStream::read_more() {
+  stream_.async_read_some(asio::buffer(read_buf_),
+                          asio::bind_executor(strand_, [keep = owner_.keep_alive(), this](
+                                                           boost::system::error_code ec, size_t n) {
+                            on_read(ec, n);
+                          }));
+}
+
+void ControlStream::on_read(const boost::system::error_code& ec, size_t n) {
+  if (phase_ == Phase::closed) return;
+  if (ec) {
+    const bool eof = ec == asio::error::eof;
+    owner_.on_end(eof ? std::error_code(errc::peer_closed) : std::error_code(ec), eof);
+    return;
+  }
+  last_rx_ = Clock::now();
+  auto err = decoder_.feed(std::string_view(read_buf_.data(), n),
+                           [this](std::string_view body) { return on_frame(body); });
+  if (err && phase_ == Phase::handshaking) {
+    owner_.on_end(errc::handshake_failed, false);  // whatever answered is not a ferry peer
+    return;
+  }
+  if (err) {
+    const PeerInfo& peer = owner_.peer_info();
+    FERRY_LOG_WARN("peer '{}' ({}): {}; closing its connection", peer.name, peer.address,
+                   err.message());
+    send_error(0, err,
+               err == errc::frame_too_large
+                   ? "frame length exceeds the maximum of " +
+                         std::to_string(options_.max_frame_bytes) + " bytes"
+                   : "malformed frame",
+               true);
+    return;  // stop reading: the connection ends once the error frame is out
+  }
+  if (phase_ != Phase::closed && !close_after_write_) read_more();
+}
+
+std::error_code ControlStream::on_frame(std::string_view body) {
+  if (close_after_write_ || phase_ == Phase::closed) return {};
+  wire::Envelope env;
+  if (auto ec = parse_envelope(body, env)) return ec;
+  return owner_.on_envelope(env);
+}
+
+// ---------------------------------------------------------------- writing
+
+void ControlStream::send(const wire::Envelope& env) {
+  if (phase_ == Phase::closed || phase_ == Phase::draining || close_after_write_) return;
+  auto frame = encode_frame(env);
+  queued_bytes_ += frame.size();
+  write_queue_.push_back(std::move(frame));
+  if (queued_bytes_ > options_.max_queued_bytes) {
+    // The peer does not read what we send it: it cannot be served, and must not cost memory.
+    const PeerInfo& peer = owner_.peer_info();
+    FERRY_LOG_WARN("peer '{}' ({}) is not reading its control channel; closing it", peer.name,
+                   peer.address);
+    owner_.on_end(errc::peer_unresponsive, false);
+    return;
+  }
+  // An idle connection writes at once; frames queued while a write is in flight go out together
+  // after it, in one system call and one read at the peer (a collective's fetches of one call,
+  // posted back to back, cost two request writes per peer instead of one per fetch).
+  write_more();
+}
+
+void ControlStream::send_error(uint64_t rid, std::error_code ec, const std::string& message,
+                               bool fatal) {
+  wire::Envelope env;
+  env.set_request_id(rid);
+  auto* err = env.mutable_error();
+  err->set_code(error_to_wire(ec));
+  err->set_message(message);
+  err->set_fatal(fatal);
+  send(env);
+  if (!fatal) return;
+  write_more();  // now: the connection ends once this frame is out
+  close_after_write_ = true;
+  close_after_write_ec_ = ec;
+  // Bounded: a peer that never reads the error does not keep the connection.
+  close_timer_.expires_after(std::chrono::seconds(1));
+  close_timer_.async_wait(
+      asio::bind_executor(strand_, [keep = owner_.keep_alive(), this](boost::system::error_code e) {
+        if (!e && phase_ != Phase::closed) owner_.on_end(close_after_write_ec_, false);
+      }));
+  if (writing_.empty()) owner_.on_end(ec, false);
+}
+
+void ControlStream::write_more() {
+  if (!writing_.empty() || write_queue_.empty() || phase_ == Phase::closed) return;
+  std::vector<asio::const_buffer> buffers;
+  while (!write_queue_.empty() && writing_.size() < 64) {
+    writing_.push_back(std::move(write_queue_.front()));
+    write_queue_.pop_front();
+  }
+  for (const auto& f : writing_) buffers.emplace_back(asio::buffer(f));
+  stream_.async_write(buffers,
+                      asio::bind_executor(strand_, [keep = owner_.keep_alive(), this](
+                                                       boost::system::error_code ec, size_t n) {
+                        queued_bytes_ -= n;
+                        writing_.clear();
+                        if (phase_ == Phase::closed) return;
+                        if (ec) {
+                          // Draining: the peer is gone already; its data channel decides.
+                          if (phase_ != Phase::draining) owner_.on_end(errc::peer_closed, false);
+                          return;
+                        }
+                        if (close_after_write_ && write_queue_.empty()) {
+                          owner_.on_end(close_after_write_ec_, false);
+                          return;
+                        }
+                        write_more();
+                      }));
+}
+
+// ---------------------------------------------------------------- liveness
+
+void ControlStream::arm_heartbeat() {
+  heartbeat_timer_.expires_after(options_.heartbeat_interval);
+  heartbeat_timer_.async_wait(asio::bind_executor(
+      strand_, [keep = owner_.keep_alive(), this](boost::system::error_code ec) {
+        if (ec || phase_ != Phase::open) return;
+        if (Clock::now() - last_rx_ > options_.peer_timeout) {
+          const PeerInfo& peer = owner_.peer_info();
+          FERRY_LOG_WARN("peer '{}' ({}) silent for {} ms; closing", peer.name, peer.address,
+                         options_.peer_timeout.count());
+          owner_.on_end(errc::peer_unresponsive, false);
+          return;
+        }
+        wire::Envelope ping;
+        ping.mutable_ping()->set_nonce(0);
+        send(ping);
+        arm_heartbeat();
+      }));
+}
+
+}  // namespace ferry

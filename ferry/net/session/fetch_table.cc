@@ -1,0 +1,345 @@
+#include "ferry/net/session/fetch_table.h"
+
+#include <algorithm>
+
+#include "ferry/net/errors.h"
+#include "ferry/net/log.h"
+#include "ferry/net/system_memory.h"
+
+namespace ferry {
+
+namespace {
+
+// One block of the receive pool with a 64-byte aligned slot of each of `sizes`, in order: the
+// memory (which owns the slots) and the slots. Null, with nothing allocated, when the sizes add
+// up to more than the machine's memory (a forged or corrupt ref: sizes up to 2^48 parse) or no
+// memory can be had: the caller fails its fetch with errc::resource_exhausted. Never throws.
+std::shared_ptr<std::byte[]> allocate_slots(mem::Pool& pool, const std::vector<size_t>& sizes,
+                                            std::vector<MutableBuffer>& slots) noexcept {
+  try {
+    const uint64_t limit = physical_memory_bytes();
+    uint64_t total = 0;
+    std::vector<size_t> offsets;
+    offsets.reserve(sizes.size());
+    for (size_t n : sizes) {
+      if (n > limit || total > limit - n) return nullptr;  // also keeps the sum from wrapping
+      offsets.push_back(total);
+      total += (n + 63) & ~size_t{63};
+    }
+    auto memory = pool.allocate(total);
+    if (!memory) return nullptr;
+    slots.clear();
+    slots.reserve(sizes.size());
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      slots.emplace_back(memory.get() + offsets[i], sizes[i]);
+    }
+    return memory;
+  } catch (const std::bad_alloc&) {  // the bookkeeping itself
+    return nullptr;
+  }
+}
+
+}  // namespace
+
+FetchTable::FetchTable(SessionLink& link, mem::Pool& pool) : link_(link), pool_(pool) {}
+
+void FetchTable::start(std::shared_ptr<detail::FetchState> state, ObjectRef ref,
+                       std::vector<MutableBuffer> targets, FetchOptions options) {
+  auto& result = state->result();
+  const std::string& peer_name = link_.peer().info().name;
+  std::error_code ec;
+  const auto& md = ref.metadata;
+  std::shared_ptr<TransportManager> transport;
+  if (md.exclusive && !options.transport.empty() && options.transport != "auto" &&
+      options.transport != md.transport) {
+    ec = errc::transport_unavailable;  // the caller insists on another transport
+  } else if (md.exclusive) {
+    transport = link_.pick_transport(md.transport, {}, ec);
+    if (!transport) ec = errc::transport_unavailable;  // unknown here is unavailable to both
+  } else {
+    transport = link_.pick_transport(options.transport, md.transport, ec);
+  }
+  if (!transport) {
+    if (md.exclusive) {
+      FERRY_LOG_WARN(
+          "fetch from '{}': object {} is offered only over {}, which this side and "
+          "the peer do not share",
+          peer_name, ref.object_id, md.transport);
+    } else {
+      FERRY_LOG_WARN("fetch from '{}': transport '{}': {}", peer_name, options.transport,
+                     ec.message());
+    }
+    state->complete(ec);
+    return;
+  }
+  const auto& tensors = ref.metadata.tensors;
+  if (targets.empty()) {
+    std::vector<size_t> sizes;
+    for (const auto& t : tensors) sizes.push_back(t.nbytes);
+    result.storage = allocate_slots(pool_, sizes, targets);
+    if (!result.storage) {
+      FERRY_LOG_WARN(
+          "fetch from '{}': object {} announces {} bytes, more than this process can "
+          "allocate",
+          peer_name, ref.object_id, ref.metadata.total_bytes());
+      state->complete(errc::resource_exhausted);
+      return;
+    }
+  } else {
+    bool ok = targets.size() == tensors.size();
+    for (size_t i = 0; ok && i < tensors.size(); ++i) ok = targets[i].size() == tensors[i].nbytes;
+    if (!ok) {
+      state->complete(errc::size_mismatch);
+      return;
+    }
+  }
+  result.ref = std::move(ref);
+  result.tensors = targets;
+  result.transport = transport->name();
+  result.bytes = result.ref.metadata.total_bytes();
+  const bool forced = !options.transport.empty() && options.transport != "auto";
+  link_.ensure_channel(transport, [this, state, transport, forced, targets = std::move(targets),
+                                   options = std::move(options)](std::error_code ec) mutable {
+    if (!ec) {
+      start_transfer(std::move(state), std::move(transport), std::move(targets),
+                     std::move(options));
+      return;
+    }
+    // The transport's channel cannot be (re)built: unless the caller insisted on it, fall back
+    // to the next transport both sides have, and say so.
+    std::shared_ptr<TransportManager> fallback;
+    if (!forced && link_.is_open()) fallback = link_.fallback_transport(*transport);
+    if (!fallback) {
+      state->complete(ec);
+      return;
+    }
+    FERRY_LOG_WARN("peer '{}': no {} channel ({}); this fetch falls back to {}",
+                   link_.peer().info().name, transport->name(), ec.message(), fallback->name());
+    state->result().transport = fallback->name();
+    link_.ensure_channel(fallback, [this, state, fallback, targets = std::move(targets),
+                                    options = std::move(options)](std::error_code ec) mutable {
+      if (ec) {
+        state->complete(ec);
+        return;
+      }
+      start_transfer(std::move(state), std::move(fallback), std::move(targets), std::move(options));
+    });
+  });
+}
+
+void FetchTable::start_transfer(std::shared_ptr<detail::FetchState> state,
+                                std::shared_ptr<TransportManager> transport,
+                                std::vector<MutableBuffer> targets, FetchOptions options) {
+  if (state->done()) return;  // aborted while the channel was opening
+  if (!link_.is_open()) {
+    const auto reason = link_.close_reason();
+    state->complete(reason ? reason : std::error_code(errc::peer_closed));
+    return;
+  }
+  PendingFetch pending{state, transport, link_.now()};
+  if (options.timeout.count() > 0) pending.deadline = pending.started + options.timeout;
+  CombineFn stream;
+  if (options.combine && transport->combines()) {
+    stream = std::move(options.combine);
+    pending.streams = true;
+  } else if (options.combine) {
+    // The transport lands the bytes whole: in slots of ours, combined on success.
+    std::vector<size_t> sizes;
+    for (const auto& t : targets) sizes.push_back(t.size());
+    pending.combine = std::move(options.combine);
+    pending.targets = std::move(targets);
+    pending.landed = allocate_slots(pool_, sizes, targets);
+    if (!pending.landed) {
+      state->complete(errc::resource_exhausted);
+      return;
+    }
+    pending.slots = targets;
+  }
+  launch(state->id(), std::move(pending), std::move(targets), std::move(stream));
+}
+
+void FetchTable::launch(uint64_t id, PendingFetch pending, std::vector<MutableBuffer> targets,
+                        CombineFn stream) {
+  const auto state = pending.state;
+  const auto transport = pending.transport;
+  const auto deadline = pending.deadline;
+  const auto& ref = state->result().ref;
+  if (deadline != Clock::time_point::max()) link_.arm_deadline(deadline);
+  FetchOp op{id, ref, std::move(targets), FetchRequest(state), std::move(stream)};
+  fetches_.emplace(id, std::move(pending));
+  auto started = transport->is_one_sided() ? transport->fetch_multiple(link_.peer(), op)
+                                           : transport->recv_multiple(link_.peer(), op);
+  if (!started) {
+    complete(id, started.error());
+    return;
+  }
+  wire::Envelope env;
+  env.set_request_id(id);
+  auto* f = env.mutable_fetch();
+  f->set_object_id(ref.object_id);
+  f->set_transport(transport->name());
+  f->set_owner_instance(ref.owner_instance);
+  for (const auto& t : ref.metadata.tensors) f->add_sizes(t.nbytes);
+  if (!ref.name.empty()) {
+    f->set_name(ref.name);
+    // The owner waits for the name at most the time left to the deadline (and at most its lease
+    // timeout); the clock is read only when there is a deadline.
+    uint64_t wait_ms = ~uint64_t{0};
+    if (deadline != Clock::time_point::max()) {
+      const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - link_.now());
+      wait_ms = static_cast<uint64_t>(std::max<int64_t>(left.count(), 1));
+    }
+    f->set_wait_ms(wait_ms);
+  }
+  FERRY_LOG_DEBUG("peer '{}': fetch {} of object {} '{}' requested over {}",
+                  link_.peer().info().name, id, ref.object_id, ref.name, transport->name());
+  link_.send(env);
+}
+
+void FetchTable::fail(detail::FetchState& state, std::error_code ec) {
+  if (const uint64_t wire = wire_id(state.id()); fetches_.count(wire)) {
+    complete(wire, ec);  // launched: the transport lets go of the targets first
+  } else {
+    state.complete(ec);
+  }
+}
+
+void FetchTable::abort(uint64_t id, const std::weak_ptr<detail::FetchState>& state) {
+  if (const uint64_t wire = wire_id(id); fetches_.count(wire)) {
+    complete(wire, errc::aborted);
+  } else if (auto s = state.lock()) {
+    s->complete(errc::aborted);  // not started yet (channel opening): nothing to undo
+  }
+}
+
+uint64_t FetchTable::wire_id(uint64_t id) const {
+  auto it = restarted_.find(id);
+  return it == restarted_.end() ? id : it->second;
+}
+
+void FetchTable::restart(uint64_t request_id, std::error_code ec) {
+  auto it = fetches_.find(request_id);
+  if (it == fetches_.end()) return;
+  auto& p = it->second;
+  auto& restarts = p.state->result().restarts;
+  if (p.releasing || p.streams || restarts >= kMaxFetchRestarts || !link_.is_open() ||
+      link_.now() >= p.deadline) {
+    return complete(request_id, ec);
+  }
+  // The transport has let go of the targets: the fetch waits for a new channel, outside fetches_
+  // (an abort completes it at once; a deadline is looked at again when it is launched).
+  ++restarts;
+  auto pending = std::move(p);
+  fetches_.erase(it);
+  const uint64_t original = pending.state->id();
+  const uint64_t id = link_.next_request_id();
+  restarted_[original] = id;
+  FERRY_LOG_INFO(
+      "peer '{}': fetch {} lost its {} channel ({}): fetching it again as request {} "
+      "({} of {})",
+      link_.peer().info().name, original, pending.transport->name(), ec.message(), id, restarts,
+      kMaxFetchRestarts);
+  // Posted: the transport drops the broken channel after this call, and the restart must not
+  // find it still installed.
+  link_.post([this, id, ec, pending = std::move(pending)]() mutable {
+    if (!link_.is_open()) return relaunch(id, std::move(pending), ec, {});
+    auto transport = pending.transport;
+    link_.ensure_channel(
+        transport, [this, id, ec, pending = std::move(pending)](std::error_code open_ec) mutable {
+          relaunch(id, std::move(pending), ec, open_ec);
+        });
+  });
+}
+
+void FetchTable::relaunch(uint64_t id, PendingFetch pending, std::error_code ec,
+                          std::error_code open_ec) {
+  auto state = pending.state;
+  std::error_code failed;
+  if (!link_.is_open()) {
+    const auto reason = link_.close_reason();
+    failed = reason ? reason : ec;  // the session ended: its reason
+  } else if (open_ec) {
+    failed = ec;  // no new channel: the broken channel's error
+  }
+  if (state->done() || failed) {
+    restarted_.erase(state->id());
+    if (state->done()) return;  // aborted meanwhile
+    FERRY_LOG_WARN("peer '{}': fetch {} cannot start again: {}", link_.peer().info().name,
+                   state->id(), (open_ec ? open_ec : failed).message());
+    state->result().elapsed = link_.now() - pending.started;
+    state->complete(failed);
+    return;
+  }
+  auto targets = pending.combine ? pending.slots : state->result().tensors;
+  state->reset_landed();  // every byte lands again
+  launch(id, std::move(pending), std::move(targets), {});
+}
+
+void FetchTable::complete(uint64_t request_id, std::error_code ec) {
+  auto it = fetches_.find(request_id);
+  if (it == fetches_.end()) return;
+  if (it->second.releasing) {
+    // The transport has drained what it had posted for an aborted fetch: report the abort now.
+    ec = it->second.releasing;
+  } else if (ec) {
+    // The transport lets go of the targets before the caller hears of the failure.
+    if (!it->second.transport->abort(link_.peer(), request_id)) {
+      it->second.releasing = ec;  // it calls complete() again once they are free
+      it->second.deadline = Clock::time_point::max();
+      return;
+    }
+  }
+  // Only now may the owner stop: a one-sided grant revoked while our READs are still posted
+  // fails them with a remote access error and breaks the queue pair under every other fetch on
+  // it.
+  if ((ec == errc::aborted || ec == errc::timed_out) && link_.is_open()) {
+    wire::Envelope env;
+    env.set_request_id(request_id);
+    env.mutable_cancel();
+    link_.send(env);
+  }
+  FERRY_LOG_DEBUG("peer '{}': fetch {} completes: {}", link_.peer().info().name, request_id,
+                  ec ? ec.message() : "ok");
+  auto pending = std::move(it->second);
+  fetches_.erase(it);
+  if (!restarted_.empty()) restarted_.erase(pending.state->id());
+  if (!ec && pending.combine) {
+    for (size_t i = 0; i < pending.targets.size(); ++i) {
+      if (!pending.targets[i].empty()) pending.combine(pending.targets[i], pending.slots[i]);
+    }
+  }
+  pending.state->result().elapsed = link_.now() - pending.started;
+  pending.state->complete(ec);
+  link_.fetch_completed();
+}
+
+bool FetchTable::awaits_peer_bytes() const {
+  return std::any_of(fetches_.begin(), fetches_.end(), [this](const auto& f) {
+    return !f.second.transport->is_one_sided() && link_.peer().channel(f.second.transport->name());
+  });
+}
+
+void FetchTable::expire(Clock::time_point now) {
+  std::vector<uint64_t> due;
+  for (const auto& [id, f] : fetches_) {
+    if (f.deadline <= now) due.push_back(id);
+  }
+  for (uint64_t id : due) complete(id, errc::timed_out);
+}
+
+FetchTable::Clock::time_point FetchTable::next_deadline() const {
+  auto next = Clock::time_point::max();
+  for (const auto& [id, f] : fetches_) next = std::min(next, f.deadline);
+  return next;
+}
+
+void FetchTable::close(std::error_code reason) {
+  auto fetches = std::move(fetches_);
+  fetches_.clear();
+  for (auto& [id, pending] : fetches) {
+    pending.state->result().elapsed = link_.now() - pending.started;
+    pending.state->complete(reason);
+  }
+}
+
+}  // namespace ferry

@@ -1,0 +1,324 @@
+// FetchTable over a fake SessionLink: launch, completion, deadlines, aborts, restarts,
+// combining and fallback, each fetch completed exactly once.
+#include "ferry/net/session/fetch_table.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+
+#include "fake_session_link.h"
+
+namespace ferry {
+namespace {
+
+using fakes::FakeSessionLink;
+using fakes::FakeTransport;
+using namespace std::chrono_literals;
+
+struct FetchTableTest : ::testing::Test {
+  FetchTableTest() {
+    one_sided = std::make_shared<FakeTransport>("ONE", true);
+    two_sided = std::make_shared<FakeTransport>("TWO", false);
+  }
+
+  // A fetch state under the link's next request id (1, 3, ...), as Session::fetch makes it.
+  std::shared_ptr<detail::FetchState> state() {
+    return std::make_shared<detail::FetchState>(link.next_request_id(), link.io_.get_executor());
+  }
+  // A ref to object 7 of one tensor of `n` bytes.
+  static ObjectRef ref(uint64_t n = 16) {
+    ObjectRef r;
+    r.object_id = 7;
+    r.metadata.tensors.push_back(TensorMeta::bytes(n));
+    return r;
+  }
+  // Starts fetch `s` of ref() into `target`.
+  void start(const std::shared_ptr<detail::FetchState>& s, std::vector<std::byte>& target,
+             FetchOptions options = {}) {
+    table.start(s, ref(target.size()), {MutableBuffer(target)}, std::move(options));
+  }
+  // Starts fetch `s` of ref() into `into` over transport `name` only.
+  void start_over(const std::string& name, const std::shared_ptr<detail::FetchState>& s,
+                  std::vector<std::byte>& into) {
+    FetchOptions options;
+    options.transport = name;
+    start(s, into, std::move(options));
+  }
+  // Launches fetch 1 into `target` over the one-sided transport, then its channel breaks: the
+  // restart runs once `meanwhile` has changed what the link answers.
+  std::shared_ptr<detail::FetchState> launch_then_restart(const std::function<void()>& meanwhile) {
+    link.add_transport(one_sided, true);
+    auto s = state();
+    start(s, target);
+    s->add_landed(8);
+    table.restart(1, errc::device_error);
+    EXPECT_FALSE(s->done());
+    EXPECT_EQ(table.size(), 0u);  // between channels
+    meanwhile();
+    link.run_posted();
+    return s;
+  }
+
+  FakeSessionLink link;
+  mem::Pool pool;
+  FetchTable table{link, pool};
+  std::shared_ptr<FakeTransport> one_sided, two_sided;
+  std::vector<std::byte> target = std::vector<std::byte>(16);
+};
+
+TEST_F(FetchTableTest, LaunchesAtTheTransportAndAsksThePeer) {
+  link.add_transport(one_sided, true);
+  auto s = state();
+  start(s, target);
+  ASSERT_EQ(one_sided->fetches.size(), 1u);
+  EXPECT_EQ(one_sided->fetches[0].request_id, 1u);
+  EXPECT_EQ(one_sided->fetches[0].targets[0].data(), target.data());
+  ASSERT_EQ(link.sent.size(), 1u);
+  const auto& f = link.sent[0].fetch();
+  EXPECT_EQ(link.sent[0].request_id(), 1u);
+  EXPECT_EQ(f.object_id(), 7u);
+  EXPECT_EQ(f.transport(), "ONE");
+  ASSERT_EQ(f.sizes_size(), 1);
+  EXPECT_EQ(f.sizes(0), 16u);
+  EXPECT_TRUE(f.name().empty());
+  EXPECT_TRUE(table.contains(1));
+  EXPECT_EQ(link.armed, SessionLink::Clock::time_point::max());  // no deadline asked for
+
+  table.complete(1, {});
+  EXPECT_EQ(s->outcome(), std::error_code());
+  EXPECT_EQ(s->result().transport, "ONE");
+  EXPECT_EQ(table.size(), 0u);
+  EXPECT_EQ(link.completed, 1);
+  table.complete(1, errc::peer_closed);  // a second completion finds nothing
+  EXPECT_EQ(s->outcome(), std::error_code());
+  EXPECT_EQ(link.completed, 1);
+}
+
+TEST_F(FetchTableTest, WithoutTargetsTheBytesLandInPoolMemoryTheResultOwns) {
+  link.add_transport(one_sided, true);
+  auto s = state();
+  table.start(s, ref(100), {}, {});
+  ASSERT_EQ(one_sided->fetches.size(), 1u);
+  ASSERT_NE(s->result().storage, nullptr);
+  EXPECT_EQ(one_sided->fetches[0].targets[0].size(), 100u);
+  EXPECT_EQ(one_sided->fetches[0].targets[0].data(), s->result().storage.get());
+}
+
+TEST_F(FetchTableTest, TargetsThatDoNotMatchTheRefFailAtOnce) {
+  link.add_transport(one_sided, true);
+  auto s = state();
+  std::vector<std::byte> small(8);
+  table.start(s, ref(16), {MutableBuffer(small)}, {});
+  EXPECT_EQ(s->outcome(), std::error_code(errc::size_mismatch));
+  EXPECT_TRUE(one_sided->fetches.empty());
+  EXPECT_TRUE(link.sent.empty());
+}
+
+TEST_F(FetchTableTest, AnUnknownRequestedTransportFailsAtOnce) {
+  link.add_transport(one_sided, true);
+  auto s = state();
+  start_over("NOPE", s, target);
+  EXPECT_EQ(s->outcome(), std::error_code(errc::transport_unknown));
+}
+
+TEST_F(FetchTableTest, ALaunchTheTransportRefusesCompletesWithItsError) {
+  link.add_transport(one_sided, true);
+  one_sided->fail_launch = errc::resource_exhausted;
+  auto s = state();
+  start(s, target);
+  EXPECT_EQ(s->outcome(), std::error_code(errc::resource_exhausted));
+  EXPECT_EQ(table.size(), 0u);
+  EXPECT_TRUE(link.sent.empty());  // the peer was never asked
+}
+
+TEST_F(FetchTableTest, TheDeadlineEndsTheFetchWithTimedOutAndACancel) {
+  link.add_transport(one_sided, true);
+  auto s = state();
+  FetchOptions options;
+  options.timeout = 100ms;
+  start(s, target, options);
+  EXPECT_EQ(link.armed, link.clock + 100ms);
+  EXPECT_EQ(table.next_deadline(), link.clock + 100ms);
+
+  table.expire(link.clock + 99ms);
+  EXPECT_FALSE(s->done());
+  table.expire(link.clock + 100ms);
+  EXPECT_EQ(s->outcome(), std::error_code(errc::timed_out));
+  EXPECT_EQ(one_sided->aborts, std::vector<uint64_t>{1});  // the transport let go first
+  ASSERT_EQ(link.sent.size(), 2u);
+  EXPECT_TRUE(link.sent[1].has_cancel());
+  EXPECT_EQ(link.sent[1].request_id(), 1u);
+  EXPECT_EQ(table.next_deadline(), SessionLink::Clock::time_point::max());
+}
+
+TEST_F(FetchTableTest, AnAbortWaitsUntilTheTransportHasLetGoOfTheTargets) {
+  link.add_transport(one_sided, true);
+  one_sided->abort_lets_go = false;  // READs still posted
+  auto s = state();
+  FetchOptions options;
+  options.timeout = 100ms;
+  start(s, target, options);
+  table.abort(1, s);
+  EXPECT_FALSE(s->done());
+  EXPECT_EQ(link.sent.size(), 1u);  // no Cancel yet: the owner must keep its grant
+  EXPECT_EQ(table.next_deadline(), SessionLink::Clock::time_point::max());  // none while releasing
+
+  table.complete(1, {});  // the transport has drained
+  EXPECT_EQ(s->outcome(), std::error_code(errc::aborted));
+  ASSERT_EQ(link.sent.size(), 2u);
+  EXPECT_TRUE(link.sent[1].has_cancel());
+}
+
+TEST_F(FetchTableTest, AnAbortBeforeTheChannelOpensCompletesAtOnce) {
+  link.add_transport(one_sided, false);
+  link.hold_channel_opens = true;
+  auto s = state();
+  start(s, target);
+  ASSERT_EQ(link.opening.size(), 1u);
+  table.abort(1, s);
+  EXPECT_EQ(s->outcome(), std::error_code(errc::aborted));
+  link.channels["ONE"] = std::make_shared<fakes::FakeChannel>();
+  link.opening[0].done({});  // the channel opens after all: nothing is launched
+  EXPECT_TRUE(one_sided->fetches.empty());
+  EXPECT_EQ(table.size(), 0u);
+}
+
+TEST_F(FetchTableTest, ARestartRelaunchesUnderANewRequestIdOnceTheChannelIsBack) {
+  auto s = launch_then_restart([] {});
+  ASSERT_EQ(one_sided->fetches.size(), 2u);
+  EXPECT_EQ(one_sided->fetches[1].request_id, 3u);  // the link's next id of this side
+  EXPECT_EQ(one_sided->fetches[1].targets[0].data(), target.data());
+  EXPECT_EQ(s->result().restarts, 1u);
+  EXPECT_EQ(s->landed(), 0u);  // every byte lands again
+  EXPECT_EQ(link.sent.back().request_id(), 3u);
+
+  table.abort(1, s);  // the caller's id still reaches the relaunched request
+  EXPECT_EQ(s->outcome(), std::error_code(errc::aborted));
+  EXPECT_EQ(one_sided->aborts, std::vector<uint64_t>{3});
+}
+
+TEST_F(FetchTableTest, ARestartWithoutANewChannelFailsWithTheBrokenChannelsError) {
+  // The transport dropped the channel, and no new one opens.
+  auto s = launch_then_restart([&] { link.channels.clear(); });
+  EXPECT_EQ(s->outcome(), std::error_code(errc::device_error));
+}
+
+TEST_F(FetchTableTest, ARestartAfterTheSessionEndedFailsWithItsReason) {
+  auto s = launch_then_restart([&] {
+    link.open = false;
+    link.reason = errc::peer_unresponsive;
+  });
+  EXPECT_EQ(s->outcome(), std::error_code(errc::peer_unresponsive));
+}
+
+TEST_F(FetchTableTest, RestartsAreBounded) {
+  link.add_transport(one_sided, true);
+  auto s = state();
+  start(s, target);
+  for (uint32_t i = 0; i < kMaxFetchRestarts; ++i) {
+    table.restart(one_sided->fetches.back().request_id, errc::device_error);
+    link.run_posted();
+  }
+  EXPECT_EQ(s->result().restarts, kMaxFetchRestarts);
+  ASSERT_FALSE(s->done());
+  table.restart(one_sided->fetches.back().request_id, errc::device_error);
+  EXPECT_EQ(s->outcome(), std::error_code(errc::device_error));
+}
+
+TEST_F(FetchTableTest, ACombinedFetchLandsInSlotsAndCombinesOnSuccess) {
+  link.add_transport(two_sided, true);
+  auto s = state();
+  std::vector<std::byte> acc(16, std::byte{1});
+  FetchOptions options;
+  options.combine = [](std::span<std::byte> into, std::span<const std::byte> arrived) {
+    for (size_t i = 0; i < into.size(); ++i) into[i] = into[i] | arrived[i];
+  };
+  start(s, acc, options);
+  ASSERT_EQ(two_sided->fetches.size(), 1u);
+  const auto slot = two_sided->fetches[0].targets[0];
+  EXPECT_NE(slot.data(), acc.data());  // the transport does not combine: our slot
+  EXPECT_FALSE(two_sided->fetches[0].combine);
+  std::memset(slot.data(), 2, slot.size());
+  table.complete(1, {});
+  EXPECT_EQ(s->outcome(), std::error_code());
+  EXPECT_EQ(acc, std::vector<std::byte>(16, std::byte{3}));
+}
+
+TEST_F(FetchTableTest, ATransportThatCombinesGetsTheCombineAndIsNotRestarted) {
+  auto streaming = std::make_shared<FakeTransport>("STREAM", false, true);
+  link.add_transport(streaming, true);
+  auto s = state();
+  FetchOptions options;
+  options.combine = [](std::span<std::byte>, std::span<const std::byte>) {};
+  start(s, target, options);
+  ASSERT_EQ(streaming->fetches.size(), 1u);
+  EXPECT_TRUE(streaming->fetches[0].combine);
+  EXPECT_EQ(streaming->fetches[0].targets[0].data(), target.data());
+  table.restart(1, errc::device_error);  // bytes may have been combined already
+  EXPECT_EQ(s->outcome(), std::error_code(errc::device_error));
+}
+
+TEST_F(FetchTableTest, AFetchFallsBackWhenItsTransportsChannelCannotBeBuilt) {
+  link.add_transport(one_sided, false);
+  link.add_transport(two_sided, true);
+  auto s = state();
+  start(s, target);
+  EXPECT_TRUE(one_sided->fetches.empty());
+  ASSERT_EQ(two_sided->fetches.size(), 1u);
+  EXPECT_EQ(s->result().transport, "TWO");
+  EXPECT_EQ(link.sent[0].fetch().transport(), "TWO");
+}
+
+TEST_F(FetchTableTest, AFetchThatInsistsOnItsTransportDoesNotFallBack) {
+  link.add_transport(one_sided, false);
+  link.add_transport(two_sided, true);
+  auto s = state();
+  start_over("ONE", s, target);
+  EXPECT_EQ(s->outcome(), std::error_code(errc::transport_unavailable));
+  EXPECT_TRUE(two_sided->fetches.empty());
+}
+
+TEST_F(FetchTableTest, ANamedFetchTellsTheOwnerHowLongToWait) {
+  link.add_transport(one_sided, true);
+  auto s = state();
+  ObjectRef r = ref(16);
+  r.object_id = 0;
+  r.name = "weights";
+  FetchOptions options;
+  options.timeout = 2500ms;
+  table.start(s, r, {MutableBuffer(target)}, options);
+  ASSERT_EQ(link.sent.size(), 1u);
+  EXPECT_EQ(link.sent[0].fetch().name(), "weights");
+  EXPECT_EQ(link.sent[0].fetch().wait_ms(), 2500u);
+}
+
+TEST_F(FetchTableTest, OnlyTwoSidedFetchesAwaitThePeersBytes) {
+  link.add_transport(one_sided, true);
+  link.add_transport(two_sided, true);
+  auto a = state();
+  start(a, target);
+  EXPECT_FALSE(table.awaits_peer_bytes());
+  std::vector<std::byte> other(16);
+  auto b = state();
+  start_over("TWO", b, other);
+  EXPECT_TRUE(table.awaits_peer_bytes());
+  link.channels.erase("TWO");  // its channel ended: nothing more comes
+  EXPECT_FALSE(table.awaits_peer_bytes());
+}
+
+TEST_F(FetchTableTest, CloseCompletesEveryLaunchedFetchWithTheReason) {
+  link.add_transport(one_sided, true);
+  auto a = state();
+  auto b = state();
+  std::vector<std::byte> other(16);
+  start(a, target);
+  start(b, other);
+  table.close(errc::peer_closed);
+  EXPECT_EQ(a->outcome(), std::error_code(errc::peer_closed));
+  EXPECT_EQ(b->outcome(), std::error_code(errc::peer_closed));
+  EXPECT_TRUE(one_sided->aborts.empty());  // the channels are closed by then
+  EXPECT_EQ(table.size(), 0u);
+}
+
+}  // namespace
+}  // namespace ferry

@@ -1,0 +1,254 @@
+// ServeTable over a fake SessionLink and a real ObjectStore: what is served and what refused,
+// fetches parked by name, cancels, the owner's aborts, and failed serves settled later.
+#include "ferry/net/session/serve_table.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+
+#include "fake_session_link.h"
+
+namespace ferry {
+namespace {
+
+using fakes::FakeSessionLink;
+using fakes::FakeTransport;
+using namespace std::chrono_literals;
+
+// The accepting side's table: the peer connected, so its request ids are odd.
+struct ServeTableTest : ::testing::Test {
+  ServeTableTest() { link.add_transport(transport, true); }
+
+  ObjectId put(size_t n = 16) {
+    auto mem = std::make_shared<std::vector<std::byte>>(n);
+    return store.put({Tensor::bytes(*mem)}, mem, "T");
+  }
+  // The peer's Fetch of object `id` (`n` bytes) over transport T.
+  static wire::Fetch fetch_of(ObjectId id, uint64_t n = 16) {
+    wire::Fetch msg;
+    msg.set_object_id(id);
+    msg.set_transport("T");
+    msg.add_sizes(n);
+    return msg;
+  }
+  // The peer's Fetch of the object named `name`, waiting at most `wait_ms` for it.
+  static wire::Fetch named(const std::string& name, uint64_t wait_ms) {
+    wire::Fetch msg;
+    msg.set_name(name);
+    msg.set_transport("T");
+    msg.set_wait_ms(wait_ms);
+    msg.add_sizes(16);
+    return msg;
+  }
+  Stats stats() const {
+    Stats s;
+    recorder.snapshot(s);
+    return s;
+  }
+
+  FakeSessionLink link{false};
+  std::shared_ptr<FakeTransport> transport = std::make_shared<FakeTransport>("T", false);
+  ObjectStore store;
+  detail::StatsRecorder recorder;
+  ServeTable table{link, store, recorder, ServeTable::Options{"owner", 42, 4, 1000ms}};
+};
+
+TEST_F(ServeTableTest, ServesAPutObjectOverTheTransportItAsksFor) {
+  const ObjectId id = put();
+  int sent = 0, served = 0;
+  ASSERT_TRUE(store.set_serve_hooks(
+      id, [&] { ++sent; }, [&] { ++served; }));
+  table.serve(1, fetch_of(id));
+  ASSERT_EQ(transport->sends.size(), 1u);
+  EXPECT_EQ(transport->pins.at(1).object().id, id);
+  EXPECT_EQ(table.serving(), 1u);
+  EXPECT_EQ(store.counts(id)->pins, 1u);
+  EXPECT_TRUE(link.errors().empty());
+
+  transport->finish_send(1, {});
+  EXPECT_EQ(table.serving(), 0u);
+  EXPECT_EQ(sent, 1);
+  EXPECT_EQ(served, 1);
+  EXPECT_EQ(store.counts(id)->pins, 0u);
+  EXPECT_TRUE(link.errors().empty());
+}
+
+TEST_F(ServeTableTest, RefusesIdsOfThisSidesParityAndIdsInUse) {
+  const ObjectId id = put();
+  table.serve(2, fetch_of(id));  // even: this side's own ids
+  table.serve(1, fetch_of(id));
+  table.serve(1, fetch_of(id));  // in use
+  using Errors = std::vector<std::pair<uint64_t, std::error_code>>;
+  EXPECT_EQ(link.errors(), (Errors{{2, errc::invalid_argument}, {1, errc::invalid_argument}}));
+  EXPECT_EQ(table.serving(), 1u);
+}
+
+TEST_F(ServeTableTest, RefusesMoreThanMaxRequestsAtOnce) {
+  const ObjectId id = put();
+  for (uint64_t rid = 1; rid <= 9; rid += 2) table.serve(rid, fetch_of(id));
+  EXPECT_EQ(table.serving(), 4u);
+  using Errors = std::vector<std::pair<uint64_t, std::error_code>>;
+  EXPECT_EQ(link.errors(), (Errors{{9, errc::overloaded}}));
+}
+
+TEST_F(ServeTableTest, RefusalsSayWhyAndAreCounted) {
+  const ObjectId id = put();
+  auto stale = fetch_of(id);
+  stale.set_owner_instance(41);
+  table.serve(1, stale);
+  table.serve(3, fetch_of(id + 100));
+  table.serve(5, fetch_of(id, 8));
+  auto unknown = fetch_of(id);
+  unknown.set_transport("NOPE");
+  table.serve(7, unknown);
+  link.channels.clear();
+  table.serve(9, fetch_of(id));
+  using Errors = std::vector<std::pair<uint64_t, std::error_code>>;
+  EXPECT_EQ(link.errors(), (Errors{{1, errc::stale_ref},
+                                   {3, errc::object_not_found},
+                                   {5, errc::size_mismatch},
+                                   {7, errc::transport_unknown},
+                                   {9, errc::transport_unavailable}}));
+  EXPECT_EQ(table.serving(), 0u);
+  EXPECT_TRUE(transport->sends.empty());
+  EXPECT_EQ(store.counts(id)->pins, 0u);
+  EXPECT_EQ(stats().serves_failed, 5u);
+}
+
+TEST_F(ServeTableTest, AnExclusiveObjectIsServedOnlyOverItsTransport) {
+  auto other = std::make_shared<FakeTransport>("U", false);
+  link.add_transport(other, true);
+  auto mem = std::make_shared<std::vector<std::byte>>(16);
+  const ObjectId id = store.put({Tensor::bytes(*mem)}, mem, "T");
+  ASSERT_TRUE(store.set_exclusive(id));
+  auto msg = fetch_of(id);
+  msg.set_transport("U");
+  table.serve(1, msg);
+  using Errors = std::vector<std::pair<uint64_t, std::error_code>>;
+  EXPECT_EQ(link.errors(), (Errors{{1, errc::transport_unavailable}}));
+}
+
+TEST_F(ServeTableTest, AFetchByNameWaitsForThePut) {
+  table.serve(1, named("weights", 5000));
+  EXPECT_EQ(table.parked(), 1u);
+  EXPECT_EQ(link.name_waits, 1);
+  EXPECT_EQ(link.armed, link.clock + 1000ms);  // the lease timeout bounds the fetcher's wait
+  EXPECT_EQ(table.next_deadline(), link.clock + 1000ms);
+
+  table.on_named("other");
+  EXPECT_EQ(table.parked(), 1u);
+  link.names["weights"] = put();
+  table.on_named("weights");
+  EXPECT_EQ(table.parked(), 0u);
+  EXPECT_EQ(table.serving(), 1u);
+  EXPECT_TRUE(link.errors().empty());
+  EXPECT_EQ(table.next_deadline(), SessionLink::Clock::time_point::max());
+}
+
+TEST_F(ServeTableTest, AParkedFetchEndsWithTimedOutWhenItsWaitEnds) {
+  table.serve(1, named("weights", 200));
+  EXPECT_EQ(link.armed, link.clock + 200ms);
+  table.expire(link.clock + 199ms);
+  EXPECT_EQ(table.parked(), 1u);
+  table.expire(link.clock + 200ms);
+  EXPECT_EQ(table.parked(), 0u);
+  using Errors = std::vector<std::pair<uint64_t, std::error_code>>;
+  EXPECT_EQ(link.errors(), (Errors{{1, errc::timed_out}}));
+  EXPECT_EQ(link.forgotten, std::vector<std::string>{"weights"});
+}
+
+TEST_F(ServeTableTest, ACancelForgetsAParkedFetchAndAbortsAServe) {
+  table.serve(1, named("weights", 5000));
+  table.cancel(1);
+  EXPECT_EQ(table.parked(), 0u);
+  EXPECT_EQ(link.forgotten, std::vector<std::string>{"weights"});
+  EXPECT_TRUE(transport->aborts.empty());
+
+  const ObjectId id = put();
+  table.serve(3, fetch_of(id));
+  table.cancel(3);
+  EXPECT_EQ(transport->aborts, std::vector<uint64_t>{3});
+  table.cancel(5);  // unknown: nothing to stop
+  EXPECT_EQ(transport->aborts, std::vector<uint64_t>{3});
+  EXPECT_TRUE(link.errors().empty());
+}
+
+TEST_F(ServeTableTest, TheOwnersAbortFailsEachServeOfTheObjectOnce) {
+  const ObjectId id = put();
+  const ObjectId other = put();
+  table.serve(1, fetch_of(id));
+  table.serve(3, fetch_of(id));
+  table.serve(5, fetch_of(other));
+  table.abort_object(id);
+  table.abort_object(id);  // already aborted: no second word
+  auto errors = link.errors();
+  std::sort(errors.begin(), errors.end());
+  using Errors = std::vector<std::pair<uint64_t, std::error_code>>;
+  EXPECT_EQ(errors, (Errors{{1, errc::aborted}, {3, errc::aborted}}));
+  auto aborts = transport->aborts;
+  std::sort(aborts.begin(), aborts.end());
+  EXPECT_EQ(aborts, (std::vector<uint64_t>{1, 3}));  // two-sided: stopped at once
+
+  transport->finish_send(1, errc::aborted);  // the transport ends it: no further word
+  EXPECT_EQ(link.errors().size(), 2u);
+  EXPECT_EQ(table.unsettled(), 0u);
+}
+
+TEST_F(ServeTableTest, AOneSidedServeKeepsItsGrantWhenTheOwnerAborts) {
+  auto one_sided = std::make_shared<FakeTransport>("R", true);
+  link.add_transport(one_sided, true);
+  const ObjectId id = put();
+  auto msg = fetch_of(id);
+  msg.set_transport("R");
+  table.serve(1, msg);
+  table.abort_object(id);
+  using Errors = std::vector<std::pair<uint64_t, std::error_code>>;
+  EXPECT_EQ(link.errors(), (Errors{{1, errc::aborted}}));
+  EXPECT_TRUE(one_sided->aborts.empty());  // until the fetcher's Cancel or the lease
+}
+
+TEST_F(ServeTableTest, AServeThatFailedHereIsCountedWhenTheFetcherSettlesIt) {
+  const ObjectId id = put();
+  int served = 0;
+  ASSERT_TRUE(store.set_serve_hooks(id, nullptr, [&] { ++served; }));
+  table.serve(1, fetch_of(id));
+  transport->finish_send(1, errc::peer_closed);
+  EXPECT_EQ(table.unsettled(), 1u);
+  using Errors = std::vector<std::pair<uint64_t, std::error_code>>;
+  EXPECT_EQ(link.errors(), (Errors{{1, errc::peer_closed}}));
+  EXPECT_EQ(served, 0);
+  table.settle(3);  // unknown
+  EXPECT_EQ(served, 0);
+  table.settle(1);
+  EXPECT_EQ(served, 1);
+  EXPECT_EQ(table.unsettled(), 0u);
+  table.settle(1);  // once
+  EXPECT_EQ(served, 1);
+}
+
+TEST_F(ServeTableTest, AServeThatFailsAfterTheSessionEndedIsNotReported) {
+  const ObjectId id = put();
+  int served = 0;
+  ASSERT_TRUE(store.set_serve_hooks(id, nullptr, [&] { ++served; }));
+  table.serve(1, fetch_of(id));
+  link.open = false;
+  transport->finish_send(1, errc::peer_closed);
+  EXPECT_TRUE(link.errors().empty());
+  EXPECT_EQ(table.unsettled(), 0u);
+  EXPECT_EQ(served, 0);
+}
+
+TEST_F(ServeTableTest, CloseForgetsEverything) {
+  const ObjectId id = put();
+  table.serve(1, named("weights", 5000));
+  table.serve(3, fetch_of(id));
+  table.close();
+  EXPECT_EQ(table.parked(), 0u);
+  EXPECT_EQ(table.serving(), 0u);
+  EXPECT_EQ(link.forgotten, std::vector<std::string>{"weights"});
+  EXPECT_EQ(table.next_deadline(), SessionLink::Clock::time_point::max());
+  EXPECT_TRUE(link.errors().empty());
+}
+
+}  // namespace
+}  // namespace ferry
