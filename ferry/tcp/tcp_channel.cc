@@ -43,7 +43,10 @@ TcpChannel::TcpChannel(std::shared_ptr<PeerLink> link, asio::ip::tcp::socket soc
   socket_.non_blocking(true, ignored);
 }
 
-void TcpChannel::start() { arm_read(); }
+void TcpChannel::start() {
+  stage_.resize(kStageBytes);
+  arm_read();
+}
 
 // ---------------------------------------------------------------- receiving
 
@@ -75,7 +78,6 @@ void TcpChannel::arm_read() {
   // the reactor would land in a target after its fetch was aborted). Asio tries it at once and
   // otherwise queues it for the socket's next readiness; unlike async_wait it does not
   // re-register the socket with epoll (a system call, and a spurious writable event after it).
-  if (stage_.empty()) stage_.resize(kStageBytes);
   socket_.async_read_some(
       asio::buffer(stage_),
       asio::bind_executor(strand_, [self](boost::system::error_code ec, size_t n) {

@@ -35,7 +35,7 @@ class TcpChannel final : public TransportChannel, public std::enable_shared_from
   TcpChannel(std::shared_ptr<PeerLink> link, boost::asio::ip::tcp::socket socket,
              size_t chunk_bytes);
 
-  // Starts reading. Strand.
+  // Sizes the staging buffer and starts reading. Strand.
   void start();
   // Strand, all of them.
   void post_recv(const FetchOp& op);
@@ -101,7 +101,7 @@ class TcpChannel final : public TransportChannel, public std::enable_shared_from
   // combining_ and this function into payload_dst_. Null otherwise.
   const CombineFn* combine_ = nullptr;
   std::vector<std::byte> scratch_;    // payload of dropped requests lands here
-  std::vector<std::byte> stage_;      // reads while a header is expected
+  std::vector<std::byte> stage_;      // kStageBytes from start(): headers and small chunks
   std::vector<std::byte> combining_;  // a combining request's payload on its way to the target
 
   // send side
