@@ -7,7 +7,7 @@ packages=(
   g++ cmake ninja-build pkg-config make
   libboost1.81-dev libprotobuf-dev protobuf-compiler libfmt-dev libcli11-dev
     libgtest-dev libgmock-dev libibverbs-dev librdmacm-dev libssl-dev libxxhash-dev xxhash
-        clang-format clang openssl iproute2 doxygen
+        clang-format clang openssl iproute2 doxygen dpkg-dev debootstrap
         pybind11-dev python3-dev python3-numpy python3-pytest python3-torch
 )
 # Extra groups: `install-deps.sh softroce` adds what the soft-RoCE test tier needs; `bench` the
