@@ -11,7 +11,9 @@ fetches_per_s, p50_us, p99_us, cpu_s_per_gb, ...):
   ferry-py       an owner process (this script, spawned) puts one numpy uint8 array and hands
                  over the pickled ObjectRef; this process keeps K fetches in flight, each reissued
                  from its done-callback (ferry's completion thread), into K preallocated numpy
-                 buffers (--into; tool "ferry") or into memory ferry allocates ("ferry-py-alloc")
+                 buffers (--into; tool "ferry") or into memory ferry allocates ("ferry-py-alloc");
+                 with --wait ("ferry-wait") the main thread instead issues and waits in
+                 result() for the oldest, as code that fetches one at a time does
   shm-pickle     the way of Ray's custom-transport example: per transfer the source pickles the
                  array (protocol 5) into a new multiprocessing.shared_memory segment and answers
                  with its name; this process opens it, unpickles (a copy into a new array),
@@ -325,6 +327,28 @@ def run_ferry(args):
         # Where a fetch's time goes: ferry's own span of it (Future.elapsed: from async_fetch to
         # the C++ completion handler, on the io thread) and the Python call that issued it.
         parts = []  # (issued, completed, ferry's span s, issue call s)
+
+        if args.wait:  # the main thread issues, and waits in result() for the oldest
+            pending = collections.deque()
+            issued = [0]
+
+            def issue():  # fetch i lands where fetch i - K did, which completed before it
+                slot = issued[0] % args.inflight
+                issued[0] += 1
+                pending.append(peer.fetch(ref, into=buffers[slot] if buffers else None))
+
+            def complete():
+                f = pending.popleft()
+                f.result(IO_TIMEOUT)
+                state["transport"] = f.transport
+
+            meter = pipelined(args, issue, complete, rec)
+            tool = args.tool_name or ("ferry-wait" if args.into else "ferry-wait-alloc")
+            report(tool, args, rec, dict(transport=state["transport"],
+                                         ferry_allocates=0 if args.into else 1), meter)
+            peer.close()
+            ctx.close()
+            return
 
         def launch(slot):
             issue = [now(), None]  # when, and how long the issuing calls took
@@ -695,6 +719,9 @@ def main():
                     help="transfers outstanding (1: latency, each issued when the last ended)")
     ap.add_argument("--seconds", type=float, default=2.0, help="measured window")
     ap.add_argument("--warmup", type=float, default=0.3, help="before the window, not measured")
+    ap.add_argument("--wait", action="store_true",
+                    help="ferry-py: wait for each fetch in result() on the main thread instead "
+                         "of reissuing from done-callbacks")
     ap.add_argument("--into", action="store_true",
                     help="ferry-py: fetch into preallocated numpy buffers (else ferry allocates)")
     ap.add_argument("--from", dest="from_", default=None, metavar="HOST:PORT",

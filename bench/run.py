@@ -230,11 +230,13 @@ class Bench:
         ferry or torch.distributed's gloo missing) is recorded once as skipped, then left out."""
         if tool in self.python_skipped:
             return
-        sub = "ferry-py" if tool in ("ferry", "ferry-py-alloc") else tool
+        sub = "ferry-py" if tool in ("ferry", "ferry-py-alloc", "ferry-wait") else tool
         argv = [self.args.python, os.path.join(HERE, "python_bench.py"), sub, "--size",
                 str(size), "--inflight", str(inflight), "--seconds", str(self.secs)]
-        if tool == "ferry":
+        if tool in ("ferry", "ferry-wait"):
             argv.append("--into")
+        if tool == "ferry-wait":
+            argv.append("--wait")
         path = [self.args.python_path] + [x for x in [os.environ.get("PYTHONPATH")] if x]
         p = Proc(argv, env={"PYTHONPATH": os.pathsep.join(path)})
         # Bound: start-up (torch imports in a few seconds), the window, and the drain of the
@@ -472,7 +474,7 @@ def suite_python(b, sizes, reps):
                 lat = [("ferry-cpp lat", lambda: b.ferry("python", "lat", size, rep, 1,
                                                          tool="ferry-cpp"))]
                 lat += [(f"python {t} lat", lambda t=t: b.python("lat", t, size, rep, 1))
-                        for t in ["ferry"] + PYTHON_PEERS]
+                        for t in ["ferry", "ferry-wait"] + PYTHON_PEERS]
             for what, fn in rotate(bw, rep) + (rotate(lat, rep) if lat else []):
                 b.guarded(what, fn)
 
@@ -834,18 +836,21 @@ def python_tables(samples):
                         s.get("metric") == "lat" and "p50_us" in s})
     if lat_sizes:
         lines.append("\nPYTHON latency, 1 in flight (p50 us; median [min-max] of the repetitions; "
-                     "py-cpp = ferry-py p50 - ferry-cpp p50 within each repetition)")
-        tools = ["ferry", "ferry-cpp"] + PYTHON_PEERS
+                     "ferry-py: reissued from done-callbacks, ferry-wait: a loop of "
+                     "fetch().result(); x-cpp = its p50 - ferry-cpp p50 within each repetition)")
+        tools = ["ferry", "ferry-wait", "ferry-cpp"] + PYTHON_PEERS
         head = f"{'size':>6}" + "".join(f" | {('ferry-py' if t == 'ferry' else t):>18}"
                                         for t in tools)
-        lines.append(head + f" | {'py-cpp us':>18} | {'ferry-py p99':>18}")
+        lines.append(head + f" | {'py-cpp us':>18} | {'wait-cpp us':>18} | {'ferry-py p99':>18}")
         for size in lat_sizes:
             row = f"{human(size):>6}"
             for t in tools:
                 row += f" | {fmt(medians(samples, 'python', 'lat', t, 'p50_us').get(size)):>18}"
             d = paired(samples, "python", "lat", "ferry", "ferry-cpp", "p50_us", size, diff=True)
+            w = paired(samples, "python", "lat", "ferry-wait", "ferry-cpp", "p50_us", size,
+                       diff=True)
             p99 = medians(samples, "python", "lat", "ferry", "p99_us").get(size)
-            lines.append(row + f" | {fmt(d):>18} | {fmt(p99):>18}")
+            lines.append(row + f" | {fmt(d):>18} | {fmt(w):>18} | {fmt(p99):>18}")
         for size in lat_sizes:
             raw = [s["raw"] for s in samples if s.get("suite") == "python" and
                    s.get("metric") == "lat" and s.get("tool") == "ferry" and
@@ -888,16 +893,17 @@ def python_markdown(samples):
     lat_sizes = sorted({s["size"] for s in samples if s.get("suite") == "python" and
                         s.get("metric") == "lat" and "p50_us" in s})
     if lat_sizes:
-        tools = ["ferry", "ferry-cpp"] + PYTHON_PEERS
+        tools = ["ferry", "ferry-wait", "ferry-cpp"] + PYTHON_PEERS
         names = (["size"] + [("ferry-py" if t == "ferry" else t) + " p50" for t in tools] +
-                 ["ferry-py − ferry-cpp", "ferry-py p99"])
+                 ["ferry-py − ferry-cpp", "ferry-wait − ferry-cpp", "ferry-py p99"])
         out += ["", "**Python, loopback, latency, 1 in flight (µs)**", "",
                 "| " + " | ".join(names) + " |", "|" + " --- |" * len(names)]
         for size in lat_sizes:
             cells = [human(size).replace("K", " KiB").replace("M", " MiB")]
             cells += [cell(medians(samples, "python", "lat", t, "p50_us").get(size)) for t in tools]
-            d = paired(samples, "python", "lat", "ferry", "ferry-cpp", "p50_us", size, diff=True)
-            cells.append(f"{d['median']:.0f} [{d['min']:.0f}–{d['max']:.0f}]" if d else "")
+            for t in ("ferry", "ferry-wait"):
+                d = paired(samples, "python", "lat", t, "ferry-cpp", "p50_us", size, diff=True)
+                cells.append(f"{d['median']:.0f} [{d['min']:.0f}–{d['max']:.0f}]" if d else "")
             cells.append(cell(medians(samples, "python", "lat", "ferry", "p99_us").get(size)))
             out.append("| " + " | ".join(cells) + " |")
     return "\n".join(out) + "\n"
@@ -1026,10 +1032,12 @@ def targets(samples):
                        f"{verdict(r >= 1.0)}")
     for size in sorted({s["size"] for s in samples if s.get("suite") == "python" and
                         s.get("metric") == "lat" and "p50_us" in s}):
-        d = paired(samples, "python", "lat", "ferry", "ferry-cpp", "p50_us", size, diff=True)
-        if d:
-            out.append(f"  Python {human(size)} latency p50: ferry from Python - from C++ = "
-                       f"{d['median']:+.1f} us (target <= +15 us): {verdict(d['median'] <= 15)}")
+        for tool, how in (("ferry", "reissued from callbacks"), ("ferry-wait", "result() loop")):
+            d = paired(samples, "python", "lat", tool, "ferry-cpp", "p50_us", size, diff=True)
+            if d:
+                out.append(f"  Python {human(size)} latency p50, {how}: ferry from Python - from "
+                           f"C++ = {d['median']:+.1f} us (target <= +15 us): "
+                           f"{verdict(d['median'] <= 15)}")
     for s in samples:
         if s.get("metric") == "idle":
             out.append(f"  idle CPU with a peer connected ({s['transport']}): "

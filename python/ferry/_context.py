@@ -47,6 +47,14 @@ class Context:
     ``$FERRY_TRANSPORT``, ``$FERRY_SECRET``, ``$FERRY_TLS_*``, ...); durations are in seconds.
     See ferry::ContextOptions (ferry/net/context.h) for each.
 
+    ``wait_runs_loop`` (default True): a thread blocked in a fetch's ``result()`` /
+    ``exception()`` (and ferry.rdt's ``wait_fetch_complete``) runs the context's event loop
+    itself while it waits, and the io threads step aside, so a fetch's reply is read and its
+    future resolved by the waiting thread with no other thread woken; ``wait_linger`` (seconds)
+    keeps the io threads aside that much longer after such a wait, so that the next fetch of a
+    loop starts without waking them (meanwhile nothing else runs the context). False: the wait
+    sleeps until ferry's io thread hands it the outcome.
+
     Use it as a context manager or call ``close()``: closing stops listening, closes every peer
     (fetches in flight fail with a ferry error) and joins the io threads (bounded, 5 s). Every
     context still open is closed at interpreter exit.
@@ -59,10 +67,14 @@ class Context:
                  peer_timeout=None, lease_timeout=None, pool_idle_trim=None,
                  max_frame_bytes=None, max_queued_control_bytes=None,
                  max_requests_per_peer=None, tcp_chunk_bytes=None, tcp_congestion=None,
-                 busy_poll=None, rdma_grants=None, pool_bytes=None):
+                 busy_poll=None, rdma_grants=None, pool_bytes=None,
+                 wait_runs_loop: bool = True, wait_linger: float = 500e-6):
         if not isinstance(threads, int) or threads < 1:
             raise ValueError(f"threads must be an int >= 1, got {threads!r}")
-        options = {"name": str(name), "threads": threads}
+        if not isinstance(wait_linger, (int, float)) or not 0 <= wait_linger <= 1:
+            raise ValueError(f"wait_linger must be seconds in [0, 1], got {wait_linger!r}")
+        options = {"name": str(name), "threads": threads, "wait_runs_loop": bool(wait_runs_loop),
+                   "wait_linger_us": int(round(wait_linger * 1e6))}
         given = dict(transport=transport, max_frame_bytes=max_frame_bytes,
                      max_queued_control_bytes=max_queued_control_bytes,
                      max_requests_per_peer=max_requests_per_peer,

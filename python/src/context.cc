@@ -103,8 +103,12 @@ TensorMeta meta_of(int dtype, const std::vector<int64_t>& shape, uint64_t nbytes
 
 class PeerHandle {
  public:
-  PeerHandle(Peer peer, std::shared_ptr<InflightFetches> inflight, std::string address)
-      : peer_(std::move(peer)), inflight_(std::move(inflight)), address_(std::move(address)) {}
+  PeerHandle(Peer peer, std::shared_ptr<InflightFetches> inflight, std::string address,
+             WaitMode wait_mode)
+      : peer_(std::move(peer)),
+        inflight_(std::move(inflight)),
+        address_(std::move(address)),
+        wait_mode_(std::move(wait_mode)) {}
   PeerHandle(const PeerHandle&) = delete;
   PeerHandle& operator=(const PeerHandle&) = delete;
   // The Python Peer is gone: so is its connection (no fetch of it is in flight, since each
@@ -126,7 +130,7 @@ class PeerHandle {
     options.timeout = milliseconds(timeout_ms);
     options.transport = std::move(transport);
     return start_fetch(peer_, inflight_, std::move(ref), std::move(buffers), std::move(options),
-                       std::move(future));
+                       std::move(future), wait_mode_);
   }
 
   void hold(const ObjectRef& ref, int64_t timeout_ms) {
@@ -151,6 +155,7 @@ class PeerHandle {
   Peer peer_;
   std::shared_ptr<InflightFetches> inflight_;
   std::string address_;
+  WaitMode wait_mode_;
 };
 
 py::dict pool_dict(const PoolStats& s) {
@@ -166,9 +171,19 @@ py::dict pool_dict(const PoolStats& s) {
   return d;
 }
 
+// How long the io threads stay parked after a thread's wait for a fetch ran the loop (WaitMode).
+constexpr std::chrono::microseconds kDefaultWaitLinger{500};
+
 class ContextHandle {
  public:
-  explicit ContextHandle(const py::dict& given) {
+  // `given`: ContextOptions as options_from() takes them, and how a thread waits for a fetch
+  // (WaitMode): "wait_runs_loop" (bool, default true) and "wait_linger_us".
+  explicit ContextHandle(py::dict given) {
+    given = given.attr("copy")();
+    run_loop_in_wait_ = given.attr("pop")("wait_runs_loop", true).cast<bool>();
+    wait_linger_ = std::chrono::microseconds(
+        given.attr("pop")("wait_linger_us", kDefaultWaitLinger.count()).cast<int64_t>());
+    if (wait_linger_.count() < 0) throw py::value_error("wait_linger must be >= 0");
     ContextOptions options = options_from(given);
     std::error_code thrown;
     std::string what;
@@ -247,7 +262,10 @@ class ContextHandle {
     auto c = ctx();
     auto peer = without_gil([&] { return c->connect(address); });
     if (!peer) raise_error(peer.error(), "connect to " + address);
-    return std::make_unique<PeerHandle>(std::move(peer).value(), inflight_, address);
+    WaitMode mode;
+    if (run_loop_in_wait_) mode = WaitMode{c, wait_linger_};
+    return std::make_unique<PeerHandle>(std::move(peer).value(), inflight_, address,
+                                        std::move(mode));
   }
 
   // Idempotent. Fetches whose completion will never come fail with context_closed. GIL held.
@@ -308,6 +326,8 @@ class ContextHandle {
 
   std::shared_ptr<Context> ctx_;  // null once closed; read and written with the GIL held
   std::shared_ptr<InflightFetches> inflight_ = std::make_shared<InflightFetches>();
+  bool run_loop_in_wait_ = true;
+  std::chrono::microseconds wait_linger_ = kDefaultWaitLinger;
 };
 
 }  // namespace
@@ -329,7 +349,7 @@ void bind_context(py::module_& m) {
       .def("close", &PeerHandle::close);
 
   py::class_<ContextHandle>(m, "Context", "ferry::Context (see ferry.Context)")
-      .def(py::init<const py::dict&>(), py::arg("options"))
+      .def(py::init<py::dict>(), py::arg("options"))
       .def("listen", &ContextHandle::listen)
       .def_property_readonly("address", &ContextHandle::address)
       .def("set_advertise_address", &ContextHandle::set_advertise_address)

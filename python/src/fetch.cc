@@ -2,6 +2,8 @@
 
 #include <pybind11/numpy.h>
 
+#include <algorithm>
+
 #include "ferry/net/errors.h"
 #include "ferry/net/peer.h"
 #include "python/src/bindings.h"
@@ -44,15 +46,51 @@ bool PendingFetch::finish(std::error_code ec, FetchResult result) {
   return true;
 }
 
-PendingFetch::WaitResult PendingFetch::wait(std::chrono::milliseconds timeout) {
+bool PendingFetch::run_loop_until_finished(Context& context, std::chrono::microseconds linger,
+                                           std::chrono::steady_clock::time_point deadline) {
+  // A slice bounds how long this thread sleeps in the reactor when another thread (a second
+  // waiter, or an io thread still in its handler when the hold began) finishes this fetch.
+  constexpr std::chrono::microseconds kSlice = std::chrono::milliseconds(1);
+  Context::BusyPoll hold(context, linger);
+  auto& io = context.io_context();
+  for (;;) {
+    {
+      std::lock_guard lock(mu_);
+      if (finished_) return true;
+    }
+    const auto now = std::chrono::steady_clock::now();
+    if (now >= deadline) return true;
+    const auto left = std::chrono::duration_cast<std::chrono::microseconds>(deadline - now);
+    const auto slice = std::clamp(left, std::chrono::microseconds(1), kSlice);
+    if (hold.poll_or_wait(slice) == 0 && io.stopped()) {
+      return false;
+    }
+  }
+}
+
+PendingFetch::WaitResult PendingFetch::wait(std::chrono::milliseconds timeout,
+                                            const WaitMode& mode) {
+  using Clock = std::chrono::steady_clock;
+  const auto deadline = timeout.count() < 0 ? Clock::time_point::max() : Clock::now() + timeout;
   std::unique_lock lock(mu_);
   if (!finished_) {
     ++waiters_;
-    auto done = [&] { return finished_; };
-    if (timeout.count() < 0) {
-      cv_.wait(lock, done);
-    } else {
-      cv_.wait_for(lock, timeout, done);
+    bool waited = false;
+    // A poll (timeout 0) only looks: it parks no io thread.
+    auto context = timeout.count() != 0 ? mode.context.lock() : nullptr;
+    if (context && !context->io_context().stopped()) {
+      lock.unlock();
+      waited = run_loop_until_finished(*context, mode.linger, deadline);
+      context.reset();  // the last reference may be this one: the context ends here, unlocked
+      lock.lock();
+    }
+    if (!waited) {
+      auto done = [&] { return finished_; };
+      if (deadline == Clock::time_point::max()) {
+        cv_.wait(lock, done);
+      } else {
+        cv_.wait_until(lock, deadline, done);
+      }
     }
     --waiters_;
   }
@@ -99,11 +137,11 @@ size_t InflightFetches::size() const {
 
 NativeFetch start_fetch(const Peer& peer, const std::shared_ptr<InflightFetches>& inflight,
                         ObjectRef ref, std::vector<MutableBuffer> targets, FetchOptions options,
-                        py::object future) {
+                        py::object future, WaitMode wait_mode) {
   auto pending = std::make_shared<PendingFetch>(PyRef(std::move(future)));
   if (!peer.valid()) {
     pending->finish(make_error_code(errc::peer_closed), FetchResult{.ref = std::move(ref)});
-    return NativeFetch{FetchRequest(), pending};
+    return NativeFetch{FetchRequest(), pending, {}};
   }
   const uint64_t key = inflight->add(pending);
   // Runs on an io thread: no GIL, no Python; the queue takes it from here.
@@ -115,7 +153,7 @@ NativeFetch start_fetch(const Peer& peer, const std::shared_ptr<InflightFetches>
   try {
     return NativeFetch{peer.fetch(std::move(ref), std::move(targets), std::move(options),
                                   FetchHandler(std::move(handler))),
-                       pending};
+                       pending, std::move(wait_mode)};
   } catch (...) {
     inflight->remove(key);
     throw;
@@ -139,7 +177,7 @@ void bind_fetch(py::module_& m) {
             PendingFetch::WaitResult r;
             {
               py::gil_scoped_release nogil;
-              r = f.pending->wait(std::chrono::milliseconds(timeout_ms));
+              r = f.pending->wait(std::chrono::milliseconds(timeout_ms), f.wait_mode);
             }
             if (r.how == PendingFetch::Waited::mine) {
               py::reinterpret_steal<py::object>(r.future);  // the future's own reference

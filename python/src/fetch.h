@@ -13,12 +13,25 @@
 #include <unordered_map>
 #include <vector>
 
+#include "ferry/net/context.h"
 #include "ferry/net/fetch.h"
 #include "ferry/net/object_ref.h"
 #include "ferry/net/peer.h"
 #include "python/src/completions.h"
 
 namespace ferry::python {
+
+// How a thread blocked in PendingFetch::wait() waits: by running the context's loop itself
+// (Context::BusyPoll: its io threads park, the waiting thread reads the sockets and runs the
+// handlers, its own fetch's completion among them, with no thread woken and no hand-off; it sleeps
+// in the reactor when nothing is ready), or, with `context` empty or gone, on a condition variable
+// that the io thread's completion handler notifies. `linger`: how long the io threads stay parked
+// after the wait, so that a fetch started soon after (a loop of fetch().result()) is picked up by
+// the next wait without waking them; meanwhile nothing else runs the context.
+struct WaitMode {
+  std::weak_ptr<Context> context;
+  std::chrono::microseconds linger{};
+};
 
 // One fetch's Python future. finish() hands the outcome to a Python thread blocked in wait() on
 // this fetch, when there is one (no other thread wakes), else to the completion queue; the first
@@ -38,10 +51,17 @@ class PendingFetch {
     std::unique_ptr<FetchOutcome> outcome;
     PyObject* future = nullptr;
   };
-  // Blocks until finish() or `timeout` (negative: no limit). Call without the GIL.
-  WaitResult wait(std::chrono::milliseconds timeout);
+  // Blocks until finish() or `timeout` (negative: no limit), as `mode` says. Call without the
+  // GIL, from a thread that is not one of the context's io threads.
+  WaitResult wait(std::chrono::milliseconds timeout, const WaitMode& mode);
 
  private:
+  // wait()'s part when the waiting thread runs the loop: returns with finished_ set or at
+  // `deadline`, or early (false) when the context stopped running (closed): the rest of the wait
+  // is on cv_. mu_ not held.
+  bool run_loop_until_finished(Context& context, std::chrono::microseconds linger,
+                               std::chrono::steady_clock::time_point deadline);
+
   std::mutex mu_;
   std::condition_variable cv_;
   bool finished_ = false;
@@ -55,6 +75,7 @@ class PendingFetch {
 struct NativeFetch {
   FetchRequest request;
   std::shared_ptr<PendingFetch> pending;
+  WaitMode wait_mode;
 };
 
 // The fetches in flight of one context, so that close() can fail those whose completion
@@ -78,6 +99,6 @@ class InflightFetches {
 // NativeFetch::pending->wait() takes the outcome. GIL held (for `future`); does not block.
 NativeFetch start_fetch(const Peer& peer, const std::shared_ptr<InflightFetches>& inflight,
                         ObjectRef ref, std::vector<MutableBuffer> targets, FetchOptions options,
-                        pybind11::object future);
+                        pybind11::object future, WaitMode wait_mode);
 
 }  // namespace ferry::python

@@ -275,3 +275,69 @@ def test_bytes_landed_reach_the_total(owner, ctx):
     future.result(60)
     assert seen == sorted(seen), "progress went back"
     assert future.bytes_landed == future.nbytes == objects(False)["np_big"].nbytes
+
+
+@pytest.mark.parametrize("runs_loop,linger", [(True, 500e-6), (True, 0.0), (False, 0.0)])
+def test_a_loop_of_waits_in_each_wait_mode(owner, runs_loop, linger):
+    """wait_runs_loop: the waiting thread runs the context's loop (its io threads park, for
+    `wait_linger` after each wait too); False: it sleeps until the io thread hands it the
+    outcome. Either way every fetch of a loop of fetch().result() lands whole."""
+    ref = owner.refs["np_big"]
+    want = objects(False)["np_big"]
+    with ferry.Context(name="wait-mode", wait_runs_loop=runs_loop, wait_linger=linger) as c:
+        peer = c.connect(ref)
+        into = np.empty_like(want)
+        for _ in range(100):
+            into[:] = 0
+            assert peer.fetch(ref, into=into).result(60) is into
+            same(want, into)
+        same(want, peer.fetch(ref).result(60))  # into ferry's memory
+
+
+def test_a_thread_waiting_in_the_loop_serves_its_own_peers(local_owner):
+    """Two contexts in one process fetch from each other at once, each from a thread blocked in
+    result(): while a thread runs its context's loop (the io threads parked), requests for what
+    that context owns are served by it; nothing waits on a parked thread."""
+    data = {name: np.arange(1 << 16, dtype=np.float64) * k for k, name in enumerate("ab", 1)}
+    with ferry.Context("127.0.0.1:0", name="wait-b") as other:
+        refs = {"a": local_owner.put(data["a"]), "b": other.put(data["b"])}
+        errors = []
+
+        def fetch_loop(ctx, name):
+            try:
+                peer = ctx.connect(refs[name])
+                for _ in range(200):
+                    same(data[name], peer.fetch(refs[name]).result(60))
+            except BaseException as e:  # noqa: BLE001
+                errors.append(e)
+
+        threads = [threading.Thread(target=fetch_loop, args=(local_owner, "b")),
+                   threading.Thread(target=fetch_loop, args=(other, "a"))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        assert not any(t.is_alive() for t in threads), "a fetch loop hung"
+        assert not errors, errors
+
+
+def test_closing_the_context_ends_a_wait_that_runs_its_loop(stopped):
+    peer, ref = stopped
+    future = peer.fetch(ref)
+    outcome = []
+    waiter = threading.Thread(target=lambda: outcome.append(future.exception(timeout=60)))
+    waiter.start()
+    time.sleep(0.2)  # the waiter runs the loop now (the owner is stopped: nothing completes)
+    started = time.monotonic()
+    peer._context.close()
+    waiter.join(30)
+    assert not waiter.is_alive(), "the wait outlived the context's close"
+    assert isinstance(outcome[0], ferry.FerryError), outcome
+    assert outcome[0].scope in ("peer", "context")
+    assert time.monotonic() - started < 15
+
+
+@pytest.mark.parametrize("linger", [-1e-3, 2.0, "1"])
+def test_wait_linger_is_checked(linger):
+    with pytest.raises(ValueError, match="wait_linger"):
+        ferry.Context(wait_linger=linger)
