@@ -54,13 +54,14 @@ struct GroupOptions {
   std::string name = "group";                     ///< tells groups of the same processes apart
   std::chrono::milliseconds join_timeout{30000};  ///< join(): every rank connected and joined
   std::chrono::milliseconds timeout{60000};       ///< each collective call
-  /// Bytes: allreduce by recursive doubling below (the latency algorithm: log2(N) steps where
-  /// halving takes 2 log2(N)); faster than halving at 64 KiB on 16 cores and level at 128 KiB on
-  /// 2 (where each threshold was measured: bench/README.md, "Many cores").
+  /// Bytes: allreduce by recursive doubling below. It is the latency algorithm: log2(N) steps
+  /// where halving takes 2 log2(N), but each moves the whole tensor (where the threshold was
+  /// measured: bench/README.md, "Many cores").
   size_t doubling_threshold = 128u << 10;
   /// Bytes: below, exchange (RS + AG), or recursive halving for a power-of-two size; the ring from
-  /// here. Halving was ahead of or level with the ring up to 64 MiB on 16 cores and on 2; the ring
-  /// ahead at 256 MiB on 2 (bench/README.md, "Many cores"; docs/collectives.md).
+  /// here. All three move the same bytes; halving and the exchange in fewer steps, the ring
+  /// pipelined between neighbours, which pays only for the largest tensors (docs/collectives.md,
+  /// "Algorithms").
   size_t ring_threshold = 128u << 20;
   size_t segment_bytes = 512u << 10;  ///< ring pipeline unit (each a fetch of its own)
   /// During a call of fewer than busy_wait_below bytes, poll instead of sleeping: the calling
@@ -106,6 +107,8 @@ struct Status {
   explicit operator bool() const { return ok(); }
 };
 
+class Call;  // one collective call (internal: call.h)
+
 /// N ranks joined for collectives (see this file's comment): join() makes one, connected to every
 /// other rank through the Context, which must outlive it. Not copyable; one thread at a time.
 class Group {
@@ -149,32 +152,12 @@ class Group {
   static std::pair<size_t, size_t> chunk_range(size_t count, int rank, int size);
 
  private:
-  struct Op;
+  friend class Call;  // one call's machinery (call.h) runs on the Group's connections and state
+  using Clock = std::chrono::steady_clock;
+
   Group(Context& ctx, std::vector<std::string> addresses, int rank, GroupOptions options);
-  Status connect_all(std::chrono::steady_clock::time_point deadline);
-  // Reduce-scatter of `in` (`count` elements of `esize` bytes): this rank's chunk, reduced over
-  // every rank, into `out` (may be `in`'s own chunk: reduced in place). Every rank fetches its
-  // chunk from every other in one round (the ring does it in N-1 steps: Group::ring).
-  Status direct_reduce_scatter(Op& o, std::span<const std::byte> in, size_t count, size_t esize,
-                               DType dtype, ReduceOp op, std::span<std::byte> out);
-  // The ring reduce-scatter into `out` (this rank's chunk; may be `in`'s own chunk, summed in
-  // place) and, when `gather` is not empty (allreduce: the tensor `out` is a chunk of), the ring
-  // allgather into it.
-  Status ring(Op& o, std::span<const std::byte> in, size_t count, size_t esize, DType dtype,
-              ReduceOp op, std::span<std::byte> out, std::span<std::byte> gather);
-  // Recursive halving and doubling (Rabenseifner's allreduce) of `data` in place, for a
-  // power-of-two size(): 2 log2(N) steps, each with one partner.
-  Status halving(Op& o, std::span<std::byte> data, size_t count, size_t esize, DType dtype,
-                 ReduceOp op);
-  // Recursive doubling of `data` in place (a small allreduce), and the call's end (Op::finish).
-  // With N = 2^k + rem, ranks 2i and 2i+1 for i < rem pair first: the even one offers its
-  // tensor to the odd one, which reduces the two (in rank order) and runs the doubling for
-  // both, then offers the result back. At step i of the doubling a rank exchanges its value
-  // with the rank whose number (among the 2^k) differs in bit i, and both compute lower op
-  // upper, so every rank computes the same expression and gets the same bits.
-  Status doubling(Op& o, std::span<std::byte> data, DType dtype, ReduceOp op);
-  // Chunk q's segments as (byte offset in the tensor, bytes), at most segment_bytes each.
-  std::vector<std::pair<size_t, size_t>> segments(size_t count, size_t esize, int q) const;
+  // Connects to every other rank, retrying while they start, until `deadline`.
+  Status connect_all(Clock::time_point deadline);
   // Starts a fetch of what rank q offers under the name `object` into `into` (exactly its size),
   // combined into it with `combine` if set (FetchOptions::combine).
   FetchRequest fetch_named(int q, const std::string& object, std::span<std::byte> into,
@@ -183,6 +166,15 @@ class Group {
   std::string fail_marker(int q) const;
   // Starts a fetch of rank q's fail marker, parked on that rank until it fails.
   FetchRequest start_watch(int q);
+  // Starts the watches (watches_) unless they are already: every call does, as it starts.
+  void start_watches();
+  // A watched rank that has failed (its fail marker arrived), if any. Starts again a watch that
+  // ran out of time, and one whose data channel broke (up to 8 times); drops one whose rank is
+  // gone.
+  std::optional<int> failed_watch();
+  // Aborts the watches and waits, through `call` (which may be polling the context), until each
+  // has ended or `until`.
+  void end_watches(Call& call, Clock::time_point until);
 
   Context& ctx_;
   std::vector<std::string> addresses_;
@@ -192,20 +184,19 @@ class Group {
   std::vector<Peer> peers_;         // by rank; invalid for this rank
   uint64_t seq_ = 0;                // collectives started
   std::vector<ObjectRef> markers_;  // join, fail and leave markers, kept while it lives
-  // The algorithms' receive space, from the Context's receive pool (registered with every RDMA
-  // device already: fetches into it register nothing), kept across calls and grown to the
-  // largest need (page faults and zeroing of a fresh buffer per call cost about a third of a
-  // large allreduce). No call uses it after it returns: its offers are collected by then.
+  // The algorithms' receive space (Call::scratch), from the Context's receive pool, kept across
+  // calls and grown to the largest need: a fresh buffer per call would pay its page faults and
+  // zeroing on every large call. No call uses it after it returns: its offers are collected by
+  // then.
   std::shared_ptr<std::byte[]> scratch_;
   size_t scratch_bytes_ = 0;
-  // scratch_, at least `bytes` of it (contents unspecified), or errc::resource_exhausted.
-  Result<std::span<std::byte>> scratch(size_t bytes);
   std::atomic<uint64_t> refetches_{0};
-  Status failed_;
+  std::optional<Status> failed_;  // why the Group failed, for good: every later call returns it
   // A fetch of every other rank's fail marker, parked on it while the Group lives (started by
-  // the first call that fetches from only some ranks; renewed at its timeout): a rank that fails
-  // offers its marker, which completes them at once, so a failure travels the group in one hop
-  // instead of rank by rank at the deadline. Calls check them while they wait.
+  // the first call, join's; renewed at its timeout): a rank that fails offers its marker, which
+  // completes them at once, so a failure travels the group in one hop instead of rank by rank
+  // at the deadline, and reaches a rank that fetches from only some others (the ring, recursive
+  // halving, a broadcast's root). Calls check them while they wait.
   struct Watch {
     int rank;
     FetchRequest req;

@@ -2,9 +2,9 @@
 /// Element-wise reductions for collectives: acc[i] = op(acc[i], in[i]) over a dtype's elements.
 ///
 /// The loops are plain element loops the compiler vectorises (-O2 and up; on x86-64 a second copy
-/// built for AVX2 runs where the CPU has it, about 3x the baseline's speed); float16 and bfloat16
-/// are widened to float, reduced, and rounded back to nearest-even per element, which is what
-/// every peer library does on CPU, in vector loops too (on x86-64 with AVX2 hand-written ones,
+/// built for AVX2, twice the baseline's vector width, runs where the CPU has it); float16 and
+/// bfloat16 are widened to float, reduced, and rounded back to nearest-even per element, which is
+/// what every peer library does on CPU, in vector loops too (on x86-64 with AVX2 hand-written ones,
 /// float16 through F16C; elsewhere conversions without branches that the compiler vectorises:
 /// the same bits for every non-NaN value). Integer sum and prod wrap (two's complement),
 /// as in C++ on unsigned types; min and max are exact. Float results depend on the order of

@@ -1,0 +1,82 @@
+#include "ferry/collective/algorithms/allreduce_doubling.h"
+
+#include <string>
+
+namespace ferry::collective {
+
+// With N = 2^k + rem, ranks 2i and 2i+1 for i < rem pair first: the even one offers its tensor
+// to the odd one, which reduces the two (in rank order) and runs the doubling for both, then
+// offers the result back. At step i of the doubling a rank exchanges its value with the rank
+// whose number (among the 2^k) differs in bit i, and both compute lower op upper, so every rank
+// computes the same expression and gets the same bits.
+//
+// log2(N) messages of the whole tensor per rank, where a direct exchange (every rank fetching
+// every other rank's tensor) takes N-1, each a fetch request and a reply on the wire: for a
+// small tensor that per-message CPU is the latency. Every fetch is posted at the start (a value
+// not yet offered waits on its owner). Memory: the caller's `data` is offered at step 0 (or to
+// the odd partner, folded) and written only after Call::finish (every offer sent), from the
+// last step's result in the scratch; a folded rank's result lands in `data` only after its
+// partner read it (it reduces the pair before the doubling it ends with). Each step writes a
+// slot no offer reads.
+Status allreduce_doubling(Call& call, std::span<std::byte> data, DType dtype, ReduceOp op) {
+  const size_t bytes = data.size();
+  const int n = call.size();
+  const int rank = call.rank();
+  int k = 0;
+  while ((2 << k) <= n) ++k;
+  const int rem = n - (1 << k);
+  // The first 2 rem ranks pair up: the even one folds its tensor into the odd one and waits for
+  // the result; the odd ones and the rest (numbered nr) run the doubling.
+  const bool paired = rank < 2 * rem;
+  const int nr = paired ? rank / 2 : rank - rem;
+  const auto real = [rem](int v) { return v < rem ? 2 * v + 1 : v + rem; };
+  // Slots of the scratch: 0, what the folded partner sends; 1 + 2i, the partner's value at step
+  // i; 2 + 2i, this rank's result of step i (when it is the lower one).
+  auto space = call.scratch((2 * k + 1) * bytes);
+  if (!space) return call.fail(-1, space.error(), "receive space");
+  const auto slot = [&](int j) { return space->subspan(j * bytes, bytes); };
+  const size_t first = call.taken();
+  if (paired && rank % 2 == 0) {
+    if (auto s = call.offer("fold", data, {rank + 1}); !s) return s;
+    call.take(rank + 1, "unfold", data);
+    return call.finish();
+  }
+  if (paired) call.take(rank - 1, "fold", slot(0));
+  for (int i = 0; i < k; ++i) {
+    call.take(real(nr ^ (1 << i)), "rd" + std::to_string(i), slot(1 + 2 * i));
+  }
+  std::span<std::byte> cur = data;
+  size_t next_pending = first;
+  if (paired) {
+    if (auto s = call.wait(next_pending++); !s) return s;
+    if (auto ec = reduce_into(dtype, op, slot(0), data)) return call.fail(-1, ec, "reduce");
+    cur = slot(0);
+  }
+  for (int i = 0; i < k; ++i) {
+    const int pnr = nr ^ (1 << i);
+    if (auto s = call.offer("rd" + std::to_string(i), cur, {real(pnr)}); !s) return s;
+    if (auto s = call.wait(next_pending++); !s) return s;
+    auto theirs = slot(1 + 2 * i);
+    std::span<std::byte> next;
+    std::error_code ec;
+    if (nr < pnr) {
+      next = slot(2 + 2 * i);
+      copy_into(next, cur);
+      ec = reduce_into(dtype, op, next, theirs);
+    } else {
+      next = theirs;
+      ec = reduce_into(dtype, op, next, cur);
+    }
+    if (ec) return call.fail(-1, ec, "reduce");
+    cur = next;
+  }
+  if (paired) {
+    if (auto s = call.offer("unfold", cur, {rank - 1}); !s) return s;
+  }
+  call.forget(first);
+  if (auto s = call.finish(); !s) return s;
+  if (cur.data() != data.data()) copy_into(data, cur);
+  return {};
+}
+
+}  // namespace ferry::collective
