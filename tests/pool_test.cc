@@ -136,6 +136,42 @@ TEST(PoolTest, LiveBlocksAreNeverHandedOutTwice) {
   EXPECT_GT(pool.counters().hits, 2000u);
 }
 
+TEST(PoolTest, ALargeRequestTakesAFreeRegionUpToTwiceItsSize) {
+  Pool pool;
+  auto big = pool.allocate(20 * kMiB);
+  ASSERT_TRUE(big);
+  fill(big.get(), 20 * kMiB, 1);
+  std::byte* const region = big.get();
+  big.reset();
+  const PoolCounters warm = pool.counters();
+  {
+    auto b = pool.allocate(11 * kMiB);  // 12 MiB class, none free: the 20 MiB one serves it
+    ASSERT_TRUE(b);
+    EXPECT_EQ(b.get(), region);
+    fill(b.get(), 11 * kMiB, 2);
+    EXPECT_EQ(pool.counters().in_use_bytes, 20 * kMiB);  // the block is its region's class
+    auto c = pool.allocate(11 * kMiB);                   // while it is taken, a region of its own
+    ASSERT_TRUE(c);
+    EXPECT_NE(c.get(), region);
+    EXPECT_EQ(first_mismatch(b.get(), 11 * kMiB, 2), 11 * kMiB);
+  }
+  PoolCounters k = pool.counters();
+  EXPECT_EQ(k.hits, warm.hits + 1);
+  EXPECT_EQ(k.misses, warm.misses + 1);
+  EXPECT_EQ(k.in_use_bytes, 0u);
+  // Twice the class is the limit: an 8 MiB request (8 MiB class) does not take 20 MiB...
+  auto mine = pool.allocate(12 * kMiB);  // (the 12 MiB region, taken out of the way)
+  ASSERT_TRUE(mine);
+  auto d = pool.allocate(8 * kMiB);
+  ASSERT_TRUE(d);
+  EXPECT_NE(d.get(), region);
+  EXPECT_EQ(pool.counters().misses, k.misses + 1);
+  // ...and small requests never take a large region.
+  auto e = pool.allocate(64 * kKiB);
+  ASSERT_TRUE(e);
+  EXPECT_EQ(pool.counters().misses, k.misses + 2);
+}
+
 TEST(PoolTest, BeyondTheCapAllocationsFallBack) {
   Pool pool(PoolOptions{.cap_bytes = 4 * kMiB});
   auto a = pool.allocate(3 * kMiB);  // a 4 MiB region: the whole cap

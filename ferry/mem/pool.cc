@@ -184,6 +184,10 @@ class PoolState : public std::enable_shared_from_this<PoolState> {
   using RegionMap = std::map<uintptr_t, std::unique_ptr<Region>>;
 
   std::shared_ptr<std::byte[]> fallback(size_t bytes) noexcept;
+  // A region with room of a large class above `block`, at most twice that class, the smallest
+  // first; null when none. A free region held already serves a request of a size that has none of
+  // its own (sizes that seldom repeat) instead of a new region faulted in beside it. mu_ held.
+  Region* larger_free(size_t block);
   std::byte* make_region(size_t block, size_t size, Region*& out) noexcept;
   // Moves a wholly free region from the tables onto `gone`; returns the next entry.
   RegionMap::iterator detach(RegionMap::iterator it, Region*& gone);
@@ -225,11 +229,11 @@ std::shared_ptr<std::byte[]> PoolState::allocate(size_t bytes) noexcept {
     {
       std::lock_guard lock(mu_);
       Class& cls = classes_[block];
-      if (cls.head) {
-        r = cls.head;
+      if (Region* held = cls.head ? cls.head : small ? nullptr : larger_free(block)) {
+        r = held;
         p = take(*r);
         ++counters_.hits;
-        counters_.in_use_bytes += block;
+        counters_.in_use_bytes += r->block;
       } else if (counters_.held_bytes + size <= cap) {
         counters_.held_bytes += size;  // reserved now, so racing allocations cannot pass the cap
         reserved = true;
@@ -245,6 +249,14 @@ std::shared_ptr<std::byte[]> PoolState::allocate(size_t bytes) noexcept {
   } catch (const std::bad_alloc&) {
     return nullptr;
   }
+}
+
+Region* PoolState::larger_free(size_t block) {
+  for (auto it = classes_.upper_bound(block); it != classes_.end() && it->first <= 2 * block;
+       ++it) {
+    if (it->second.head) return it->second.head;
+  }
+  return nullptr;
 }
 
 std::byte* PoolState::make_region(size_t block, size_t size, Region*& out) noexcept {

@@ -6,9 +6,10 @@
 /// pages, pre-faulted when they are made (so bytes arriving from a socket or a NIC never wait for
 /// a page fault). A block larger than kSmallBlockMax has a region of its own; smaller blocks are
 /// carved from 2 MiB slabs, one size class per slab. A block given back goes to the free list of
-/// its class and serves the next allocation of that class. Regions wholly free for
-/// PoolOptions::idle_trim are unmapped by trim(), which the owner calls; the pool has no thread or
-/// timer of its own.
+/// its class and serves the next allocation of that class; a large request whose class has no
+/// free region takes a free one of a larger class, up to twice its size, before a new one is made.
+/// Regions wholly free for PoolOptions::idle_trim are unmapped by trim(), which the owner calls;
+/// the pool has no thread or timer of its own.
 ///
 /// Region listeners let the RDMA side register each region once, when it appears, and deregister
 /// it before it is unmapped; region_of() gives the registration hint for a block.
