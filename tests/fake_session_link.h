@@ -1,7 +1,7 @@
 // Fakes for the session pieces' unit tests: a SessionLink (and the PeerLink it hands the
 // transports) that records what the piece asks of it, with a clock the test moves, and a
-// transport that records its calls and lets the test finish them. No sockets, no io thread:
-// post() queues, run_posted() runs the queue.
+// transport whose channels record their calls in it and let the test finish them. No sockets, no io
+// thread: post() queues, run_posted() runs the queue.
 #pragma once
 
 #include <boost/asio/io_context.hpp>
@@ -18,8 +18,18 @@
 
 namespace ferry::fakes {
 
+class FakeTransport;
+
+// A channel that records what it is asked in its transport (FakeTransport); without one, only
+// its close.
 struct FakeChannel : TransportChannel {
+  explicit FakeChannel(FakeTransport* transport = nullptr) : transport(transport) {}
+  Result<FetchRequest> fetch_multiple(const FetchOp& op) override;
+  Result<FetchRequest> recv_multiple(const FetchOp& op) override;
+  void send_multiple(uint64_t request_id, ObjectStore::Pin object, SendDone done) override;
+  bool abort(uint64_t request_id) override;
   void close(std::error_code) override { closed = true; }
+  FakeTransport* transport;
   bool closed = false;
 };
 
@@ -38,17 +48,6 @@ class FakeTransport : public TransportManager {
     if (hold_opens) return pending_opens.push_back(std::move(done));
     done(errc::transport_unavailable, nullptr);
   }
-  Result<FetchRequest> fetch_multiple(PeerLink&, const FetchOp& op) override { return take(op); }
-  Result<FetchRequest> recv_multiple(PeerLink&, const FetchOp& op) override { return take(op); }
-  void send_multiple(PeerLink&, uint64_t request_id, ObjectStore::Pin object,
-                     SendDone done) override {
-    pins.emplace(request_id, std::move(object));
-    sends.emplace(request_id, std::move(done));
-  }
-  bool abort(PeerLink&, uint64_t request_id) override {
-    aborts.push_back(request_id);
-    return abort_lets_go;
-  }
   void garbage_collect(const StoredObject&) override {}
 
   // Ends serve `request_id` as the transport would (its SendDone), dropping its pin first.
@@ -62,23 +61,41 @@ class FakeTransport : public TransportManager {
   std::vector<FetchOp> fetches;               // every fetch launched, in order
   std::map<uint64_t, SendDone> sends;         // serves in flight
   std::map<uint64_t, ObjectStore::Pin> pins;  // their pins
-  std::vector<uint64_t> aborts;               // every abort() call
-  bool abort_lets_go = true;                  // what abort() returns
-  std::error_code fail_launch;                // fetch/recv_multiple fail with it when set
+  std::vector<uint64_t> aborts;               // every abort() call of its channels
+  bool abort_lets_go = true;                  // what their abort() returns
+  std::error_code fail_launch;                // their fetch/recv_multiple fail with it when set
   int opens = 0;                              // async_open_channel() calls
   bool hold_opens = false;  // async_open_channel waits in `pending_opens` (else it fails)
   std::vector<ChannelOpenHandler> pending_opens;
 
- private:
+  // What its channels do with a fetch: records it, or fails it with fail_launch.
   Result<FetchRequest> take(const FetchOp& op) {
     if (fail_launch) return fail_launch;
     fetches.push_back(op);
     return op.request;
   }
+
+ private:
   std::string name_;
   bool one_sided_;
   bool combines_;
 };
+
+inline Result<FetchRequest> FakeChannel::fetch_multiple(const FetchOp& op) {
+  return transport->take(op);
+}
+inline Result<FetchRequest> FakeChannel::recv_multiple(const FetchOp& op) {
+  return transport->take(op);
+}
+inline void FakeChannel::send_multiple(uint64_t request_id, ObjectStore::Pin object,
+                                       SendDone done) {
+  transport->pins.emplace(request_id, std::move(object));
+  transport->sends.emplace(request_id, std::move(done));
+}
+inline bool FakeChannel::abort(uint64_t request_id) {
+  transport->aborts.push_back(request_id);
+  return transport->abort_lets_go;
+}
 
 class FakeSessionLink : public SessionLink, public PeerLink {
  public:
@@ -91,7 +108,7 @@ class FakeSessionLink : public SessionLink, public PeerLink {
   // Transports, best first: pick_transport and fallback_transport choose among them.
   void add_transport(std::shared_ptr<FakeTransport> t, bool with_channel) {
     transports.push_back(t);
-    if (with_channel) channels[t->name()] = std::make_shared<FakeChannel>();
+    if (with_channel) channels[t->name()] = std::make_shared<FakeChannel>(t.get());
   }
   // Runs what was posted (and what that posts), in order.
   void run_posted() {

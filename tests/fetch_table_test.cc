@@ -177,7 +177,7 @@ TEST_F(FetchTableTest, AnAbortBeforeTheChannelOpensCompletesAtOnce) {
   ASSERT_EQ(link.opening.size(), 1u);
   table.abort(1, s);
   EXPECT_EQ(s->outcome(), std::error_code(errc::aborted));
-  link.channels["ONE"] = std::make_shared<fakes::FakeChannel>();
+  link.channels["ONE"] = std::make_shared<fakes::FakeChannel>(one_sided.get());
   link.opening[0].done({});  // the channel opens after all: nothing is launched
   EXPECT_TRUE(one_sided->fetches.empty());
   EXPECT_EQ(table.size(), 0u);

@@ -34,9 +34,58 @@ struct Board {
   std::map<uint64_t, Waiting> waiting;  // fetches the owner's grant completes
 };
 
+// One peer's end: the fetcher's records its fetches on the board (and breaks under them while
+// the board says so); the owner's "grant" copies the pinned bytes into the fetcher's targets.
 class FlakyChannel final : public TransportChannel {
  public:
+  FlakyChannel(std::shared_ptr<Board> board, std::shared_ptr<PeerLink> link)
+      : board_(std::move(board)), link_(std::move(link)) {}
+
+  Result<FetchRequest> fetch_multiple(const FetchOp& op) override {
+    auto link = link_.lock();
+    if (!link) return make_error_code(errc::peer_closed);
+    std::lock_guard lock(board_->mu);
+    board_->request_ids.push_back(op.request_id);
+    if (board_->breaks > 0) {
+      --board_->breaks;
+      // As RdmaChannel::fail does: restart, then drop the channel.
+      boost::asio::post(link->strand(), [l = link, id = op.request_id] {
+        l->restart_fetch(id, make_error_code(errc::peer_unresponsive));
+        l->drop_channel(kFlaky, make_error_code(errc::peer_unresponsive));
+      });
+    } else if (!board_->hold) {
+      board_->waiting[op.request_id] = {link, op.targets};
+    }
+    return op.request;
+  }
+  // Owner side: copies the object into the fetcher's targets and completes its fetch there.
+  void send_multiple(uint64_t request_id, ObjectStore::Pin pin, SendDone done) override {
+    Board::Waiting w;
+    {
+      std::lock_guard lock(board_->mu);
+      auto it = board_->waiting.find(request_id);
+      if (it == board_->waiting.end()) return done(make_error_code(errc::aborted));
+      w = std::move(it->second);
+      board_->waiting.erase(it);
+    }
+    const auto& tensors = pin.object().tensors;
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      std::memcpy(w.targets[i].data(), tensors[i].data.data(), tensors[i].data.size());
+    }
+    boost::asio::post(w.link->strand(),
+                      [l = w.link, request_id] { l->complete_fetch(request_id, {}); });
+    done({});
+  }
+  bool abort(uint64_t request_id) override {
+    std::lock_guard lock(board_->mu);
+    board_->waiting.erase(request_id);
+    return true;
+  }
   void close(std::error_code) override {}
+
+ private:
+  std::shared_ptr<Board> board_;
+  std::weak_ptr<PeerLink> link_;
 };
 
 class FlakyTransport final : public TransportManager {
@@ -57,52 +106,14 @@ class FlakyTransport final : public TransportManager {
     }
     link->send_transport_message(kFlaky, 0, "open");
     auto timer = std::make_shared<boost::asio::steady_timer>(link->strand(), delay);
-    timer->async_wait([timer, done = std::move(done)](boost::system::error_code) {
-      done({}, std::make_shared<FlakyChannel>());
-    });
+    timer->async_wait(
+        [timer, board = board_, link, done = std::move(done)](boost::system::error_code) {
+          done({}, std::make_shared<FlakyChannel>(board, link));
+        });
   }
   void on_transport_message(PeerLink& link, uint64_t, std::string_view) override {
     if (link.channel(kFlaky)) link.drop_channel(kFlaky, make_error_code(errc::peer_closed));
-    link.install_channel(kFlaky, std::make_shared<FlakyChannel>());
-  }
-
-  Result<FetchRequest> fetch_multiple(PeerLink& link, const FetchOp& op) override {
-    std::lock_guard lock(board_->mu);
-    board_->request_ids.push_back(op.request_id);
-    if (board_->breaks > 0) {
-      --board_->breaks;
-      // As RdmaChannel::fail does: restart, then drop the channel.
-      boost::asio::post(link.strand(), [l = link.shared_link(), id = op.request_id] {
-        l->restart_fetch(id, make_error_code(errc::peer_unresponsive));
-        l->drop_channel(kFlaky, make_error_code(errc::peer_unresponsive));
-      });
-    } else if (!board_->hold) {
-      board_->waiting[op.request_id] = {link.shared_link(), op.targets};
-    }
-    return op.request;
-  }
-  // Owner side: copies the object into the fetcher's targets and completes its fetch there.
-  void send_multiple(PeerLink&, uint64_t request_id, ObjectStore::Pin pin, SendDone done) override {
-    Board::Waiting w;
-    {
-      std::lock_guard lock(board_->mu);
-      auto it = board_->waiting.find(request_id);
-      if (it == board_->waiting.end()) return done(make_error_code(errc::aborted));
-      w = std::move(it->second);
-      board_->waiting.erase(it);
-    }
-    const auto& tensors = pin.object().tensors;
-    for (size_t i = 0; i < tensors.size(); ++i) {
-      std::memcpy(w.targets[i].data(), tensors[i].data.data(), tensors[i].data.size());
-    }
-    boost::asio::post(w.link->strand(),
-                      [l = w.link, request_id] { l->complete_fetch(request_id, {}); });
-    done({});
-  }
-  bool abort(PeerLink&, uint64_t request_id) override {
-    std::lock_guard lock(board_->mu);
-    board_->waiting.erase(request_id);
-    return true;
+    link.install_channel(kFlaky, std::make_shared<FlakyChannel>(board_, link.shared_link()));
   }
   void garbage_collect(const StoredObject&) override {}
 

@@ -146,7 +146,7 @@ inline Peer connect_or_fail(Context& ctx, const std::string& address) {
   return peer.ok() ? *peer : Peer();
 }
 
-// Counts collections; otherwise refuses to move anything. Used to test the registry and
+// Counts collections; opens no channel, so it moves nothing. Used to test the registry and
 // transport selection without a second real transport.
 class FakeTransport final : public TransportManager {
  public:
@@ -159,10 +159,6 @@ class FakeTransport final : public TransportManager {
   void async_open_channel(std::shared_ptr<PeerLink>, ChannelOpenHandler done) override {
     done(make_error_code(errc::transport_unavailable), nullptr);
   }
-  void send_multiple(PeerLink&, uint64_t, ObjectStore::Pin, SendDone done) override {
-    done(make_error_code(errc::transport_unavailable));
-  }
-  bool abort(PeerLink&, uint64_t) override { return true; }
   void garbage_collect(const StoredObject&) override { ++collected; }
   std::atomic<int> collected{0};
 

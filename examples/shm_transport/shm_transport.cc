@@ -26,52 +26,6 @@ using ferry::make_error_code;
 constexpr size_t kCopyStep = 8u << 20;  // bytes copied per strand turn: aborts get a say
 constexpr const char* kPrefix = "ferry-shm-";
 
-// [channel]
-// One peer's SHM state. Everything runs on the peer's strand, so it needs no lock.
-class ShmChannel final : public ferry::TransportChannel,
-                         public std::enable_shared_from_this<ShmChannel> {
- public:
-  explicit ShmChannel(std::shared_ptr<ferry::PeerLink> link) : link_(link) {}
-
-  struct Copy {
-    ferry::FetchOp op;
-    const std::byte* base = nullptr;  // the mapped segment
-    size_t mapped = 0;
-    std::vector<uint64_t> offsets;  // of each tensor in the segment
-    size_t tensor = 0;
-    uint64_t done = 0;  // bytes of `tensor` copied
-  };
-
-  std::map<uint64_t, ferry::FetchOp> waiting;  // fetches waiting for their grant
-  std::map<uint64_t, Copy> copying;            // fetches copying out of a segment
-  std::map<uint64_t, std::pair<ferry::ObjectStore::Pin, ferry::SendDone>> leases;  // owner side
-
-  std::shared_ptr<ferry::PeerLink> link() const { return link_.lock(); }
-
-  void close(std::error_code ec) override {
-    for (auto& [id, c] : copying) munmap(const_cast<std::byte*>(c.base), c.mapped);
-    copying.clear();
-    waiting.clear();
-    auto ending = std::move(leases);
-    leases.clear();
-    for (auto& [id, lease] : ending) lease.second(ec);
-    // An owner that died cannot unlink its segments; the survivors do.
-    if (ec) remove_orphaned_segments();
-  }
-
- private:
-  std::weak_ptr<ferry::PeerLink> link_;
-};
-// [channel]
-
-std::shared_ptr<ShmChannel> channel_of(ferry::PeerLink& link) {
-  return std::static_pointer_cast<ShmChannel>(link.channel(kName));
-}
-
-void send(ferry::PeerLink& link, uint64_t request_id, const std::string& message) {
-  link.send_transport_message(kName, request_id, message);
-}
-
 std::string read_host_id() {
   std::ifstream boot("/proc/sys/kernel/random/boot_id");
   std::string id;
@@ -83,47 +37,67 @@ std::string read_host_id() {
 
 uint64_t aligned(uint64_t n) { return (n + 63) & ~uint64_t{63}; }
 
-// Copies the next step of `rid` and schedules the rest; completes the fetch at the end.
-void copy_step(std::shared_ptr<ShmChannel> ch, uint64_t rid) {
-  auto it = ch->copying.find(rid);
-  if (it == ch->copying.end()) return;  // aborted meanwhile
-  auto& c = it->second;
-  size_t budget = kCopyStep;
-  while (c.tensor < c.op.targets.size() && budget > 0) {
-    auto target = c.op.targets[c.tensor];
-    const size_t n = std::min<size_t>(budget, target.size() - c.done);
-    std::memcpy(target.data() + c.done, c.base + c.offsets[c.tensor] + c.done, n);
-    c.done += n;
-    budget -= n;
-    if (c.done == target.size()) {
-      ++c.tensor;
-      c.done = 0;
-    }
-  }
-  auto link = ch->link();
-  if (!link) return;
-  if (c.tensor < c.op.targets.size()) {
-    boost::asio::post(link->strand(), [ch, rid] { copy_step(ch, rid); });
-    return;
-  }
-  munmap(const_cast<std::byte*>(c.base), c.mapped);
-  ch->copying.erase(it);
-  send(*link, rid, "release");
-  link->complete_fetch(rid, {});
+}  // namespace
+
+// ---------------------------------------------------------------- segments
+
+Segments::~Segments() {
+  std::lock_guard lock(mu_);
+  for (const auto& [id, name] : names_) shm_unlink(name.c_str());
 }
 
-}  // namespace
+std::string Segments::ensure(const ferry::StoredObject& object, std::error_code& ec) {
+  std::lock_guard lock(mu_);
+  if (auto it = names_.find(object.id); it != names_.end()) return it->second;
+  static const uint64_t token = std::random_device{}();
+  const std::string name = "/" + std::string(kPrefix) + std::to_string(getpid()) + "-" +
+                           std::to_string(token % 1000000) + "-" + std::to_string(object.id);
+  uint64_t size = 0;
+  for (const auto& t : object.tensors) size = aligned(size) + t.data.size();
+  const int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+  if (fd < 0) {
+    ec = std::error_code(errno, std::system_category());
+    return {};
+  }
+  void* base = ftruncate(fd, static_cast<off_t>(size ? size : 1)) == 0
+                   ? mmap(nullptr, size ? size : 1, PROT_WRITE, MAP_SHARED, fd, 0)
+                   : MAP_FAILED;
+  ::close(fd);
+  if (base == MAP_FAILED) {
+    ec = std::error_code(errno, std::system_category());
+    shm_unlink(name.c_str());
+    return {};
+  }
+  uint64_t off = 0;
+  for (const auto& t : object.tensors) {
+    off = aligned(off);
+    if (!t.data.empty())
+      std::memcpy(static_cast<std::byte*>(base) + off, t.data.data(), t.data.size());
+    off += t.data.size();
+  }
+  munmap(base, size ? size : 1);
+  names_[object.id] = name;
+  return name;
+}
+
+void Segments::remove(ferry::ObjectId object) {
+  std::lock_guard lock(mu_);
+  auto it = names_.find(object);
+  if (it == names_.end()) return;  // never granted over SHM
+  shm_unlink(it->second.c_str());  // mappings that fetchers hold stay valid
+  names_.erase(it);
+}
+
+size_t Segments::size() const {
+  std::lock_guard lock(mu_);
+  return names_.size();
+}
 
 // ---------------------------------------------------------------- identity and negotiation
 
 ShmTransport::ShmTransport(const ferry::TransportEnv& env)
     : host_id_(read_host_id()), open_timeout_(env.options.handshake_timeout) {
   remove_orphaned_segments();
-}
-
-ShmTransport::~ShmTransport() {
-  std::lock_guard lock(mu_);
-  for (const auto& [id, name] : segments_) shm_unlink(name.c_str());
 }
 
 ferry::TransportInfo ShmTransport::local_info() const {
@@ -158,52 +132,104 @@ void ShmTransport::async_open_channel(std::shared_ptr<ferry::PeerLink> link,
         }
         pending(make_error_code(errc::handshake_failed), nullptr);
       }));
-  send(*link, 0, "hello " + host_id_);
+  link->send_transport_message(kName, 0, "hello " + host_id_);
 }
-// [open]
 
-void ShmTransport::on_transport_message(ferry::PeerLink& link, uint64_t rid,
-                                        std::string_view payload) {
+// Until a channel is installed, the peer's messages come here: "hello" on the accepting side,
+// "welcome" or "refuse" on the side that opens.
+void ShmTransport::on_transport_message(ferry::PeerLink& link, uint64_t, std::string_view payload) {
   std::istringstream in{std::string(payload)};
   std::string verb;
   in >> verb;
   if (verb == "hello") {  // acceptor: build our side of the channel
     std::string their_host;
     in >> their_host;
-    if (their_host != host_id_) return send(link, 0, "refuse not-the-same-host");
-    link.install_channel(kName, std::make_shared<ShmChannel>(link.shared_link()));
-    return send(link, 0, "welcome");
-  }
-  if (verb == "welcome" || verb == "refuse") {  // initiator: the answer to our hello
-    ferry::ChannelOpenHandler done;
-    {
-      std::lock_guard lock(mu_);
-      auto it = opening_.find(&link);
-      if (it == opening_.end()) return;
-      done = std::move(it->second.done);
-      it->second.timer->cancel();
-      opening_.erase(it);
+    if (their_host != host_id_) {
+      return link.send_transport_message(kName, 0, "refuse not-the-same-host");
     }
-    if (verb == "refuse") return done(make_error_code(errc::transport_unavailable), nullptr);
-    return done({}, std::make_shared<ShmChannel>(link.shared_link()));
+    link.install_channel(kName, std::make_shared<ShmChannel>(link.shared_link(), segments_));
+    return link.send_transport_message(kName, 0, "welcome");
   }
-  auto ch = channel_of(link);
-  if (!ch) return;
-  if (verb == "release") {  // owner: the fetcher is done with the segment
-    auto it = ch->leases.find(rid);
-    if (it == ch->leases.end()) return;
-    auto done = std::move(it->second.second);
-    ch->leases.erase(it);  // unpins the object
-    return done({});
+  if (verb != "welcome" && verb != "refuse") return;  // for a channel that is gone
+  ferry::ChannelOpenHandler done;                     // initiator: the answer to our hello
+  {
+    std::lock_guard lock(mu_);
+    auto it = opening_.find(&link);
+    if (it == opening_.end()) return;
+    done = std::move(it->second.done);
+    it->second.timer->cancel();
+    opening_.erase(it);
   }
-  if (verb != "grant") return;
-  // [grant]
-  // Fetcher: "grant <segment> <size> <n> <offset>..." for a fetch we are waiting on.
-  auto w = ch->waiting.find(rid);
-  if (w == ch->waiting.end()) return send(link, rid, "release");  // aborted meanwhile
-  ShmChannel::Copy c;
+  if (verb == "refuse") return done(make_error_code(errc::transport_unavailable), nullptr);
+  done({}, std::make_shared<ShmChannel>(link.shared_link(), segments_));
+}
+// [open]
+
+// [gc]
+void ShmTransport::garbage_collect(const ferry::StoredObject& object) {
+  segments_->remove(object.id);  // fetchers that mapped it keep valid memory
+}
+// [gc]
+
+// ---------------------------------------------------------------- the channel
+
+void ShmChannel::send(uint64_t request_id, const std::string& message) {
+  if (auto link = link_.lock()) link->send_transport_message(kName, request_id, message);
+}
+
+bool ShmChannel::on_message(uint64_t rid, std::string_view payload) {
+  std::istringstream in{std::string(payload)};
+  std::string verb;
+  in >> verb;
+  if (verb == "grant") {
+    on_grant(rid, in);
+    return true;
+  }
+  if (verb != "release") return false;  // "hello" and its answers: the transport's
+  auto it = leases_.find(rid);          // owner: the fetcher is done with the segment
+  if (it == leases_.end()) return true;
+  auto done = std::move(it->second.second);
+  leases_.erase(it);  // unpins the object
+  done({});
+  return true;
+}
+
+// [send]
+void ShmChannel::send_multiple(uint64_t rid, ferry::ObjectStore::Pin object, ferry::SendDone done) {
+  std::error_code ec;
+  const std::string name = segments_->ensure(object.object(), ec);
+  if (ec) return done(make_error_code(errc::device_error));
+  std::ostringstream grant;
+  uint64_t off = 0;
+  std::ostringstream offsets;
+  for (const auto& t : object.object().tensors) {
+    off = aligned(off);
+    offsets << ' ' << off;
+    off += t.data.size();
+  }
+  grant << "grant " << name << ' ' << (off ? off : 1) << ' ' << object.object().tensors.size()
+        << offsets.str();
+  leases_[rid] = {std::move(object), std::move(done)};  // pinned until "release"
+  send(rid, grant.str());
+}
+// [send]
+
+// [fetch]
+ferry::Result<ferry::FetchRequest> ShmChannel::fetch_multiple(const ferry::FetchOp& op) {
+  waiting_[op.request_id] = op;  // the owner's grant starts the copy
+  return op.request;
+}
+// [fetch]
+
+// [grant]
+// Fetcher: "grant <segment> <size> <n> <offset>..." for a fetch we are waiting on.
+void ShmChannel::on_grant(uint64_t rid, std::istream& in) {
+  auto link = link_.lock();
+  auto w = waiting_.find(rid);
+  if (!link || w == waiting_.end()) return send(rid, "release");  // aborted meanwhile
+  Copy c;
   c.op = std::move(w->second);
-  ch->waiting.erase(w);
+  waiting_.erase(w);
   std::string name;
   uint64_t size = 0;
   size_t n = 0;
@@ -219,120 +245,76 @@ void ShmTransport::on_transport_message(ferry::PeerLink& link, uint64_t rid,
   void* base = fd >= 0 ? mmap(nullptr, size ? size : 1, PROT_READ, MAP_SHARED, fd, 0) : MAP_FAILED;
   if (fd >= 0) ::close(fd);  // the mapping stays valid
   if (base == MAP_FAILED) {
-    send(link, rid, "release");  // end the owner's lease: we will not read
-    return link.complete_fetch(rid,
-                               make_error_code(ok ? errc::object_not_found : errc::protocol_error));
+    send(rid, "release");  // end the owner's lease: we will not read
+    return link->complete_fetch(
+        rid, make_error_code(ok ? errc::object_not_found : errc::protocol_error));
   }
   c.base = static_cast<const std::byte*>(base);
   c.mapped = size ? size : 1;
-  ch->copying.emplace(rid, std::move(c));
-  copy_step(ch, rid);
-  // [grant]
+  copying_.emplace(rid, std::move(c));
+  copy_step(rid);
 }
 
-// ---------------------------------------------------------------- fetcher side
-
-ferry::Result<ferry::FetchRequest> ShmTransport::fetch_multiple(ferry::PeerLink& link,
-                                                                const ferry::FetchOp& op) {
-  auto ch = channel_of(link);
-  if (!ch) return make_error_code(errc::transport_unavailable);
-  ch->waiting[op.request_id] = op;  // the owner's grant starts the copy
-  return op.request;
+// Copies the next step of `rid` and posts the rest; completes the fetch at the end.
+void ShmChannel::copy_step(uint64_t rid) {
+  auto it = copying_.find(rid);
+  if (it == copying_.end()) return;  // aborted meanwhile
+  auto& c = it->second;
+  size_t budget = kCopyStep;
+  while (c.tensor < c.op.targets.size() && budget > 0) {
+    auto target = c.op.targets[c.tensor];
+    const size_t n = std::min<size_t>(budget, target.size() - c.done);
+    std::memcpy(target.data() + c.done, c.base + c.offsets[c.tensor] + c.done, n);
+    c.done += n;
+    budget -= n;
+    if (c.done == target.size()) {
+      ++c.tensor;
+      c.done = 0;
+    }
+  }
+  auto link = link_.lock();
+  if (!link) return;
+  if (c.tensor < c.op.targets.size()) {
+    boost::asio::post(link->strand(), [self = shared_from_this(), rid] { self->copy_step(rid); });
+    return;
+  }
+  munmap(const_cast<std::byte*>(c.base), c.mapped);
+  copying_.erase(it);
+  send(rid, "release");
+  link->complete_fetch(rid, {});
 }
+// [grant]
 
 // [abort]
-bool ShmTransport::abort(ferry::PeerLink& link, uint64_t rid) {
-  auto ch = channel_of(link);
-  if (!ch) return true;
-  ch->waiting.erase(rid);
-  if (auto c = ch->copying.find(rid); c != ch->copying.end()) {
+bool ShmChannel::abort(uint64_t rid) {
+  waiting_.erase(rid);
+  if (auto c = copying_.find(rid); c != copying_.end()) {
     // Copies run in steps on this strand, so none is running now: stopping is immediate.
     munmap(const_cast<std::byte*>(c->second.base), c->second.mapped);
-    ch->copying.erase(c);
-    send(link, rid, "release");
+    copying_.erase(c);
+    send(rid, "release");
   }
-  if (auto l = ch->leases.find(rid); l != ch->leases.end()) {  // owner side: the peer gave up
+  if (auto l = leases_.find(rid); l != leases_.end()) {  // owner side: the peer gave up
     auto done = std::move(l->second.second);
-    ch->leases.erase(l);
+    leases_.erase(l);
     done(make_error_code(errc::aborted));
   }
   return true;  // nothing of ours touches the request's buffers any more
 }
 // [abort]
 
-// ---------------------------------------------------------------- owner side
-
-std::string ShmTransport::ensure_segment(const ferry::StoredObject& object, std::error_code& ec) {
-  std::lock_guard lock(mu_);
-  if (auto it = segments_.find(object.id); it != segments_.end()) return it->second;
-  static const uint64_t token = std::random_device{}();
-  const std::string name = "/" + std::string(kPrefix) + std::to_string(getpid()) + "-" +
-                           std::to_string(token % 1000000) + "-" + std::to_string(object.id);
-  uint64_t size = 0;
-  for (const auto& t : object.tensors) size = aligned(size) + t.data.size();
-  const int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
-  if (fd < 0) {
-    ec = std::error_code(errno, std::system_category());
-    return {};
-  }
-  void* base = ftruncate(fd, static_cast<off_t>(size ? size : 1)) == 0
-                   ? mmap(nullptr, size ? size : 1, PROT_WRITE, MAP_SHARED, fd, 0)
-                   : MAP_FAILED;
-  ::close(fd);
-  if (base == MAP_FAILED) {
-    ec = std::error_code(errno, std::system_category());
-    shm_unlink(name.c_str());
-    return {};
-  }
-  uint64_t off = 0;
-  for (const auto& t : object.tensors) {
-    off = aligned(off);
-    if (!t.data.empty())
-      std::memcpy(static_cast<std::byte*>(base) + off, t.data.data(), t.data.size());
-    off += t.data.size();
-  }
-  munmap(base, size ? size : 1);
-  segments_[object.id] = name;
-  return name;
+// [close]
+void ShmChannel::close(std::error_code ec) {
+  for (auto& [id, c] : copying_) munmap(const_cast<std::byte*>(c.base), c.mapped);
+  copying_.clear();
+  waiting_.clear();
+  auto ending = std::move(leases_);
+  leases_.clear();
+  for (auto& [id, lease] : ending) lease.second(ec);
+  // An owner that died cannot unlink its segments; the survivors do.
+  if (ec) remove_orphaned_segments();
 }
-
-// [send]
-void ShmTransport::send_multiple(ferry::PeerLink& link, uint64_t rid,
-                                 ferry::ObjectStore::Pin object, ferry::SendDone done) {
-  auto ch = channel_of(link);
-  if (!ch) return done(make_error_code(errc::transport_unavailable));
-  std::error_code ec;
-  const std::string name = ensure_segment(object.object(), ec);
-  if (ec) return done(make_error_code(errc::device_error));
-  std::ostringstream grant;
-  uint64_t off = 0;
-  std::ostringstream offsets;
-  for (const auto& t : object.object().tensors) {
-    off = aligned(off);
-    offsets << ' ' << off;
-    off += t.data.size();
-  }
-  grant << "grant " << name << ' ' << (off ? off : 1) << ' ' << object.object().tensors.size()
-        << offsets.str();
-  ch->leases[rid] = {std::move(object), std::move(done)};  // pinned until "release"
-  send(link, rid, grant.str());
-}
-// [send]
-
-// [gc]
-void ShmTransport::garbage_collect(const ferry::StoredObject& object) {
-  std::lock_guard lock(mu_);
-  auto it = segments_.find(object.id);
-  if (it == segments_.end()) return;  // never fetched over SHM
-  shm_unlink(it->second.c_str());     // mappings that fetchers hold stay valid
-  segments_.erase(it);
-}
-// [gc]
-
-size_t ShmTransport::live_segments() const {
-  std::lock_guard lock(mu_);
-  return segments_.size();
-}
+// [close]
 
 // [register]
 bool register_shm_transport() {

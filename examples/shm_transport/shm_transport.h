@@ -5,13 +5,23 @@
 // (once: "registration"); every fetcher then maps the segment and copies the tensors out on
 // its own, without the owner's CPU. A grant is a lease: the owner keeps the object pinned until
 // the fetcher's release. garbage_collect() unlinks the segment.
+//
+// Two halves, as ferry's interface has them: ShmTransport, one per Context (identity, opening
+// channels, the segments), and ShmChannel, one per peer (fetches, grants, leases, aborts).
 // See docs/custom-transport.md for the walk-through.
 #pragma once
 
+#include <cstddef>
+#include <cstdint>
+#include <istream>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <string_view>
+#include <system_error>
+#include <utility>
+#include <vector>
 
 #include <boost/asio/steady_timer.hpp>
 
@@ -21,10 +31,70 @@ namespace shm_example {
 
 inline constexpr const char* kName = "SHM";
 
+// The segments this process created, one per object granted over SHM: shared by the transport
+// (which unlinks them) and its channels (which make them at a first grant). Thread-safe.
+class Segments {
+ public:
+  Segments() = default;
+  Segments(const Segments&) = delete;
+  Segments& operator=(const Segments&) = delete;
+  ~Segments();  // unlinks every segment still here
+
+  // The name of `object`'s segment, made now (the tensors copied in) if it has none; "" with
+  // `ec` set when it cannot be made.
+  std::string ensure(const ferry::StoredObject& object, std::error_code& ec);
+  // Unlinks `object`'s segment, if it has one.
+  void remove(ferry::ObjectId object);
+  // Segments made and not unlinked yet.
+  size_t size() const;
+
+ private:
+  mutable std::mutex mu_;
+  std::map<ferry::ObjectId, std::string> names_;  // object -> segment name
+};
+
+// [channel]
+// One peer's SHM state: fetches waiting for a grant, fetches copying, the leases this side
+// granted. Everything runs on the peer's strand, so it needs no lock.
+class ShmChannel final : public ferry::TransportChannel,
+                         public std::enable_shared_from_this<ShmChannel> {
+ public:
+  ShmChannel(std::shared_ptr<ferry::PeerLink> link, std::shared_ptr<Segments> segments)
+      : link_(std::move(link)), segments_(std::move(segments)) {}
+
+  ferry::Result<ferry::FetchRequest> fetch_multiple(const ferry::FetchOp& op) override;
+  void send_multiple(uint64_t request_id, ferry::ObjectStore::Pin object,
+                     ferry::SendDone done) override;
+  bool abort(uint64_t request_id) override;
+  bool on_message(uint64_t request_id, std::string_view payload) override;
+  void close(std::error_code ec) override;
+
+ private:
+  struct Copy {
+    ferry::FetchOp op;
+    const std::byte* base = nullptr;  // the mapped segment
+    size_t mapped = 0;
+    std::vector<uint64_t> offsets;  // of each tensor in the segment
+    size_t tensor = 0;
+    uint64_t done = 0;  // bytes of `tensor` copied
+  };
+
+  void on_grant(uint64_t request_id, std::istream& in);
+  void copy_step(uint64_t request_id);  // copies one step, posts the next
+  void send(uint64_t request_id, const std::string& message);
+
+  std::weak_ptr<ferry::PeerLink> link_;
+  std::shared_ptr<Segments> segments_;
+  std::map<uint64_t, ferry::FetchOp> waiting_;  // fetches waiting for their grant
+  std::map<uint64_t, Copy> copying_;            // fetches copying out of a segment
+  std::map<uint64_t, std::pair<ferry::ObjectStore::Pin, ferry::SendDone>> leases_;  // owner side
+};
+// [channel]
+
+// The per-process half: what SHM is, and the opening of channels.
 class ShmTransport final : public ferry::TransportManager {
  public:
   explicit ShmTransport(const ferry::TransportEnv& env);
-  ~ShmTransport() override;  // unlinks every segment it created
 
   // [identity]
   std::string name() const override { return kName; }
@@ -36,25 +106,18 @@ class ShmTransport final : public ferry::TransportManager {
 
   void async_open_channel(std::shared_ptr<ferry::PeerLink> link,
                           ferry::ChannelOpenHandler done) override;
-  ferry::Result<ferry::FetchRequest> fetch_multiple(ferry::PeerLink& link,
-                                                    const ferry::FetchOp& op) override;
-  void send_multiple(ferry::PeerLink& link, uint64_t request_id, ferry::ObjectStore::Pin object,
-                     ferry::SendDone done) override;
-  bool abort(ferry::PeerLink& link, uint64_t request_id) override;
-  void garbage_collect(const ferry::StoredObject& object) override;
   void on_transport_message(ferry::PeerLink& link, uint64_t request_id,
                             std::string_view payload) override;
+  void garbage_collect(const ferry::StoredObject& object) override;
 
   // Segments this process created and has not unlinked yet.
-  size_t live_segments() const;
+  size_t live_segments() const { return segments_->size(); }
 
  private:
-  std::string ensure_segment(const ferry::StoredObject& object, std::error_code& ec);
-
   std::string host_id_;
   std::chrono::milliseconds open_timeout_;
-  mutable std::mutex mu_;
-  std::map<ferry::ObjectId, std::string> segments_;  // object -> segment name
+  std::shared_ptr<Segments> segments_ = std::make_shared<Segments>();
+  std::mutex mu_;
   struct Opening {
     ferry::ChannelOpenHandler done;
     std::shared_ptr<boost::asio::steady_timer> timer;  // bounds the wait for the answer

@@ -131,7 +131,7 @@ std::error_code Session::dispatch(const wire::Envelope& env) {
     if (env.has_transport_message() && !handshake_.chosen().empty() && info_.initiator) {
       const auto& m = env.transport_message();
       if (auto t = ctx_->find_transport(m.transport())) {
-        t->on_transport_message(*this, rid, m.payload());
+        deliver_transport_message(*t, rid, m.payload());
         return {};
       }
     }
@@ -179,7 +179,7 @@ std::error_code Session::dispatch(const wire::Envelope& env) {
     case wire::Envelope::kTransportMessage: {
       const auto& m = env.transport_message();
       if (auto t = ctx_->find_transport(m.transport())) {
-        t->on_transport_message(*this, rid, m.payload());
+        deliver_transport_message(*t, rid, m.payload());
       } else {
         send_error(rid, errc::transport_unknown, "no transport '" + m.transport() + "'", false);
       }
@@ -386,6 +386,16 @@ void Session::arm_deadline(Clock::time_point at) {
       asio::bind_executor(strand_, [self = shared_from_this()](boost::system::error_code ec) {
         if (!ec) self->on_deadline();
       }));
+}
+
+void Session::deliver_transport_message(TransportManager& transport, uint64_t rid,
+                                        std::string_view payload) {
+  // Held here: the channel may drop itself while it handles the message.
+  if (auto channel = channels_.find(transport.name());
+      channel && channel->on_message(rid, payload)) {
+    return;
+  }
+  transport.on_transport_message(*this, rid, payload);
 }
 
 void Session::on_deadline() {

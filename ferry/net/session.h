@@ -134,6 +134,10 @@ class Session final : public PeerLink,
   // Opens the session (or closes it with `ec`) and runs start_client's `done`.
   void opened(std::error_code ec) override;
 
+  // A TransportMessage for `transport`: to the peer's channel of that transport when one is
+  // installed and takes it (TransportChannel::on_message), else to the transport itself.
+  void deliver_transport_message(TransportManager& transport, uint64_t rid,
+                                 std::string_view payload);
   void handle_error(uint64_t rid, const wire::Error& err);
   void handle_ref(uint64_t rid, ObjectId id, bool add);
   void handle_list(uint64_t rid);

@@ -25,21 +25,21 @@ std::error_code TransportManager::accept_side_connection(std::shared_ptr<PeerLin
   return errc::transport_unavailable;
 }
 
-Result<FetchRequest> TransportManager::fetch_multiple(PeerLink&, const FetchOp&) {
-  return make_error_code(
-      errc::invalid_argument);  // two-sided transports receive with recv_multiple()
-}
-
-Result<FetchRequest> TransportManager::recv_multiple(PeerLink&, const FetchOp&) {
-  return make_error_code(
-      errc::invalid_argument);  // one-sided transports pull with fetch_multiple()
-}
-
 std::error_code TransportManager::wait_fetch_complete(const FetchRequest& request,
                                                       std::chrono::milliseconds timeout) {
   return request.wait(timeout);
 }
 
 void TransportManager::on_transport_message(PeerLink&, uint64_t, std::string_view) {}
+
+Result<FetchRequest> TransportChannel::fetch_multiple(const FetchOp&) {
+  return make_error_code(errc::invalid_argument);  // two-sided channels receive: recv_multiple()
+}
+
+Result<FetchRequest> TransportChannel::recv_multiple(const FetchOp&) {
+  return make_error_code(errc::invalid_argument);  // one-sided channels pull: fetch_multiple()
+}
+
+bool TransportChannel::on_message(uint64_t, std::string_view) { return false; }
 
 }  // namespace ferry

@@ -1,12 +1,16 @@
 /// @file
-/// TransportManager: the interface every transport implements (TCP, RDMA, a user's own),
-/// method for method after Ray's TensorTransportManager, plus the per-peer hooks a transport
-/// needs to set up its data channel.
+/// The interface every transport implements (TCP, RDMA, a user's own), in two halves after Ray's
+/// TensorTransportManager: the per-process TransportManager (identity, what it advertises,
+/// metadata, opening and accepting channels, garbage collection) and the per-peer
+/// TransportChannel (fetch, receive, send, abort, the transport's messages). The core's side of
+/// a peer, as a transport sees it, is a PeerLink.
 ///
-/// Thread model (see docs/threading.md): ferry calls every method that takes a PeerLink on that
-/// peer's strand, so per-peer state needs no locks. name(), is_one_sided(), can_abort(),
-/// local_info(), peer_has_transport(), extract_metadata() and garbage_collect() may be called from
-/// any thread and must be thread-safe. No method may block.
+/// Thread model (see docs/threading.md): ferry calls every TransportChannel method, and every
+/// TransportManager method that takes a PeerLink, on that peer's strand, so per-peer state
+/// needs no locks. The other TransportManager methods (name(), is_one_sided(), combines(),
+/// can_abort(), local_info(), peer_has_transport(), extract_metadata(), wait_fetch_complete(),
+/// garbage_collect()) may be called from any thread and must be thread-safe. No method may
+/// block (but wait_fetch_complete, which is for the application's threads).
 #pragma once
 
 #include <boost/asio/io_context.hpp>
@@ -58,15 +62,6 @@ struct PeerInfo {
 /// (PeerLink::strand()).
 using PeerStrand = boost::asio::strand<boost::asio::io_context::executor_type>;
 
-/// A transport's per-peer data channel (a TCP connection, an RC queue pair, ...).
-class TransportChannel {
- public:
-  virtual ~TransportChannel() = default;
-  /// Stops all I/O, drops every posted receive and send without touching their buffers again,
-  /// releases the channel's resources. Called once, on the peer strand, when the session closes.
-  virtual void close(std::error_code ec) = 0;
-};
-
 /// The fetcher side's description of one fetch, handed to the transport.
 struct FetchOp {
   uint64_t request_id = 0;  ///< the fetch's id on this session (PeerLink::complete_fetch takes it)
@@ -75,6 +70,63 @@ struct FetchOp {
   FetchRequest request;                ///< the handle the caller holds; completed by the core
   /// FetchOptions::combine, for a transport that combines() (else empty: the core does it).
   CombineFn combine;
+};
+
+/// Called by the owner's channel when it has finished serving a request (any error ends it).
+using SendDone = std::function<void(std::error_code)>;
+
+/// A transport's per-peer object (a TCP data connection, an RC queue pair, ...): every transfer
+/// with that peer runs through it. The transport builds it (TransportManager::async_open_channel
+/// on the side that connected, accept_side_connection or PeerLink::install_channel on the other)
+/// and keeps in it the PeerLink it needs; the session holds it, hands it the peer's fetches,
+/// serves, aborts and messages, and closes it once.
+///
+/// Thread model: every method runs on the peer strand (PeerLink::strand()) and must not block.
+/// Between methods only the channel itself and its own callbacks (posted to that strand) touch
+/// its state, so it needs no lock.
+class TransportChannel {
+ public:
+  virtual ~TransportChannel() = default;
+
+  /// Fetcher side, one-sided transports (Ray's fetch_multiple_tensors): starts pulling `op`'s
+  /// bytes into op.targets and returns op.request; the transport finishes it with
+  /// PeerLink::complete_fetch (or restart_fetch). Returning an error fails the fetch at once,
+  /// with nothing of it left in the channel. The default returns invalid_argument: two-sided
+  /// channels receive with recv_multiple().
+  virtual Result<FetchRequest> fetch_multiple(const FetchOp& op);
+  /// Fetcher side, two-sided transports (Ray's recv_multiple_tensors): posts receives for `op`
+  /// into op.targets, which the owner's send_multiple() fills, and returns op.request; same
+  /// contract as fetch_multiple(). The default returns invalid_argument: one-sided channels pull
+  /// with fetch_multiple().
+  virtual Result<FetchRequest> recv_multiple(const FetchOp& op);
+  /// Owner side (Ray's send_multiple_tensors): serves `request_id`, the peer's fetch of the
+  /// pinned object. Two-sided: sends its bytes; one-sided: grants the peer access. The pin keeps
+  /// the object alive until `done` runs: exactly once, on the strand, possibly from inside this
+  /// call when the serve fails at once. `done` with success means the transport is done with
+  /// the bytes (StoredObject::on_sent, which ferry then runs), and the fetcher has them when the
+  /// object counts its serves (StoredObject::on_served, run next): a two-sided transport then
+  /// waits for the fetcher's word, a one-sided one always waits for the release that says its
+  /// reads succeeded. Any error ends the serve and is reported to the fetcher.
+  virtual void send_multiple(uint64_t request_id, ObjectStore::Pin object, SendDone done) = 0;
+  /// Either side (Ray's abort_transport): stops everything for `request_id`; unknown ids are not
+  /// an error. Returns true when the channel has let go of the request's buffers (it never
+  /// touches them again). Returns false on the fetcher side when operations already handed to
+  /// hardware (posted RDMA READs) still target them: the channel then calls
+  /// PeerLink::complete_fetch(request_id, {}) once they have drained, and ferry completes the
+  /// fetch with the error it was aborted for only then; the owner hears of the abort (and its
+  /// abort() runs) only then too, so an owner may revoke a one-sided grant at once. On the owner
+  /// side a pending SendDone still runs (with errc::aborted).
+  virtual bool abort(uint64_t request_id) = 0;
+  /// A TransportMessage from the peer for this channel's transport. Returns true when the channel
+  /// took it; false when it belongs to the transport's channel setup rather than to this channel
+  /// (the peer asks for a new channel, say): ferry then hands it to
+  /// TransportManager::on_transport_message. Malformed input: PeerLink::fail(protocol_error),
+  /// and true. The default takes none.
+  virtual bool on_message(uint64_t request_id, std::string_view payload);
+  /// Stops all I/O, drops every posted receive and send without touching their buffers again
+  /// (pending SendDones run with `ec`), releases the channel's resources. Called once, when the
+  /// session closes or drops the channel (PeerLink::drop_channel); no other method runs after it.
+  virtual void close(std::error_code ec) = 0;
 };
 
 /// The core's per-peer session, as a transport sees it. Every method runs on (and is only to be
@@ -140,83 +192,73 @@ class PeerLink {
                                           SideConnectionHandler done) = 0;
 };
 
-/// Called by the owner's transport when it has finished serving a request (any error ends it).
-using SendDone = std::function<void(std::error_code)>;
 /// Completion of TransportManager::async_open_channel(): the channel for the peer, or the error
 /// that kept it from being made (the fetches waiting for it then fail with that error).
 using ChannelOpenHandler = std::function<void(std::error_code, std::shared_ptr<TransportChannel>)>;
 
-/// The interface every transport implements: one instance per Context, made by the factory it
+/// The per-process half of a transport: one instance per Context, made by the factory it
 /// registered (register_transport) and held by the Context and its sessions through shared_ptr.
+/// It says what the transport is (identity, what it advertises, whom it can reach), adds its
+/// fields to an object's metadata, opens and accepts the per-peer TransportChannels that carry
+/// every transfer, and releases what it holds for an object when the store collects it.
 /// Which side calls what, on which thread: this file's comment and each method's;
-/// docs/custom-transport.md walks through a whole transport.
+/// docs/custom-transport.md walks through a whole transport and maps it onto Ray's
+/// TensorTransportManager.
 class TransportManager {
  public:
   virtual ~TransportManager() = default;
 
-  /// The name it is registered under ("TCP", "RDMA", "SHM", ...).
+  /// The name it is registered under ("TCP", "RDMA", "SHM", ...). Any thread.
   virtual std::string name() const = 0;
-  /// One-sided: the fetcher pulls bytes without the owner's CPU (fetch_multiple); two-sided: the
-  /// owner sends (send_multiple) into receives the fetcher posted (recv_multiple).
+  /// One-sided: the fetcher pulls bytes without the owner's CPU (TransportChannel::fetch_multiple);
+  /// two-sided: the owner sends (send_multiple) into receives the fetcher posted (recv_multiple).
+  /// Any thread.
   virtual bool is_one_sided() const = 0;
-  /// Whether recv_multiple() honours FetchOp::combine (streams arriving bytes through it). If
-  /// not, the core fetches into a buffer of its own and combines on success. Any thread.
+  /// Whether TransportChannel::recv_multiple() honours FetchOp::combine (streams arriving bytes
+  /// through it). If not, the core fetches into a buffer of its own and combines on success. Any
+  /// thread.
   virtual bool combines() const { return false; }
-  /// Whether abort() can stop a transfer in flight (otherwise abort waits for the transfer).
+  /// Whether TransportChannel::abort() can stop a transfer in flight (otherwise abort waits for
+  /// the transfer). Any thread.
   virtual bool can_abort() const = 0;
 
-  /// What this side advertises in Hello.
+  /// What this side advertises in Hello and Capabilities. Any thread.
   virtual TransportInfo local_info() const = 0;
-  /// Whether the peer can be reached over this transport (default: the peer advertised it).
+  /// Whether the peer can be reached over this transport (default: the peer advertised it). Any
+  /// thread.
   virtual bool peer_has_transport(const PeerInfo& peer) const;
 
-  /// Owner side, at put(): adds this transport's fields to an object's metadata. Any thread.
+  /// Owner side, at put(): adds this transport's fields to an object's metadata (default: none).
+  /// An error fails the put. Any thread.
   virtual std::error_code extract_metadata(const StoredObject& object, TransportMetadata& metadata);
 
-  /// Initiator side: sets up the per-peer data channel. `done` runs on the strand, exactly once.
+  /// Initiator side: sets up the per-peer channel. `done` runs on the strand, exactly once, with
+  /// the channel or the error that kept it from being made (transport_unavailable,
+  /// handshake_failed, device_error, ...). Strand.
   virtual void async_open_channel(std::shared_ptr<PeerLink> link, ChannelOpenHandler done) = 0;
   /// Acceptor side: a side connection the peer opened for this transport (see PeerLink). The
-  /// transport returns the channel it built on it, or an error (the socket is then closed).
+  /// transport returns the channel it built on it, or an error (the socket is then closed; the
+  /// default refuses with transport_unavailable). Strand.
   virtual std::error_code accept_side_connection(std::shared_ptr<PeerLink> link,
                                                  boost::asio::ip::tcp::socket socket,
                                                  std::shared_ptr<TransportChannel>& channel);
+  /// A TransportMessage from the peer addressed to this transport that no channel took: the
+  /// messages that set a channel up (the peer has none installed for this transport yet, or its
+  /// channel declined the message: TransportChannel::on_message), and any that arrives while
+  /// the peer has no channel for it. Bad input: link.fail(protocol_error). Strand. The default
+  /// ignores it.
+  virtual void on_transport_message(PeerLink& link, uint64_t request_id, std::string_view payload);
 
-  /// Fetcher side, one-sided transports: start pulling `op`'s bytes into its targets and return
-  /// the request (op.request); finish it with link.complete_fetch(). An error fails it at once.
-  virtual Result<FetchRequest> fetch_multiple(PeerLink& link, const FetchOp& op);
-  /// Fetcher side, two-sided transports: post receives for `op` into its targets and return the
-  /// request (op.request); the owner's send_multiple() fills them; finish with
-  /// link.complete_fetch(). An error fails it at once.
-  virtual Result<FetchRequest> recv_multiple(PeerLink& link, const FetchOp& op);
-  /// Waits for a fetch with a timeout (Ray's wait_fetch_complete). The default waits on the
-  /// request itself; any thread but a completion handler.
+  /// Waits for a fetch with a timeout (Ray's wait_fetch_complete): the fetch's error, or
+  /// timed_out when `timeout` passes first (the fetch goes on). The default waits on the request
+  /// itself; any thread but a completion handler.
   virtual std::error_code wait_fetch_complete(const FetchRequest& request,
                                               std::chrono::milliseconds timeout);
 
-  /// Owner side, two-sided transports: send the pinned object for `request_id`; the pin keeps it
-  /// alive until `done` runs (exactly once, on the strand). One-sided transports grant access here.
-  /// `done` with success means the transport is done with the bytes (StoredObject::on_sent, which
-  /// ferry then runs), and the fetcher has them when the object counts its serves
-  /// (StoredObject::on_served, run next): a two-sided transport then waits for the fetcher's word,
-  /// a one-sided one always waits for the release that says its reads succeeded.
-  virtual void send_multiple(PeerLink& link, uint64_t request_id, ObjectStore::Pin object,
-                             SendDone done) = 0;
-
-  /// Either side: stop everything for `request_id`. Returns true when the transport has let go of
-  /// the request's buffers (it never touches them again). Returns false on the fetcher side when
-  /// operations already handed to hardware (posted RDMA READs) still target them: the transport
-  /// then calls link.complete_fetch(request_id, {}) once they have drained, and ferry completes
-  /// the fetch with the error it was aborted for only then; the owner hears of the abort (and its
-  /// abort() runs) only then too, so an owner may revoke a one-sided grant at once. On the owner
-  /// side a pending SendDone still runs (with errc::aborted).
-  virtual bool abort(PeerLink& link, uint64_t request_id) = 0;
-
-  /// Owner side: the object was collected (last local and remote reference gone); release what
-  /// the transport holds for it. Runs exactly once per object of this transport. Any thread.
+  /// Owner side: the object was collected (its last local and remote reference and its last pin
+  /// gone); release what the transport holds for it, before its memory goes. Runs exactly once
+  /// per object of this transport. Any thread.
   virtual void garbage_collect(const StoredObject& object) = 0;
-
-  /// A TransportMessage from the peer addressed to this transport.
-  virtual void on_transport_message(PeerLink& link, uint64_t request_id, std::string_view payload);
 };
 
 }  // namespace ferry

@@ -278,11 +278,21 @@ void RdmaChannel::arm_safety_net() {
 
 // ---------------------------------------------------------------- fetcher side
 
-void RdmaChannel::add_fetch(const FetchOp& op, std::vector<std::shared_ptr<Region>> regions) {
+Result<FetchRequest> RdmaChannel::fetch_multiple(const FetchOp& op) {
   Fetch f;
+  f.regions.reserve(op.targets.size());
+  for (const auto& t : op.targets) {
+    if (t.empty()) {
+      f.regions.push_back(nullptr);
+      continue;
+    }
+    auto region = device_->local_cache().acquire(t.data(), t.size());
+    if (!region) return region.error();
+    f.regions.push_back(std::move(region.value()));
+  }
   f.op = op;
-  f.regions = std::move(regions);
   fetches_[op.request_id] = std::move(f);
+  return op.request;
 }
 
 void RdmaChannel::on_grant(uint64_t request_id, const wire::Grant& grant) {
@@ -422,6 +432,62 @@ void RdmaChannel::send_release(uint64_t request_id, bool read) {
 }
 
 // ---------------------------------------------------------------- owner side
+
+void RdmaChannel::send_multiple(uint64_t request_id, ObjectStore::Pin object, SendDone done) {
+  // With per-grant registrations the lease registers the granted ranges itself.
+  std::vector<std::shared_ptr<Region>> regions(object.object().tensors.size());
+  if (device_->grants() != RdmaGrants::registrations) {
+    auto r = options_.objects->acquire(*device_, object.object());
+    if (!r) return done(r.error());
+    regions = std::move(*r);
+  }
+  wire::Grant g;
+  g.set_lease_ms(static_cast<uint64_t>(options_.lease_timeout.count()));
+  const auto& tensors = object.object().tensors;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    auto* seg = g.add_segments();
+    seg->set_addr(reinterpret_cast<uint64_t>(tensors[i].data.data()));
+    seg->set_length(tensors[i].data.size());
+    seg->set_rkey(regions[i] ? regions[i]->rkey() : 0);
+  }
+  grant(request_id, std::move(object), std::move(regions), std::move(g), std::move(done));
+}
+
+bool RdmaChannel::abort(uint64_t request_id) {
+  if (end_lease(request_id, make_error_code(errc::aborted))) return true;  // owner side
+  return abort_fetch(request_id);                                          // fetcher side
+}
+
+bool RdmaChannel::on_message(uint64_t request_id, std::string_view payload) {
+  auto link = link_.lock();
+  wire::Message m;
+  if (!m.ParseFromArray(payload.data(), static_cast<int>(payload.size()))) {
+    if (link) {
+      FERRY_LOG_WARN("rdma: malformed control message from peer '{}'", link->info().name);
+      link->fail(make_error_code(errc::protocol_error));
+    }
+    return true;
+  }
+  switch (m.body_case()) {
+    case wire::Message::kGrant:
+      on_grant(request_id, m.grant());
+      return true;
+    case wire::Message::kRelease: {
+      // A fetch whose READs failed (or that was aborted) ends the lease without being served;
+      // one that succeeded after this side's lease ended (its queue pair broke) still counts.
+      const bool read = m.release();
+      const bool leased =
+          end_lease(request_id, read ? std::error_code() : make_error_code(errc::aborted));
+      if (!leased && read && link) link->settle(request_id);
+      return true;
+    }
+    case wire::Message::kReset:
+      if (link && link->info().initiator) on_peer_reset();
+      return true;
+    default:
+      return false;  // queue pair setup (or unknown): the transport's
+  }
+}
 
 void RdmaChannel::grant(uint64_t request_id, ObjectStore::Pin pin,
                         std::vector<std::shared_ptr<Region>> regions, wire::Grant grant,

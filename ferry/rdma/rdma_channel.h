@@ -23,6 +23,7 @@
 
 #include "ferry/net/transport.h"
 #include "ferry/rdma/device.h"
+#include "ferry/rdma/object_regions.h"
 #include "ferry/rdma/proto/rdma.pb.h"
 #include "ferry/rdma/rdma.h"
 
@@ -44,6 +45,8 @@ struct ChannelOptions {
   // Work requests outstanding and no completion at all for this long: the queue pair is broken
   // (ContextOptions::peer_timeout).
   std::chrono::milliseconds stall_timeout{10000};
+  // The transport's registrations of whole objects, for region grants (shared by its channels).
+  std::shared_ptr<ObjectRegions> objects;
 };
 
 class RdmaChannel final : public TransportChannel,
@@ -61,32 +64,17 @@ class RdmaChannel final : public TransportChannel,
   // RTR then RTS against the peer's QP, and starts watching the CQ. Strand.
   std::error_code connect(const wire::QpInfo& remote);
 
-  Device& device() { return *device_; }
-
-  // Fetcher side. Strand.
-  void add_fetch(const FetchOp& op, std::vector<std::shared_ptr<Region>> regions);
-  void on_grant(uint64_t request_id, const wire::Grant& grant);
-  // True when nothing is in flight for it any more (see TransportManager::abort).
-  bool abort_fetch(uint64_t request_id);
-
-  // Owner side. Strand.
-  // Pins the object for the lease and sends `grant` (one segment per tensor; region rkeys
-  // filled in with region grants). With memory windows, first binds one window per segment to
-  // this queue pair; with per-grant registrations, registers each segment in this queue pair's
-  // protection domain; either way the grant carries their rkeys: the peer can READ only the
-  // granted ranges, only over this queue pair, only until the lease ends. `done` runs once,
-  // when the lease ends (with device_error, at once, when a window or registration fails).
-  void grant(uint64_t request_id, ObjectStore::Pin pin,
-             std::vector<std::shared_ptr<Region>> regions, wire::Grant grant, SendDone done);
-  // Ends a lease (release, abort, timeout); false if there was none.
-  bool end_lease(uint64_t request_id, std::error_code ec);
-
+  // TransportChannel, on the strand. fetch_multiple registers the targets (the local cache) and
+  // waits for the owner's grant, which becomes READs. send_multiple grants: it registers (or
+  // looks up) the object's memory as the device's grant mode says and leases the object to the
+  // peer until its release, an abort, the lease timeout or the channel's end. abort ends a
+  // lease (owner) or a fetch (fetcher): false while READs of the fetch are still posted.
+  // on_message takes grants, releases and resets; queue pair setup goes to the transport.
+  Result<FetchRequest> fetch_multiple(const FetchOp& op) override;
+  void send_multiple(uint64_t request_id, ObjectStore::Pin object, SendDone done) override;
+  bool abort(uint64_t request_id) override;
+  bool on_message(uint64_t request_id, std::string_view payload) override;
   void close(std::error_code ec) override;
-  // Fetcher side. Strand. The owner says its queue pair is gone (a reset): to the error state
-  // and fails the channel now, so that its fetches start again over a new pair. Now and not
-  // posted: the owner's errors for this pair's leases follow the reset on the metadata channel,
-  // and a fetch still here when its error is read would fail with it instead of starting again.
-  void on_peer_reset();
   // To the error state and fails the channel, and its fetches with it, at once (new fetches
   // set up a new pair). Any thread: it runs on the strand. For fault injection.
   void post_inject_error();
@@ -125,6 +113,25 @@ class RdmaChannel final : public TransportChannel,
     uint32_t binding = 0;
     std::vector<MwHandle> windows;
   };
+
+  void on_grant(uint64_t request_id, const wire::Grant& grant);
+  // True when nothing is in flight for it any more (see TransportChannel::abort).
+  bool abort_fetch(uint64_t request_id);
+  // Pins the object for the lease and sends `grant` (one segment per tensor; region rkeys
+  // filled in with region grants). With memory windows, first binds one window per segment to
+  // this queue pair; with per-grant registrations, registers each segment in this queue pair's
+  // protection domain; either way the grant carries their rkeys: the peer can READ only the
+  // granted ranges, only over this queue pair, only until the lease ends. `done` runs once,
+  // when the lease ends (with device_error, at once, when a window or registration fails).
+  void grant(uint64_t request_id, ObjectStore::Pin pin,
+             std::vector<std::shared_ptr<Region>> regions, wire::Grant grant, SendDone done);
+  // Ends a lease (release, abort, timeout); false if there was none.
+  bool end_lease(uint64_t request_id, std::error_code ec);
+  // Fetcher side. The owner says its queue pair is gone (a reset): to the error state and fails
+  // the channel now, so that its fetches start again over a new pair. Now and not posted: the
+  // owner's errors for this pair's leases follow the reset on the metadata channel, and a fetch
+  // still here when its error is read would fail with it instead of starting again.
+  void on_peer_reset();
 
   void watch();
   void on_cq_event();

@@ -11,10 +11,6 @@ namespace asio = boost::asio;
 
 namespace {
 
-std::shared_ptr<RdmaChannel> channel_of(PeerLink& link) {
-  return std::static_pointer_cast<RdmaChannel>(link.channel(kTransportName));
-}
-
 void send(PeerLink& link, uint64_t request_id, const wire::Message& m) {
   link.send_transport_message(kTransportName, request_id, m.SerializeAsString());
 }
@@ -24,7 +20,7 @@ void send(PeerLink& link, uint64_t request_id, const wire::Message& m) {
 RdmaTransport::RdmaTransport(const TransportEnv& env, std::vector<std::shared_ptr<Device>> devices)
     : devices_(std::move(devices)),
       channel_options_{env.options.busy_poll, env.options.lease_timeout, std::make_shared<Hooks>(),
-                       env.options.peer_timeout},
+                       env.options.peer_timeout, std::make_shared<ObjectRegions>()},
       open_timeout_(env.options.handshake_timeout) {
   if (!env.pool) return;
   // Each region of the receive pool is registered with every device once, when it appears, and
@@ -168,6 +164,8 @@ void RdmaTransport::on_accept(PeerLink& link, const wire::QpInfo* remote, std::e
 
 void RdmaTransport::on_transport_message(PeerLink& link, uint64_t request_id,
                                          std::string_view payload) {
+  // What the peer's channel (if any) did not take: queue pair setup, and messages for a channel
+  // that is gone.
   wire::Message m;
   if (!m.ParseFromArray(payload.data(), static_cast<int>(payload.size()))) {
     FERRY_LOG_WARN("rdma: malformed control message from peer '{}'", link.info().name);
@@ -181,23 +179,12 @@ void RdmaTransport::on_transport_message(PeerLink& link, uint64_t request_id,
     case wire::Message::kRefuse:
       FERRY_LOG_WARN("rdma: peer '{}' refused a queue pair: {}", link.info().name, m.refuse());
       return on_accept(link, nullptr, make_error_code(errc::transport_unavailable));
-    case wire::Message::kGrant:
-      if (auto ch = channel_of(link)) return ch->on_grant(request_id, m.grant());
+    case wire::Message::kRelease:
+      // The lease ended with its channel; reads that succeeded still count as served.
+      if (m.release()) link.settle(request_id);
       return;
-    case wire::Message::kRelease: {
-      // A fetch whose READs failed (or that was aborted) ends the lease without being served;
-      // one that succeeded after this side's lease ended (its queue pair broke) still counts.
-      const bool read = m.release();
-      auto ch = channel_of(link);
-      const bool leased = ch && ch->end_lease(request_id, read ? std::error_code()
-                                                               : make_error_code(errc::aborted));
-      if (!leased && read) link.settle(request_id);
-      return;
-    }
-    case wire::Message::kReset:
-      if (link.info().initiator) {
-        if (auto ch = channel_of(link)) ch->on_peer_reset();
-      }
+    case wire::Message::kGrant:  // for a fetch that failed with its channel
+    case wire::Message::kReset:  // of a queue pair this side has dropped already
       return;
     case wire::Message::BODY_NOT_SET:
       break;
@@ -205,91 +192,8 @@ void RdmaTransport::on_transport_message(PeerLink& link, uint64_t request_id,
   FERRY_LOG_WARN("rdma: unknown control message from peer '{}'", link.info().name);
 }
 
-// ---------------------------------------------------------------- fetcher side
-
-Result<FetchRequest> RdmaTransport::fetch_multiple(PeerLink& link, const FetchOp& op) {
-  auto ch = channel_of(link);
-  if (!ch) return make_error_code(errc::transport_unavailable);
-  std::vector<std::shared_ptr<Region>> regions;
-  regions.reserve(op.targets.size());
-  for (const auto& t : op.targets) {
-    if (t.empty()) {
-      regions.push_back(nullptr);
-      continue;
-    }
-    auto region = ch->device().local_cache().acquire(t.data(), t.size());
-    if (!region) return region.error();
-    regions.push_back(std::move(region.value()));
-  }
-  ch->add_fetch(op, std::move(regions));
-  return op.request;
-}
-
-// ---------------------------------------------------------------- owner side
-
-Result<std::vector<std::shared_ptr<Region>>> RdmaTransport::object_regions(
-    Device& device, const StoredObject& object) {
-  std::lock_guard lock(mu_);
-  auto& per_device = objects_[object.id];
-  auto it = per_device.find(&device);
-  if (it != per_device.end()) return it->second;
-  std::vector<std::shared_ptr<Region>> regions;
-  for (const auto& t : object.tensors) {
-    if (t.data.empty()) {
-      regions.push_back(nullptr);
-      continue;
-    }
-    auto region = device.remote_cache().acquire(t.data.data(), t.data.size(), object.region);
-    if (!region) return region.error();
-    regions.push_back(std::move(region.value()));
-  }
-  per_device[&device] = regions;
-  return regions;
-}
-
-void RdmaTransport::send_multiple(PeerLink& link, uint64_t request_id, ObjectStore::Pin object,
-                                  SendDone done) {
-  auto ch = channel_of(link);
-  if (!ch) return done(make_error_code(errc::transport_unavailable));
-  // With per-grant registrations the channel registers the granted ranges itself.
-  std::vector<std::shared_ptr<Region>> regions(object.object().tensors.size());
-  if (ch->device().grants() != RdmaGrants::registrations) {
-    auto r = object_regions(ch->device(), object.object());
-    if (!r) return done(r.error());
-    regions = std::move(*r);
-  }
-  wire::Message m;
-  auto* grant = m.mutable_grant();
-  grant->set_lease_ms(static_cast<uint64_t>(channel_options_.lease_timeout.count()));
-  const auto& tensors = object.object().tensors;
-  for (size_t i = 0; i < tensors.size(); ++i) {
-    auto* seg = grant->add_segments();
-    seg->set_addr(reinterpret_cast<uint64_t>(tensors[i].data.data()));
-    seg->set_length(tensors[i].data.size());
-    seg->set_rkey(regions[i] ? regions[i]->rkey() : 0);
-  }
-  ch->grant(request_id, std::move(object), std::move(regions), std::move(*m.mutable_grant()),
-            std::move(done));
-}
-
-bool RdmaTransport::abort(PeerLink& link, uint64_t request_id) {
-  auto ch = channel_of(link);
-  if (!ch) return true;
-  if (ch->end_lease(request_id, make_error_code(errc::aborted))) return true;  // owner side
-  return ch->abort_fetch(request_id);                                          // fetcher side
-}
-
 void RdmaTransport::garbage_collect(const StoredObject& object) {
-  std::map<const Device*, std::vector<std::shared_ptr<Region>>> regions;
-  {
-    std::lock_guard lock(mu_);
-    auto it = objects_.find(object.id);
-    if (it == objects_.end()) return;
-    regions = std::move(it->second);
-    objects_.erase(it);
-  }
-  // Dropped here, outside the lock: the last reference to a region deregisters it, before the
-  // store releases the memory.
+  channel_options_.objects->release(object.id);
 }
 
 RegistrationCounters RdmaTransport::counters() const {

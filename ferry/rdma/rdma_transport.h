@@ -27,12 +27,9 @@ class RdmaTransport final : public TransportManager {
   bool peer_has_transport(const PeerInfo& peer) const override;
 
   void async_open_channel(std::shared_ptr<PeerLink> link, ChannelOpenHandler done) override;
-  Result<FetchRequest> fetch_multiple(PeerLink& link, const FetchOp& op) override;
-  void send_multiple(PeerLink& link, uint64_t request_id, ObjectStore::Pin object,
-                     SendDone done) override;
-  bool abort(PeerLink& link, uint64_t request_id) override;
-  void garbage_collect(const StoredObject& object) override;
+  // Queue pair setup (connect, accept, refuse), and the release of a lease whose channel is gone.
   void on_transport_message(PeerLink& link, uint64_t request_id, std::string_view payload) override;
+  void garbage_collect(const StoredObject& object) override;
 
   RegistrationCounters counters() const;
   size_t inject_queue_pair_errors();
@@ -49,9 +46,6 @@ class RdmaTransport final : public TransportManager {
   std::pair<std::shared_ptr<Device>, const Address*> local_address(const PeerInfo& peer) const;
   void on_connect(PeerLink& link, const wire::QpInfo& remote);
   void on_accept(PeerLink& link, const wire::QpInfo* remote, std::error_code ec);
-  // Registrations of an object's tensors on `device`, made at its first grant.
-  Result<std::vector<std::shared_ptr<Region>>> object_regions(Device& device,
-                                                              const StoredObject& object);
 
   std::vector<std::shared_ptr<Device>> devices_;
   ChannelOptions channel_options_;
@@ -60,8 +54,6 @@ class RdmaTransport final : public TransportManager {
   mutable std::mutex mu_;
   std::unordered_map<const PeerLink*, PendingOpen> opening_;
   std::vector<std::weak_ptr<RdmaChannel>> channels_;  // for fault injection
-  std::unordered_map<ObjectId, std::map<const Device*, std::vector<std::shared_ptr<Region>>>>
-      objects_;
   // The receive pool's regions, registered on every device while the pool holds them; under mu_.
   std::unordered_map<const std::byte*, std::vector<std::shared_ptr<Region>>> pool_regions_;
   // Last: unregistered first, so no callback runs while the members above are destroyed.

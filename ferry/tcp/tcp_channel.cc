@@ -50,7 +50,7 @@ void TcpChannel::start() {
 
 // ---------------------------------------------------------------- receiving
 
-void TcpChannel::post_recv(const FetchOp& op) {
+Result<FetchRequest> TcpChannel::recv_multiple(const FetchOp& op) {
   Recv r;
   r.targets = op.targets;
   r.combine = op.combine;
@@ -58,6 +58,7 @@ void TcpChannel::post_recv(const FetchOp& op) {
   r.written.reserve(op.targets.size());
   for (const auto& t : op.targets) r.written.emplace_back(t.size());
   recvs_[op.request_id] = std::move(r);
+  return op.request;
 }
 
 void TcpChannel::arm_read() {
@@ -246,7 +247,7 @@ void TcpChannel::finish_request() {
 
 // ---------------------------------------------------------------- sending
 
-void TcpChannel::post_send(uint64_t request_id, ObjectStore::Pin object, SendDone done) {
+void TcpChannel::send_multiple(uint64_t request_id, ObjectStore::Pin object, SendDone done) {
   if (closed_) {
     done(errc::peer_closed);
     return;
@@ -258,6 +259,17 @@ void TcpChannel::post_send(uint64_t request_id, ObjectStore::Pin object, SendDon
   s.ack = static_cast<bool>(s.object.object().on_served);
   sends_.push_back(std::move(s));
   pump();
+}
+
+bool TcpChannel::on_message(uint64_t request_id, std::string_view payload) {
+  auto link = link_.lock();
+  if (!payload.empty()) {
+    if (link) FERRY_LOG_WARN("TCP: unknown control message from peer '{}'", link->info().name);
+    return true;
+  }
+  // Not waited for by the channel: its send failed when a broken connection took it.
+  if (!on_ack(request_id) && link) link->settle(request_id);
+  return true;
 }
 
 bool TcpChannel::on_ack(uint64_t request_id) {
@@ -343,7 +355,8 @@ void TcpChannel::finish_send(std::deque<Send>::iterator it, std::error_code ec) 
 
 // ---------------------------------------------------------------- abort and close
 
-void TcpChannel::abort(uint64_t request_id) {
+bool TcpChannel::abort(uint64_t request_id) {
+  // Receives land only inside strand handlers, so dropping the request releases it at once.
   // Receive side: stop landing bytes in its targets, now.
   if (recvs_.erase(request_id) && read_state_ == ReadState::payload &&
       header_.request_id == request_id) {
@@ -354,7 +367,7 @@ void TcpChannel::abort(uint64_t request_id) {
     auto done = std::move(it->second);
     awaiting_ack_.erase(it);
     if (done) done(errc::aborted);
-    return;
+    return true;
   }
   // Send side: a chunk being written finishes first (its bytes are in flight), then the send
   // ends with an end marker missing: the fetcher has dropped the request already.
@@ -368,8 +381,9 @@ void TcpChannel::abort(uint64_t request_id) {
     } else {
       finish_send(it, errc::aborted);
     }
-    return;
+    return true;
   }
+  return true;
 }
 
 void TcpChannel::fail(std::error_code ec) {

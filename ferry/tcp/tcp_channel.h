@@ -37,13 +37,15 @@ class TcpChannel final : public TransportChannel, public std::enable_shared_from
 
   // Sizes the staging buffer and starts reading. Strand.
   void start();
-  // Strand, all of them.
-  void post_recv(const FetchOp& op);
-  void post_send(uint64_t request_id, ObjectStore::Pin object, SendDone done);
-  void abort(uint64_t request_id);
-  // Owner side: the fetcher's acknowledgement of a request arrived. False if no send of this
-  // channel waits for it.
-  bool on_ack(uint64_t request_id);
+
+  // TransportChannel: strand, all of them. Receives are posted before the owner sends; the
+  // owner streams its serves round-robin; abort lets go of a request at once (true).
+  Result<FetchRequest> recv_multiple(const FetchOp& op) override;
+  void send_multiple(uint64_t request_id, ObjectStore::Pin object, SendDone done) override;
+  bool abort(uint64_t request_id) override;
+  // The fetcher's acknowledgement of a send that asked for one (an empty payload); a send this
+  // channel no longer waits for (a broken connection ended it) is settled with the session.
+  bool on_message(uint64_t request_id, std::string_view payload) override;
   void close(std::error_code ec) override;
 
  private:
@@ -64,6 +66,10 @@ class TcpChannel final : public TransportChannel, public std::enable_shared_from
     bool acked = false;  // which came before the last chunk's write completed
   };
   enum class ReadState { header, payload };
+
+  // Owner side: the fetcher's acknowledgement of a request arrived. False if no send of this
+  // channel waits for it.
+  bool on_ack(uint64_t request_id);
 
   // Waits for the socket to be readable: between chunks by a read queued into stage_, whose
   // handler parses it and reads on (on_readable) unless it emptied the socket; mid-payload by

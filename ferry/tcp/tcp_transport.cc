@@ -43,37 +43,14 @@ std::error_code TcpTransport::accept_side_connection(std::shared_ptr<PeerLink> l
   return {};
 }
 
-Result<FetchRequest> TcpTransport::recv_multiple(PeerLink& link, const FetchOp& op) {
-  auto ch = std::static_pointer_cast<TcpChannel>(link.channel(kTransportName));
-  if (!ch) return errc::transport_unavailable;
-  ch->post_recv(op);
-  return op.request;
-}
-
-void TcpTransport::send_multiple(PeerLink& link, uint64_t request_id, ObjectStore::Pin object,
-                                 SendDone done) {
-  auto ch = std::static_pointer_cast<TcpChannel>(link.channel(kTransportName));
-  if (!ch) return done(errc::transport_unavailable);
-  ch->post_send(request_id, std::move(object), std::move(done));
-}
-
-bool TcpTransport::abort(PeerLink& link, uint64_t request_id) {
-  // Receives land only inside strand handlers, so dropping the request releases it at once.
-  if (auto ch = std::static_pointer_cast<TcpChannel>(link.channel(kTransportName))) {
-    ch->abort(request_id);
-  }
-  return true;
-}
-
 void TcpTransport::on_transport_message(PeerLink& link, uint64_t request_id,
                                         std::string_view payload) {
   if (!payload.empty()) {
     FERRY_LOG_WARN("TCP: unknown control message from peer '{}'", link.info().name);
     return;
   }
-  auto ch = std::static_pointer_cast<TcpChannel>(link.channel(kTransportName));
-  // Not waited for by the channel: its send failed when a broken connection took it.
-  if (!ch || !ch->on_ack(request_id)) link.settle(request_id);
+  // An acknowledgement with no channel: the send it answers failed when its connection broke.
+  link.settle(request_id);
 }
 
 void TcpTransport::garbage_collect(const StoredObject&) {

@@ -36,11 +36,9 @@ class TcpTransport final : public TransportManager {
   std::error_code accept_side_connection(std::shared_ptr<PeerLink> link,
                                          boost::asio::ip::tcp::socket socket,
                                          std::shared_ptr<TransportChannel>& channel) override;
-  Result<FetchRequest> recv_multiple(PeerLink& link, const FetchOp& op) override;
-  void send_multiple(PeerLink& link, uint64_t request_id, ObjectStore::Pin object,
-                     SendDone done) override;
-  bool abort(PeerLink& link, uint64_t request_id) override;
-  /// The fetcher's acknowledgement of a send that asked for one (an empty payload).
+  /// The fetcher's acknowledgement of a send that asked for one (an empty payload), when the peer
+  /// has no TCP channel any more: the send it answers failed with its connection, so the object
+  /// counts it as served now (PeerLink::settle). The channel takes the others.
   void on_transport_message(PeerLink& link, uint64_t request_id, std::string_view payload) override;
   void garbage_collect(const StoredObject& object) override;
 

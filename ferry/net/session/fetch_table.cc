@@ -167,8 +167,12 @@ void FetchTable::launch(uint64_t id, PendingFetch pending, std::vector<MutableBu
   if (deadline != Clock::time_point::max()) link_.arm_deadline(deadline);
   FetchOp op{id, ref, std::move(targets), FetchRequest(state), std::move(stream)};
   fetches_.emplace(id, std::move(pending));
-  auto started = transport->is_one_sided() ? transport->fetch_multiple(link_.peer(), op)
-                                           : transport->recv_multiple(link_.peer(), op);
+  // The channel is gone again if it broke since ensure_channel (then nothing was started).
+  const auto channel = link_.peer().channel(transport->name());
+  Result<FetchRequest> started = make_error_code(errc::transport_unavailable);
+  if (channel) {
+    started = transport->is_one_sided() ? channel->fetch_multiple(op) : channel->recv_multiple(op);
+  }
   if (!started) {
     complete(id, started.error());
     return;
@@ -283,7 +287,8 @@ void FetchTable::complete(uint64_t request_id, std::error_code ec) {
     ec = it->second.releasing;
   } else if (ec) {
     // The transport lets go of the targets before the caller hears of the failure.
-    if (!it->second.transport->abort(link_.peer(), request_id)) {
+    const auto channel = link_.peer().channel(it->second.transport->name());
+    if (channel && !channel->abort(request_id)) {
       it->second.releasing = ec;  // it calls complete() again once they are free
       it->second.deadline = Clock::time_point::max();
       return;

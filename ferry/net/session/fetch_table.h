@@ -91,9 +91,9 @@ class FetchTable {
   void start_transfer(std::shared_ptr<detail::FetchState> state,
                       std::shared_ptr<TransportManager> transport,
                       std::vector<MutableBuffer> targets, FetchOptions options);
-  // Hands fetch `id` to its transport and asks the peer for it; `pending.transport`'s channel
-  // must exist. `targets`: where the transport lands the bytes; `stream`: the combine of a
-  // transport that combines.
+  // Hands fetch `id` to its transport's channel and asks the peer for it; without the channel
+  // (it broke meanwhile) the fetch fails with transport_unavailable. `targets`: where the transport
+  // lands the bytes; `stream`: the combine of a transport that combines.
   void launch(uint64_t id, PendingFetch pending, std::vector<MutableBuffer> targets,
               CombineFn stream);
   // The second half of restart(), once the new channel is open (`open_ec`: or not): launches

@@ -78,7 +78,8 @@ void ServeTable::serve(uint64_t rid, const wire::Fetch& msg) {
     refuse(rid, errc::size_mismatch, "requested sizes do not match the object");
     return;
   }
-  if (!link_.peer().channel(transport->name())) {
+  const auto channel = link_.peer().channel(transport->name());
+  if (!channel) {
     refuse(rid, errc::transport_unavailable,
            "no " + transport->name() + " data channel to this peer");
     return;
@@ -90,8 +91,8 @@ void ServeTable::serve(uint64_t rid, const wire::Fetch& msg) {
   ServeHooks hooks{pin.object().on_sent, pin.object().on_served};
   uint64_t bytes = 0;
   for (const auto& t : tensors) bytes += t.data.size();
-  transport->send_multiple(
-      link_.peer(), rid, std::move(pin),
+  channel->send_multiple(
+      rid, std::move(pin),
       // The session, which owns this table, lives until the transport has called it.
       [keep = link_.peer().shared_link(), this, rid, hooks = std::move(hooks), bytes,
        name = transport->name()](std::error_code ec) {
@@ -144,8 +145,7 @@ void ServeTable::cancel(uint64_t rid) {
   }
   auto it = serving_.find(rid);
   if (it == serving_.end()) return;  // already finished: nothing to stop
-  auto transport = it->second.transport;
-  transport->abort(link_.peer(), rid);
+  if (auto channel = link_.peer().channel(it->second.transport->name())) channel->abort(rid);
 }
 
 void ServeTable::abort_object(ObjectId object) {
@@ -163,8 +163,7 @@ void ServeTable::abort_object(ObjectId object) {
     // A transport's abort may end the serve at once (its SendDone erases the entry).
     auto it = serving_.find(rid);
     if (it == serving_.end() || it->second.transport->is_one_sided()) continue;
-    auto transport = it->second.transport;
-    transport->abort(link_.peer(), rid);
+    if (auto channel = link_.peer().channel(it->second.transport->name())) channel->abort(rid);
   }
 }
 

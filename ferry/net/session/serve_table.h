@@ -41,17 +41,17 @@ class ServeTable {
   ServeTable(const ServeTable&) = delete;
   ServeTable& operator=(const ServeTable&) = delete;
 
-  // The peer's Fetch `rid`: serves it over the transport it asks for (send_multiple, which
-  // holds the pin until its done), parks it when it names an object not put yet, or refuses it
-  // (an Error frame for `rid`, counted in the stats): invalid_argument (an id in use or of this
-  // side's parity), overloaded (max_requests), stale_ref, object_not_found, size_mismatch,
-  // transport_unknown / transport_unavailable. A serve's end is counted in the stats; it runs the
-  // object's hooks on success and reports a failure to the peer (the hooks then wait for
-  // settle()) unless it was aborted or the session ended.
+  // The peer's Fetch `rid`: serves it over the transport it asks for (its channel's
+  // send_multiple, which holds the pin until its done), parks it when it names an object not
+  // put yet, or refuses it (an Error frame for `rid`, counted in the stats): invalid_argument
+  // (an id in use or of this side's parity), overloaded (max_requests), stale_ref,
+  // object_not_found, size_mismatch, transport_unknown / transport_unavailable. A serve's end is
+  // counted in the stats; it runs the object's hooks on success and reports a failure to the peer
+  // (the hooks then wait for settle()) unless it was aborted or the session ended.
   void serve(uint64_t rid, const wire::Fetch& msg);
   // An object was put under `name`: serves the fetches parked for it, while the session is open.
   void on_named(const std::string& name);
-  // The peer's Cancel of `rid`: a parked fetch is forgotten, a serve is aborted at its transport
+  // The peer's Cancel of `rid`: a parked fetch is forgotten, a serve is aborted at its channel
   // (its end follows through send_multiple's done). Unknown ids are ignored.
   void cancel(uint64_t rid);
   // The owner aborts every serve of `object`: each fails at the fetcher with errc::aborted; a
