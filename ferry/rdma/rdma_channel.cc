@@ -680,7 +680,7 @@ void RdmaChannel::fail(std::error_code ec) {
   if (link && !link->info().initiator && link->is_open()) {
     // The fetcher's queue pair still looks fine from its side, but talks to this dead one: tell
     // it to fail its own, so that its next fetch sets up a new pair instead of asking an owner
-    // that has no channel (found by breaking queue pairs during collectives).
+    // that has no channel (and being refused).
     wire::Message m;
     m.set_reset(true);
     link->send_transport_message(kTransportName, 0, m.SerializeAsString());
@@ -694,9 +694,8 @@ void RdmaChannel::fail(std::error_code ec) {
 
 void RdmaChannel::on_peer_reset() {
   // Fails the channel at once instead of after the flushed completions (fail() puts the QP in
-  // the error state, where it places no more data): while it waited for them, rxe can take
-  // seconds, new fetches joined the dead pair and were refused by an owner that had dropped its
-  // own, again and again (found by breaking queue pairs during collectives).
+  // the error state, where it places no more data): the flush can take seconds (rxe), and new
+  // fetches must not join a pair whose owner side is gone, where each would be refused.
   fail(make_wc_error(IBV_WC_GENERAL_ERR));
 }
 
