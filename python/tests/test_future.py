@@ -15,6 +15,7 @@ import pytest
 
 ferry = pytest.importorskip("ferry", reason="ferry is not built (PYTHONPATH=build/python)")
 
+from conftest import HOST  # noqa: E402
 from ferry_helper import objects, same  # noqa: E402
 
 
@@ -299,7 +300,7 @@ def test_a_thread_waiting_in_the_loop_serves_its_own_peers(local_owner):
     result(): while a thread runs its context's loop (the io threads parked), requests for what
     that context owns are served by it; nothing waits on a parked thread."""
     data = {name: np.arange(1 << 16, dtype=np.float64) * k for k, name in enumerate("ab", 1)}
-    with ferry.Context("127.0.0.1:0", name="wait-b") as other:
+    with ferry.Context(f"{HOST}:0", name="wait-b") as other:
         refs = {"a": local_owner.put(data["a"]), "b": other.put(data["b"])}
         errors = []
 
