@@ -171,19 +171,15 @@ py::dict pool_dict(const PoolStats& s) {
   return d;
 }
 
-// How long the io threads stay parked after a thread's wait for a fetch ran the loop (WaitMode).
-constexpr std::chrono::microseconds kDefaultWaitLinger{500};
-
 class ContextHandle {
  public:
   // `given`: ContextOptions as options_from() takes them, and how a thread waits for a fetch
-  // (WaitMode): "wait_runs_loop" (bool, default true) and "wait_linger_us".
+  // (WaitMode): "wait_runs_loop" and "wait_linger_us" (ferry.Context checks and defaults them).
   explicit ContextHandle(py::dict given) {
     given = given.attr("copy")();
-    run_loop_in_wait_ = given.attr("pop")("wait_runs_loop", true).cast<bool>();
-    wait_linger_ = std::chrono::microseconds(
-        given.attr("pop")("wait_linger_us", kDefaultWaitLinger.count()).cast<int64_t>());
-    if (wait_linger_.count() < 0) throw py::value_error("wait_linger must be >= 0");
+    const bool run_loop_in_wait = given.attr("pop")("wait_runs_loop").cast<bool>();
+    const std::chrono::microseconds wait_linger(
+        given.attr("pop")("wait_linger_us").cast<int64_t>());
     ContextOptions options = options_from(given);
     std::error_code thrown;
     std::string what;
@@ -199,6 +195,7 @@ class ContextHandle {
     if (thrown) raise_error(thrown, what);
     if (!made) raise_error(made.error(), "Context");
     ctx_ = std::shared_ptr<Context>(std::move(made).value());
+    if (run_loop_in_wait) wait_mode_ = WaitMode{ctx_, wait_linger};
   }
 
   // Python dropped the context (GIL held): close it, without the GIL, if it is still open.
@@ -262,10 +259,7 @@ class ContextHandle {
     auto c = ctx();
     auto peer = without_gil([&] { return c->connect(address); });
     if (!peer) raise_error(peer.error(), "connect to " + address);
-    WaitMode mode;
-    if (run_loop_in_wait_) mode = WaitMode{c, wait_linger_};
-    return std::make_unique<PeerHandle>(std::move(peer).value(), inflight_, address,
-                                        std::move(mode));
+    return std::make_unique<PeerHandle>(std::move(peer).value(), inflight_, address, wait_mode_);
   }
 
   // Idempotent. Fetches whose completion will never come fail with context_closed. GIL held.
@@ -326,8 +320,7 @@ class ContextHandle {
 
   std::shared_ptr<Context> ctx_;  // null once closed; read and written with the GIL held
   std::shared_ptr<InflightFetches> inflight_ = std::make_shared<InflightFetches>();
-  bool run_loop_in_wait_ = true;
-  std::chrono::microseconds wait_linger_ = kDefaultWaitLinger;
+  WaitMode wait_mode_;  // what each Peer's fetches wait with (the context held weakly)
 };
 
 }  // namespace
