@@ -52,7 +52,7 @@ int run_allreduce(const AllreduceArgs& args) {
   }
   const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                            std::chrono::duration<double>(args.join_timeout_s));
-  ContextOptions options;
+  ContextOptions options = ContextOptions::from_environment();
   options.name = "allreduce-rank" + std::to_string(args.rank);
   options.threads = args.threads;
   auto ctx = Context::create(options);

@@ -39,10 +39,11 @@ int run_idle(const FetchArgs& args, Peer& peer) {
 }  // namespace
 
 int run_fetch(const FetchArgs& args) {
-  ContextOptions options;
+  ContextOptions options = ContextOptions::from_environment();
   options.name = "ferry-bench-fetch";
   options.threads = args.threads;
-  options.busy_poll = args.busy_poll;
+  options.transport_options_for<rdma::RdmaOptions>(rdma::kRdmaTransportName).busy_poll =
+      args.busy_poll;
   auto ctx = Context::create(options);
   if (!ctx) {
     std::fprintf(stderr, "ferry-bench fetch: %s\n", ctx.error().message().c_str());

@@ -20,7 +20,7 @@ struct FetchArgs {
   pid_t server_pid = 0;  // for the server's CPU time (same machine); 0 = not measured
   bool ferry_allocates = false;  // no targets: ferry allocates each result (first-touch cost)
   int threads = 1;
-  bool busy_poll = false;  // ContextOptions::busy_poll (RDMA)
+  bool busy_poll = false;  // rdma::RdmaOptions::busy_poll
 };
 
 // Returns an exit code; the result line goes to stdout.

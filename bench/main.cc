@@ -43,7 +43,7 @@ int main(int argc, char** argv) {
   s->add_option("--threads", serve.threads, "io_context threads")->capture_default_str();
   s->add_flag("--busy-poll", serve.busy_poll, "Poll RDMA completion queues");
   s->add_option("--max-requests", serve.max_requests, "Requests one peer may have served at once");
-  s->add_option("--grants", serve.grants, "RDMA grants: ContextOptions::rdma_grants")
+  s->add_option("--grants", serve.grants, "RDMA grants: rdma::RdmaOptions::grants")
       ->check(kGrants)
       ->capture_default_str();
   std::string chunk = "0";
@@ -99,7 +99,7 @@ int main(int argc, char** argv) {
   r->add_option("--tensor-bytes", tensor_bytes, "Bytes per tensor")->capture_default_str();
   r->add_option("--inflight", reg.inflight, "Fetches in flight")->capture_default_str();
   r->add_flag("!--no-pool", reg.pool, "Skip the views fetched into ferry's receive pool");
-  r->add_option("--grants", reg.grants, "The owner's ContextOptions::rdma_grants")
+  r->add_option("--grants", reg.grants, "The owner's rdma::RdmaOptions::grants")
       ->check(kGrants)
       ->capture_default_str();
 

@@ -13,8 +13,8 @@
 #include <vector>
 
 #include "bench/measure.h"
-#include "ferry/net/context.h"
 #include "ferry/tcp/congestion.h"
+#include "ferry/tcp/options.h"
 
 namespace ferry::bench {
 namespace {
@@ -55,11 +55,11 @@ bool write_all(int fd, const void* p, size_t n) {
 }
 
 // A connected socket set up as ferry sets up its data channels: TCP_NODELAY, and the congestion
-// control ContextOptions::tcp_congestion would give it ($FERRY_TCP_CONGESTION as ferry reads it).
+// control TcpOptions::congestion would give it ($FERRY_TCP_CONGESTION as ferry reads it).
 void like_a_data_channel(int fd) {
   int one = 1;
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-  tcp::tune_congestion(fd, ContextOptions::default_tcp_congestion());
+  tcp::tune_congestion(fd, tcp::TcpOptions::from_environment().congestion);
 }
 
 }  // namespace

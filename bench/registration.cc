@@ -37,9 +37,10 @@ std::string counters_json(Context& ctx) {
 // from its receive pool.
 int run_case(const RegistrationArgs& args, const char* name, uint64_t count, uint64_t bytes,
              bool views, bool pool = false) {
-  ContextOptions options;
+  ContextOptions options = ContextOptions::from_environment();
   options.name = "bench-owner";
-  options.rdma_grants = parse_rdma_grants(args.grants).value_or(RdmaGrants::automatic);
+  options.transport_options_for<rdma::RdmaOptions>(rdma::kRdmaTransportName).grants =
+      rdma::parse_rdma_grants(args.grants).value_or(rdma::RdmaGrants::automatic);
   auto owner = Context::create(options);
   if (!owner) return failed("", owner.error());
   auto port = (*owner)->listen(args.host + ":0");

@@ -19,7 +19,7 @@ struct RegistrationArgs {
   uint64_t tensors = 1000;
   uint64_t tensor_bytes = 2 * 1024 * 1024;
   int inflight = 16;
-  std::string grants = "auto";  // the owner's ContextOptions::rdma_grants (parse_rdma_grants)
+  std::string grants = "auto";  // the owner's rdma::RdmaOptions::grants (rdma::parse_rdma_grants)
   bool pool = true;             // also the views fetched into ferry's receive pool (case "pool")
 };
 

@@ -21,7 +21,7 @@ int run_scale(const ScaleArgs& args) {
     return 2;
   }
   raise_fd_limit();
-  ContextOptions options;
+  ContextOptions options = ContextOptions::from_environment();
   options.name = "ferry-bench-scale";
   auto ctx = Context::create(options);
   if (!ctx) return 1;

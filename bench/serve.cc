@@ -27,13 +27,17 @@ int run_serve(const ServeArgs& args) {
   pthread_sigmask(SIG_BLOCK, &stop, nullptr);
   raise_fd_limit();
 
-  ContextOptions options;
+  ContextOptions options = ContextOptions::from_environment();
   options.name = "ferry-bench-serve";
   options.threads = args.threads;
-  options.busy_poll = args.busy_poll;
   if (args.max_requests) options.max_requests_per_peer = args.max_requests;
-  options.rdma_grants = parse_rdma_grants(args.grants).value_or(RdmaGrants::automatic);
-  if (args.tcp_chunk_bytes) options.tcp_chunk_bytes = args.tcp_chunk_bytes;
+  auto& rdma_options = options.transport_options_for<rdma::RdmaOptions>(rdma::kRdmaTransportName);
+  rdma_options.busy_poll = args.busy_poll;
+  rdma_options.grants = rdma::parse_rdma_grants(args.grants).value_or(rdma::RdmaGrants::automatic);
+  if (args.tcp_chunk_bytes) {
+    options.transport_options_for<tcp::TcpOptions>(tcp::kTransportName).chunk_bytes =
+        args.tcp_chunk_bytes;
+  }
   auto ctx = Context::create(options);
   if (!ctx) {
     std::fprintf(stderr, "ferry-bench serve: %s\n", ctx.error().message().c_str());

@@ -156,9 +156,8 @@ std::vector<std::string> gather_addresses(const fs::path& dir, int n, Clock::tim
   return addresses;
 }
 
-int run_rank(int rank, const CollectiveArgs& a, const std::vector<uint64_t>& sizes,
-             const fs::path& dir) {
-  ContextOptions options;
+int run_rank(int rank, const CollectiveArgs& a, ContextOptions options,
+             const std::vector<uint64_t>& sizes, const fs::path& dir) {
   options.name = "rank" + std::to_string(rank);
   if (a.transport != "auto") options.transports = {a.transport};
   auto ctx = Context::create(options);
@@ -178,7 +177,7 @@ int run_rank(int rank, const CollectiveArgs& a, const std::vector<uint64_t>& siz
 
 }  // namespace
 
-int run_collective(const CollectiveArgs& a) {
+int run_collective(const CollectiveArgs& a, const ContextOptions& options) {
   std::vector<uint64_t> sizes;
   for (const auto& text : a.sizes) {
     auto size = parse_size(text);
@@ -195,7 +194,7 @@ int run_collective(const CollectiveArgs& a) {
     if (pid == 0) {
       int rc = kExitUsage;
       try {
-        rc = run_rank(r, a, sizes, dir);
+        rc = run_rank(r, a, options, sizes, dir);
       } catch (const std::exception& e) {
         std::fprintf(stderr, "ferry: rank %d: %s\n", r, e.what());
       }

@@ -5,6 +5,8 @@
 #include <string>
 #include <vector>
 
+#include "ferry/net/context.h"
+
 namespace ferry::cli {
 
 struct CollectiveArgs {
@@ -21,7 +23,8 @@ struct CollectiveArgs {
 // reduce-scatter at each size, and times `iterations` allreduces. The parent prints one line
 // per collective and size (time, algorithm and bus bandwidth for allreduce) and returns an
 // ExitCode: ok only if every rank verified everything; kExitTimeout if one did not finish.
+// Each rank's context starts from `options` (main's ContextOptions::from_environment()).
 // Blocking; call from main only (it forks).
-int run_collective(const CollectiveArgs& args);
+int run_collective(const CollectiveArgs& args, const ContextOptions& options);
 
 }  // namespace ferry::cli

@@ -236,7 +236,8 @@ int fetch_targets(const FetchArgs& args, Peer& peer, const std::vector<Target>& 
 
 // Everything run_fetch does but print the result: fills `summary` with what completed, also when
 // it fails (fail() has reported why). Returns an exit code.
-int fetch_all(const FetchArgs& args, FetchSummary& summary, std::string& from_out) {
+int fetch_all(const FetchArgs& args, ContextOptions options, FetchSummary& summary,
+              std::string& from_out) {
   Manifest manifest;
   if (std::string error; !args.manifest.empty() && !read_manifest(args.manifest, manifest, error)) {
     return fail(kExitUsage, "manifest " + args.manifest + ": " + error);
@@ -255,7 +256,6 @@ int fetch_all(const FetchArgs& args, FetchSummary& summary, std::string& from_ou
     if (ec) return fail(kExitFetchFailed, "create directory " + args.out, ec);
   }
 
-  ContextOptions options;
   options.name = "ferry-fetch";
   options.threads = args.threads;
   options.transport = args.transport;
@@ -293,10 +293,10 @@ int fetch_all(const FetchArgs& args, FetchSummary& summary, std::string& from_ou
 
 }  // namespace
 
-int run_fetch(const FetchArgs& args) {
+int run_fetch(const FetchArgs& args, ContextOptions options) {
   FetchSummary summary;
   std::string from;
-  const int rc = fetch_all(args, summary, from);
+  const int rc = fetch_all(args, std::move(options), summary, from);
   if (args.json) {
     // Pure JSON on stdout, success or not: what completed, and "error" (null on success).
     std::fputs(summary_json(summary).c_str(), stdout);

@@ -15,9 +15,9 @@ struct FetchArgs {
   std::string manifest;           // refs and checksums to verify against
   bool all = false;               // everything the peer's store holds
   int concurrency = 8;
-  std::string out;  // directory for <object_id>.<tensor_index>.bin files
-  std::string transport = ContextOptions::default_transport();  // $FERRY_TRANSPORT or "auto"
-  int64_t timeout_ms = 60000;                                   // per fetch
+  std::string out;                 // directory for <object_id>.<tensor_index>.bin files
+  std::string transport = "auto";  // main sets the environment's (ContextOptions::transport)
+  int64_t timeout_ms = 60000;      // per fetch
   bool json = false;
   std::string progress = "auto";  // auto | always | never
   bool quiet = false;
@@ -25,8 +25,9 @@ struct FetchArgs {
 };
 
 // Connects, fetches every requested object with at most `concurrency` in flight (each one's
-// memory is released once it is verified and written), and prints the summary. Returns the
-// process exit code (see status.h).
-int run_fetch(const FetchArgs& args);
+// memory is released once it is verified and written), and prints the summary. `options`: what
+// its context starts from (main's ContextOptions::from_environment()). Returns the process exit
+// code (see status.h).
+int run_fetch(const FetchArgs& args, ContextOptions options);
 
 }  // namespace ferry::cli

@@ -23,7 +23,7 @@ namespace {
 // came from (docs/configuration.md lists them all).
 struct Setting {
   std::string variable;  // FERRY_...
-  std::string option;    // the ContextOptions field (or what reads it)
+  std::string option;    // what it sets: a ContextOptions field, a transport's option, ...
   std::string value;     // effective, as text
   std::string source;    // "default" or "environment"
 };
@@ -33,20 +33,6 @@ std::string bytes_text(uint64_t bytes) {
   std::snprintf(text, sizeof(text), "%.2f GiB (%llu)", static_cast<double>(bytes) / (1ull << 30),
                 static_cast<unsigned long long>(bytes));
   return text;
-}
-
-const char* grants_text(RdmaGrants g) {
-  switch (g) {
-    case RdmaGrants::automatic:
-      return "auto";
-    case RdmaGrants::windows:
-      return "windows";
-    case RdmaGrants::registrations:
-      return "registrations";
-    case RdmaGrants::regions:
-      return "regions";
-  }
-  return "?";
 }
 
 std::string join(const std::vector<std::string>& items) {
@@ -59,6 +45,8 @@ std::string join(const std::vector<std::string>& items) {
 }
 
 std::vector<Setting> settings_of(const ContextOptions& o) {
+  const auto rdma_options = o.transport_options_for<rdma::RdmaOptions>(rdma::kRdmaTransportName);
+  const auto tcp_options = o.transport_options_for<tcp::TcpOptions>(tcp::kTransportName);
   const auto or_none = [](const std::string& v, const char* none) { return v.empty() ? none : v; };
   std::vector<Setting> out = {
       {"FERRY_TRANSPORT", "transport", o.transport, ""},
@@ -67,9 +55,9 @@ std::vector<Setting> settings_of(const ContextOptions& o) {
       {"FERRY_TLS_CERT", "tls.certificate", or_none(o.tls.certificate, "none"), ""},
       {"FERRY_TLS_KEY", "tls.private_key", or_none(o.tls.private_key, "none"), ""},
       {"FERRY_TLS_CA", "tls.ca", or_none(o.tls.ca, "none"), ""},
-      {"FERRY_RDMA_GRANTS", "rdma_grants", grants_text(o.rdma_grants), ""},
+      {"FERRY_RDMA_GRANTS", "rdma_grants", rdma::rdma_grants_name(rdma_options.grants), ""},
       {"FERRY_TCP_CONGESTION", "tcp_congestion",
-       or_none(o.tcp_congestion, "automatic (reno within one host, else the system's)"), ""},
+       or_none(tcp_options.congestion, "automatic (reno within one host, else the system's)"), ""},
       {"FERRY_POOL_BYTES", "pool_bytes",
        o.pool_bytes ? bytes_text(o.pool_bytes) : std::string("0 (receive pool off)"), ""},
       {"FERRY_LOG", "log level", std::string(log::level_name(log::current_level())), ""},
@@ -180,8 +168,8 @@ void print_json(const std::vector<RegisteredTransport>& registered,
 
 }  // namespace
 
-int run_info(bool json) {
-  auto ctx = Context::create();
+int run_info(bool json, ContextOptions options) {
+  auto ctx = Context::create(std::move(options));
   if (!ctx) {
     const int rc = fail(kExitUsage, "create a default context", ctx.error());
     if (json) std::fputs(failure_json().c_str(), stdout);

@@ -180,8 +180,11 @@ int run(int argc, char** argv) {
   app.set_version_flag("--version", "ferry " + std::string(kVersion));
   app.require_subcommand(1);
   app.footer(kExitCodeHelp);
+  // The one place the tool reads ferry's $FERRY_* variables; every context starts from these.
+  const ContextOptions environment = ContextOptions::from_environment();
   ServeArgs serve_args;
   FetchArgs fetch_args;
+  fetch_args.transport = environment.transport;
   bool info_json = false;
   add_serve(app, serve_args);
   add_fetch(app, fetch_args);
@@ -196,10 +199,10 @@ int run(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? kExitOk : kExitUsage;
   }
-  if (app.got_subcommand("serve")) return run_serve(serve_args);
-  if (app.got_subcommand("fetch")) return run_fetch(fetch_args);
-  if (app.got_subcommand("collective")) return run_collective(collective_args);
-  return run_info(info_json);
+  if (app.got_subcommand("serve")) return run_serve(serve_args, environment);
+  if (app.got_subcommand("fetch")) return run_fetch(fetch_args, environment);
+  if (app.got_subcommand("collective")) return run_collective(collective_args, environment);
+  return run_info(info_json, environment);
 }
 
 }  // namespace

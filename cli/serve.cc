@@ -126,7 +126,7 @@ std::error_code put_objects(Context& ctx, std::vector<Blob>& blobs, Manifest& ma
 namespace {
 
 // run_serve but for the failure document --json prints.
-int serve(const ServeArgs& args) {
+int serve(const ServeArgs& args, ContextOptions options) {
   // Block the stop signals before the Context starts its threads, so they inherit the mask and
   // this thread alone receives them through sigwait.
   sigset_t signals;
@@ -171,7 +171,6 @@ int serve(const ServeArgs& args) {
     return fail(kExitUsage, "out of memory making " + format_bytes(planned) + " of random objects");
   }
 
-  ContextOptions options;
   options.name = "ferry-serve";
   options.threads = args.threads;
   auto ctx = Context::create(options);
@@ -218,8 +217,8 @@ int serve(const ServeArgs& args) {
 
 }  // namespace
 
-int run_serve(const ServeArgs& args) {
-  const int rc = serve(args);
+int run_serve(const ServeArgs& args, ContextOptions options) {
+  const int rc = serve(args, std::move(options));
   if (rc != kExitOk && args.json) std::fputs(failure_json().c_str(), stdout);
   return rc;
 }

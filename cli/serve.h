@@ -5,6 +5,8 @@
 #include <string>
 #include <vector>
 
+#include "ferry/net/context.h"
+
 namespace ferry::cli {
 
 struct ServeArgs {
@@ -24,7 +26,8 @@ struct ServeArgs {
 
 // Runs the server: listens, puts the objects, prints them and "ready <address>", then serves
 // until SIGINT/SIGTERM or `duration`. Expects the range and size strings to be valid (the
-// command line checks them). Returns the process exit code.
-int run_serve(const ServeArgs& args);
+// command line checks them). `options`: what its context starts from (main's
+// ContextOptions::from_environment()). Returns the process exit code.
+int run_serve(const ServeArgs& args, ContextOptions options);
 
 }  // namespace ferry::cli

@@ -16,9 +16,11 @@
 #include "ferry/net/stats.h"
 #include "ferry/net/transport.h"
 #include "ferry/rdma/devices.h"
+#include "ferry/rdma/options.h"
 #include "ferry/rdma/rdma.h"
 #include "ferry/store/object_store.h"
 #include "ferry/store/tensor.h"
+#include "ferry/tcp/options.h"
 #include "ferry/tcp/tcp_transport.h"
 
 /// ferry's library: Context, Peer, ObjectRef and fetches, the store, errors, the transport

@@ -10,11 +10,22 @@
 #include <set>
 #include <thread>
 
+#include "ferry/rdma/options.h"
 #include "ferry/rdma/rdma.h"
 #include "tests/test_util.h"
 
 namespace ferry::test {
 namespace {
+
+using rdma::RdmaGrants;
+
+// An owner's options: its RDMA transport grants with `grants`.
+ContextOptions owner_options(RdmaGrants grants) {
+  ContextOptions o;
+  o.name = "owner";
+  o.transport_options_for<rdma::RdmaOptions>(rdma::kRdmaTransportName).grants = grants;
+  return o;
+}
 
 // Runs a shell command in the guest; the test fails when it does.
 void sh(const std::string& cmd) { ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd; }
@@ -122,7 +133,7 @@ TEST_F(Rdma, ForcedRdmaAgainstATcpOnlyPeerIsAClearError) {
 TEST_F(Rdma, BusyPollModeMovesTheSameBytes) {
   Server server;
   ContextOptions options = client_options("busy");
-  options.busy_poll = true;
+  options.transport_options_for<rdma::RdmaOptions>(rdma::kRdmaTransportName).busy_poll = true;
   Context client(options);
   auto peer = connect_or_fail(client, server.address());
   auto bytes = make_pattern(5u << 20, 3);
@@ -133,7 +144,7 @@ TEST_F(Rdma, BusyPollModeMovesTheSameBytes) {
 
 // The registration cache, with grants that use it (region rkeys; windows use it the same way).
 TEST_F(Rdma, TenThousandViewsOfOneAllocationCostOneRegistration) {
-  Server server({.name = "owner", .rdma_grants = RdmaGrants::regions});
+  Server server(owner_options(RdmaGrants::regions));
   Context client(client_options("client"));
   auto peer = connect_or_fail(client, server.address());
   constexpr size_t kViews = 10000;
@@ -350,7 +361,7 @@ TEST_F(Rdma, AQueuePairBrokenAtTheOwnerRestartsTheFetchesOnIt) {
 // registered on its own.
 struct GrantFixture {
   explicit GrantFixture(RdmaGrants grants, bool shared_region = false)
-      : server(server_options(grants)) {
+      : server(owner_options(grants)) {
     for (size_t i = 0; i < 3; ++i) {
       auto bytes = shared_region ? memory : make_pattern(kObject, 50 + i);
       auto view = shared_region ? object(i) : std::span<const std::byte>(*bytes);
@@ -361,12 +372,6 @@ struct GrantFixture {
       EXPECT_TRUE(ref.ok());
       refs.push_back(*ref);
     }
-  }
-  static ContextOptions server_options(RdmaGrants grants) {
-    ContextOptions o;
-    o.name = "owner";
-    o.rdma_grants = grants;
-    return o;
   }
   std::span<const std::byte> object(size_t i) const {
     if (!objects.empty()) return *objects[i];
@@ -383,7 +388,9 @@ struct GrantFixture {
 // nothing stays pinned (the release that ends a lease is one-way: waited for).
 void expect_no_grant_left(GrantFixture& f) {
   // Only grant registrations come and go with leases; other registrations live with the objects.
-  const bool per_grant = f.server.ctx.options().rdma_grants == RdmaGrants::registrations;
+  const bool per_grant = f.server.ctx.options()
+                             .transport_options_for<rdma::RdmaOptions>(rdma::kRdmaTransportName)
+                             .grants == RdmaGrants::registrations;
   struct Left {
     uint64_t windows = 0, registrations = 0, pins = 0;
   } left;
@@ -589,7 +596,7 @@ TEST_F(Rdma, WithRegionGrantsAnotherPeersGrantIsReadable) {
 
 // Per-grant registrations (the default on rxe) are made per fetch and gone with its lease.
 TEST_F(Rdma, GrantRegistrationsLastExactlyAsLongAsTheirLease) {
-  Server server({.name = "owner", .rdma_grants = RdmaGrants::registrations});
+  Server server(owner_options(RdmaGrants::registrations));
   Context client(client_options("client"));
   auto peer = connect_or_fail(client, server.address());
   auto bytes = make_pattern(3u << 20, 5);

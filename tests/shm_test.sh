@@ -51,9 +51,9 @@ stop_owner() {
   owner_pid=
 }
 
-echo "== 1. 1000 objects over SHM, segments gone after GC"
+echo "== 1. 1000 objects over SHM, segments gone after GC (SHM's own option: 64 KiB copy steps)"
 start_owner 1000
-timeout 120 "$ex" fetch "$port" "$tmp/owner.out" | tee "$tmp/fetch.out"
+timeout 120 "$ex" fetch "$port" "$tmp/owner.out" --copy-step 65536 | tee "$tmp/fetch.out"
 grep -qx 'fetched 1000 over SHM' "$tmp/fetch.out" || fail "not all 1000 over SHM"
 n=$(segments "$owner_pid")
 [[ $n -eq 1000 ]] || fail "$n segments in /dev/shm, want 1000"
@@ -90,9 +90,9 @@ grep -qx 'fetched 20 over TCP' "$tmp/fetch.out" || fail "no fallback to TCP"
 grep -q 'prefer SHM fall back to TCP' "$tmp/fetch.err" || fail "the fallback was silent"
 stop_owner
 
-echo "== 5. abort every fetch in flight"
+echo "== 5. abort every fetch in flight (SHM's option from the environment: 64 KiB copy steps)"
 start_owner 300
-timeout 60 "$ex" fetch "$port" "$tmp/owner.out" --abort | tee "$tmp/fetch.out"
+SHM_COPY_STEP=65536 timeout 60 "$ex" fetch "$port" "$tmp/owner.out" --abort | tee "$tmp/fetch.out"
 grep -q '^aborted ' "$tmp/fetch.out" || fail "abort run did not finish"
 echo release >&7
 for _ in $(seq 100); do grep -q '^released$' "$tmp/owner.out" && break; sleep 0.1; done

@@ -1,4 +1,4 @@
-// ContextOptions::tcp_congestion on real loopback sockets (ferry/tcp/congestion.h): what the
+// tcp::TcpOptions::congestion on real loopback sockets (ferry/tcp/congestion.h): what the
 // automatic choice does on one host, "system", a named algorithm, and one the kernel refuses.
 #include <gtest/gtest.h>
 #include <netinet/in.h>
@@ -146,7 +146,7 @@ TEST_P(TcpCongestionOption, AContextAppliesItToItsDataChannelAtBothEndsOnly) {
   }
   ContextOptions o;
   o.transport = "TCP";
-  o.tcp_congestion = GetParam();
+  o.transport_options_for<tcp::TcpOptions>(tcp::kTransportName).congestion = GetParam();
   Context server(o), client(o);
   auto port = server.listen("127.0.0.1:0");
   ASSERT_TRUE(port.ok());

@@ -6,11 +6,14 @@
 //       stdin: "release" (drop every object: GC unlinks their segments; prints "released"),
 //       "quit" (or end of input).
 //   shm_example fetch PORT REFFILE [--no-shm] [--late] [--abort] [--timeout-ms N]
+//                     [--copy-step BYTES]
 //       registers SHM (unless --no-shm; with --late only after connecting), fetches every ref in
 //       REFFILE (4 in flight), verifies every byte, prints one line per transport used.
+//       --copy-step: SHM's ShmOptions::copy_step (default $SHM_COPY_STEP, else 8 MiB).
 //       Exit: 0 all good, 3 a fetch failed (its error printed), 4 a byte differed.
 #include <atomic>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <iostream>
@@ -49,21 +52,31 @@ bool has(int argc, char** argv, const char* flag) {
   return false;
 }
 
+// The argument after `flag`, or null.
+const char* value_of(int argc, char** argv, const char* flag) {
+  for (int i = 1; i + 1 < argc; ++i) {
+    if (!std::strcmp(argv[i], flag)) return argv[i + 1];
+  }
+  return nullptr;
+}
+
 int owner(int argc, char** argv) {
   if (!has(argc, argv, "--no-shm")) shm_example::register_shm_transport();
-  ferry::Context ctx({.name = "shm-owner"});
+  ferry::ContextOptions options = ferry::ContextOptions::from_environment();
+  options.name = "shm-owner";
+  ferry::Context ctx(options);
   auto port = ctx.listen("127.0.0.1:0");
   if (!port) return 2;
   std::printf("listening %u\n", static_cast<unsigned>(*port));
   const size_t count = std::strtoull(argv[2], nullptr, 10);
-  ferry::PutOptions options;
-  if (has(argc, argv, "--exclusive") || has(argc, argv, "--prefer")) options.transport = "SHM";
-  options.exclusive = has(argc, argv, "--exclusive");
+  ferry::PutOptions put;
+  if (has(argc, argv, "--exclusive") || has(argc, argv, "--prefer")) put.transport = "SHM";
+  put.exclusive = has(argc, argv, "--exclusive");
   std::vector<ferry::ObjectRef> refs;
   for (size_t i = 0; i < count; ++i) {
     auto bytes = std::make_shared<std::vector<std::byte>>(object_size(i));
     fill(bytes->data(), bytes->size(), i);
-    auto ref = ctx.put({ferry::Tensor::bytes(*bytes)}, bytes, options);
+    auto ref = ctx.put({ferry::Tensor::bytes(*bytes)}, bytes, put);
     if (!ref) return std::fprintf(stderr, "put: %s\n", ref.error().message().c_str()), 2;
     refs.push_back(*ref);
     std::printf("ref %s\n", ref->to_string().c_str());
@@ -85,7 +98,17 @@ int fetch(int argc, char** argv) {
   const bool shm = !has(argc, argv, "--no-shm");
   const bool late = has(argc, argv, "--late");
   if (shm && !late) shm_example::register_shm_transport();
-  ferry::Context ctx({.name = "shm-fetcher"});
+  // [options-use]
+  // The environment's options ($FERRY_*, and SHM's own once it is registered), then this
+  // program's: with --copy-step BYTES, SHM copies in steps of that size.
+  ferry::ContextOptions options = ferry::ContextOptions::from_environment();
+  options.name = "shm-fetcher";
+  if (const char* step = value_of(argc, argv, "--copy-step")) {
+    auto& shm_options = options.transport_options_for<shm_example::ShmOptions>(shm_example::kName);
+    shm_options.copy_step = std::strtoull(step, nullptr, 10);
+  }
+  ferry::Context ctx(options);
+  // [options-use]
   auto peer = ctx.connect(std::string("127.0.0.1:") + argv[2]);
   if (!peer) return std::fprintf(stderr, "connect: %s\n", peer.error().message().c_str()), 2;
   std::fprintf(stderr, "connected\n");  // tests wait for this before breaking things

@@ -11,6 +11,7 @@
 #include <boost/asio/post.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <random>
@@ -23,7 +24,6 @@ namespace {
 using ferry::errc;
 using ferry::make_error_code;
 
-constexpr size_t kCopyStep = 8u << 20;  // bytes copied per strand turn: aborts get a say
 constexpr const char* kPrefix = "ferry-shm-";
 
 std::string read_host_id() {
@@ -93,10 +93,24 @@ size_t Segments::size() const {
   return names_.size();
 }
 
+// ---------------------------------------------------------------- options
+
+// [environment]
+ShmOptions ShmOptions::from_environment() {
+  ShmOptions o;
+  if (const char* v = std::getenv("SHM_COPY_STEP"); v && *v) {
+    o.copy_step = std::strtoull(v, nullptr, 10);
+  }
+  return o;
+}
+// [environment]
+
 // ---------------------------------------------------------------- identity and negotiation
 
-ShmTransport::ShmTransport(const ferry::TransportEnv& env)
-    : host_id_(read_host_id()), open_timeout_(env.options.handshake_timeout) {
+ShmTransport::ShmTransport(const ferry::TransportEnv& env, const ShmOptions& options)
+    : host_id_(read_host_id()),
+      open_timeout_(env.options.handshake_timeout),
+      copy_step_(options.copy_step ? options.copy_step : ShmOptions{}.copy_step) {
   remove_orphaned_segments();
 }
 
@@ -147,7 +161,8 @@ void ShmTransport::on_transport_message(ferry::PeerLink& link, uint64_t, std::st
     if (their_host != host_id_) {
       return link.send_transport_message(kName, 0, "refuse not-the-same-host");
     }
-    link.install_channel(kName, std::make_shared<ShmChannel>(link.shared_link(), segments_));
+    link.install_channel(kName,
+                         std::make_shared<ShmChannel>(link.shared_link(), segments_, copy_step_));
     return link.send_transport_message(kName, 0, "welcome");
   }
   if (verb != "welcome" && verb != "refuse") return;  // for a channel that is gone
@@ -161,7 +176,7 @@ void ShmTransport::on_transport_message(ferry::PeerLink& link, uint64_t, std::st
     opening_.erase(it);
   }
   if (verb == "refuse") return done(make_error_code(errc::transport_unavailable), nullptr);
-  done({}, std::make_shared<ShmChannel>(link.shared_link(), segments_));
+  done({}, std::make_shared<ShmChannel>(link.shared_link(), segments_, copy_step_));
 }
 // [open]
 
@@ -260,7 +275,7 @@ void ShmChannel::copy_step(uint64_t rid) {
   auto it = copying_.find(rid);
   if (it == copying_.end()) return;  // aborted meanwhile
   auto& c = it->second;
-  size_t budget = kCopyStep;
+  size_t budget = copy_step_;
   while (c.tensor < c.op.targets.size() && budget > 0) {
     auto target = c.op.targets[c.tensor];
     const size_t n = std::min<size_t>(budget, target.size() - c.done);
@@ -319,12 +334,16 @@ void ShmChannel::close(std::error_code ec) {
 // [register]
 bool register_shm_transport() {
   static const bool registered = [] {
-    auto ec = ferry::register_transport(
+    // With its options type: the factory gets the context's ShmOptions (or the defaults), and
+    // ContextOptions::from_environment() asks ShmOptions::from_environment for them.
+    auto ec = ferry::register_transport<ShmOptions>(
         kName, {"cpu"},
-        [](const ferry::TransportEnv& env)
-            -> ferry::Result<std::shared_ptr<ferry::TransportManager>> {
-          return std::shared_ptr<ferry::TransportManager>(std::make_shared<ShmTransport>(env));
-        });
+        [](const ferry::TransportEnv& env,
+           const ShmOptions& options) -> ferry::Result<std::shared_ptr<ferry::TransportManager>> {
+          return std::shared_ptr<ferry::TransportManager>(
+              std::make_shared<ShmTransport>(env, options));
+        },
+        &ShmOptions::from_environment);
     return !ec || ec == errc::transport_duplicate;
   }();
   return registered;

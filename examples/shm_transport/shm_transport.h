@@ -31,6 +31,21 @@ namespace shm_example {
 
 inline constexpr const char* kName = "SHM";
 
+// [options]
+// SHM's own options. An application sets them in its ContextOptions, under the transport's name:
+//   options.transport_options_for<shm_example::ShmOptions>(shm_example::kName).copy_step = ...;
+// ferry hands them to the factory (register_shm_transport) and never looks inside.
+struct ShmOptions {
+  // Bytes a fetch copies per turn of the peer's strand: an abort gets a say between steps, and
+  // the peer's other work waits at most one step. 0: the default.
+  size_t copy_step = 8u << 20;
+
+  // The defaults with what the environment sets: copy_step from $SHM_COPY_STEP (bytes).
+  // ContextOptions::from_environment() calls it once SHM is registered.
+  static ShmOptions from_environment();
+};
+// [options]
+
 // The segments this process created, one per object granted over SHM: shared by the transport
 // (which unlinks them) and its channels (which make them at a first grant). Thread-safe.
 class Segments {
@@ -59,8 +74,9 @@ class Segments {
 class ShmChannel final : public ferry::TransportChannel,
                          public std::enable_shared_from_this<ShmChannel> {
  public:
-  ShmChannel(std::shared_ptr<ferry::PeerLink> link, std::shared_ptr<Segments> segments)
-      : link_(std::move(link)), segments_(std::move(segments)) {}
+  ShmChannel(std::shared_ptr<ferry::PeerLink> link, std::shared_ptr<Segments> segments,
+             size_t copy_step)
+      : link_(std::move(link)), segments_(std::move(segments)), copy_step_(copy_step) {}
 
   ferry::Result<ferry::FetchRequest> fetch_multiple(const ferry::FetchOp& op) override;
   void send_multiple(uint64_t request_id, ferry::ObjectStore::Pin object,
@@ -85,6 +101,7 @@ class ShmChannel final : public ferry::TransportChannel,
 
   std::weak_ptr<ferry::PeerLink> link_;
   std::shared_ptr<Segments> segments_;
+  size_t copy_step_;                            // ShmOptions::copy_step
   std::map<uint64_t, ferry::FetchOp> waiting_;  // fetches waiting for their grant
   std::map<uint64_t, Copy> copying_;            // fetches copying out of a segment
   std::map<uint64_t, std::pair<ferry::ObjectStore::Pin, ferry::SendDone>> leases_;  // owner side
@@ -94,7 +111,7 @@ class ShmChannel final : public ferry::TransportChannel,
 // The per-process half: what SHM is, and the opening of channels.
 class ShmTransport final : public ferry::TransportManager {
  public:
-  explicit ShmTransport(const ferry::TransportEnv& env);
+  ShmTransport(const ferry::TransportEnv& env, const ShmOptions& options);
 
   // [identity]
   std::string name() const override { return kName; }
@@ -116,6 +133,7 @@ class ShmTransport final : public ferry::TransportManager {
  private:
   std::string host_id_;
   std::chrono::milliseconds open_timeout_;
+  size_t copy_step_;  // ShmOptions::copy_step, for the channels
   std::shared_ptr<Segments> segments_ = std::make_shared<Segments>();
   std::mutex mu_;
   struct Opening {
@@ -125,7 +143,7 @@ class ShmTransport final : public ferry::TransportManager {
   std::map<const ferry::PeerLink*, Opening> opening_;
 };
 
-// Registers "SHM" (devices {"cpu"}) with ferry's registry. Idempotent.
+// Registers "SHM" (devices {"cpu"}) with ferry's registry, with its options. Idempotent.
 bool register_shm_transport();
 
 // Unlinks segments left behind by owners that died without cleaning up (their pid is gone).

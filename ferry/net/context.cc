@@ -130,7 +130,10 @@ bool Context::Impl::add_registered_transports(bool strict) {
                                   entry.name) != options.transports.end();
     if (!wanted || std::find(tried.begin(), tried.end(), entry.name) != tried.end()) continue;
     tried.push_back(entry.name);
-    auto made = entry.factory(TransportEnv{io, store, options, pool});
+    const auto own = options.transport_options.find(entry.name);
+    static const std::any kNone;
+    auto made = entry.factory(TransportEnv{
+        io, store, options, own == options.transport_options.end() ? kNone : own->second, pool});
     if (!made) {
       if (strict && !options.transports.empty()) throw std::system_error(made.error(), entry.name);
       FERRY_LOG_INFO("transport {} not available here: {}", entry.name, made.error().message());
@@ -412,34 +415,26 @@ void Context::Impl::on_greeting(const std::shared_ptr<Greeting>& g) {
 
 // ---------------------------------------------------------------- Context
 
-namespace {
-constexpr std::pair<RdmaGrants, const char*> kGrantNames[] = {
-    {RdmaGrants::automatic, "auto"},
-    {RdmaGrants::windows, "windows"},
-    {RdmaGrants::registrations, "registrations"},
-    {RdmaGrants::regions, "regions"},
-};
-}  // namespace
-
-std::optional<RdmaGrants> parse_rdma_grants(std::string_view text) {
-  for (const auto& [grants, name] : kGrantNames) {
-    if (text == name) return grants;
-  }
-  return std::nullopt;
-}
-
-RdmaGrants ContextOptions::default_rdma_grants() {
-  const std::string v = env_text("FERRY_RDMA_GRANTS");
-  if (v.empty()) return RdmaGrants::automatic;
-  if (auto g = parse_rdma_grants(v)) return *g;
-  FERRY_LOG_WARN("FERRY_RDMA_GRANTS={} is not auto, windows, registrations or regions: auto", v);
-  return RdmaGrants::automatic;
-}
-
-std::string ContextOptions::default_secret() { return env_text("FERRY_SECRET"); }
-
 size_t ContextOptions::default_pool_bytes() {
-  const size_t fallback = std::min<uint64_t>(uint64_t{2} << 30, physical_memory_bytes() / 4);
+  return std::min<uint64_t>(uint64_t{2} << 30, physical_memory_bytes() / 4);
+}
+
+namespace {
+
+// $FERRY_TRANSPORT: "auto" when unset; "rdma" and "tcp" in any case name the built-ins.
+std::string transport_from_environment() {
+  const std::string v = env_text("FERRY_TRANSPORT");
+  if (v.empty()) return "auto";
+  std::string upper;
+  for (char c : v) upper.push_back(static_cast<char>(std::toupper(static_cast<unsigned char>(c))));
+  if (upper == "AUTO") return "auto";
+  if (upper == "RDMA" || upper == "TCP") return upper;
+  return v;
+}
+
+// $FERRY_POOL_BYTES (mem::pool_cap_from_env: digits with an optional K, M or G), else `fallback`;
+// a value that is not a byte count is logged.
+size_t pool_bytes_from_environment(size_t fallback) {
   const std::string v = env_text("FERRY_POOL_BYTES");
   const size_t bytes = mem::pool_cap_from_env(fallback);
   if (!v.empty() && bytes == fallback && v != std::to_string(fallback)) {
@@ -447,6 +442,20 @@ size_t ContextOptions::default_pool_bytes() {
                    v, fallback);
   }
   return bytes;
+}
+
+}  // namespace
+
+ContextOptions ContextOptions::from_environment() {
+  ContextOptions o;
+  o.transport = transport_from_environment();
+  o.secret = env_text("FERRY_SECRET");
+  o.tls = TlsOptions::from_environment();
+  o.pool_bytes = pool_bytes_from_environment(o.pool_bytes);
+  for (const auto& entry : detail::registry_snapshot()) {
+    if (entry.from_environment) o.transport_options[entry.name] = entry.from_environment();
+  }
+  return o;
 }
 
 void Context::Impl::arm_pool_trim() {
@@ -474,18 +483,6 @@ PoolStats Context::pool_stats() const {
   const auto c = impl_->pool->counters();
   return {c.held_bytes,     c.in_use_bytes,    c.hits,           c.misses, c.fallbacks,
           c.fallback_bytes, c.regions_created, c.regions_trimmed};
-}
-
-std::string ContextOptions::default_tcp_congestion() { return env_text("FERRY_TCP_CONGESTION"); }
-
-std::string ContextOptions::default_transport() {
-  const std::string v = env_text("FERRY_TRANSPORT");
-  if (v.empty()) return "auto";
-  std::string upper;
-  for (char c : v) upper.push_back(static_cast<char>(std::toupper(static_cast<unsigned char>(c))));
-  if (upper == "AUTO") return "auto";
-  if (upper == "RDMA" || upper == "TCP") return upper;
-  return v;
 }
 
 Context::Context(ContextOptions options) : impl_(std::make_shared<Impl>(std::move(options))) {

@@ -3,6 +3,7 @@
 /// peers. Everything in ferry hangs off a Context.
 #pragma once
 
+#include <any>
 #include <boost/asio/async_result.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/system/error_code.hpp>
@@ -43,37 +44,17 @@ struct TlsOptions {
   static TlsOptions from_environment();
 };
 
-/// What an RDMA grant (the rkey an owner sends a fetcher) opens. Both per-peer modes give a grant
-/// to one peer (its queue pair), over exactly the granted range, for one lease: another peer's,
-/// an expired, a forged or an out-of-range rkey gets a remote access error (docs/security.md).
-enum class RdmaGrants {
-  /// windows on devices that have type-2 memory windows and are not soft-RoCE; registrations
-  /// elsewhere (rxe's windows stall READs under load and are not range-checked).
-  automatic,
-  /// Owner memory is registered once, without remote access; each grant binds a type-2 window
-  /// over the range to the fetcher's queue pair (one bind work request per tensor). A device
-  /// without windows uses registrations instead (logged).
-  windows,
-  /// Each peer's queue pair has its own protection domain; each grant registers exactly the
-  /// range there (one ibv_reg_mr per tensor per grant, deregistered when the lease ends).
-  registrations,
-  /// Weaker, for speed: owner memory is registered once with remote read access and its rkey is
-  /// valid for every peer, over the whole registration, until the object is collected (logged).
-  regions,
-};
-
-/// "auto", "windows", "registrations", "regions"; nullopt for anything else.
-std::optional<RdmaGrants> parse_rdma_grants(std::string_view text);
-
-/// Everything a Context is configured with, fixed at construction (Context::options()). Defaults
-/// come from the environment where a default_*() function says so (docs/configuration.md lists
-/// every variable).
+/// Everything a Context is configured with, fixed at construction (Context::options()): the
+/// core's settings, and each transport's own options in transport_options. A `ContextOptions{}`
+/// reads nothing from the environment; from_environment() is the one place that does
+/// (docs/configuration.md lists every variable).
 struct ContextOptions {
   std::string name = "ferry";           ///< shown to peers and in logs
   int threads = 1;                      ///< threads running the io_context
   std::vector<std::string> transports;  ///< registered transports to use; empty = all
-  /// For connections we make: "auto" or a name; default from $FERRY_TRANSPORT (auto|rdma|tcp).
-  std::string transport = default_transport();
+  /// For connections we make: "auto" or a transport's name ("rdma" and "tcp" in any case mean the
+  /// built-in "RDMA" and "TCP"); from_environment() takes $FERRY_TRANSPORT.
+  std::string transport = "auto";
   uint32_t max_frame_bytes = 4u << 20;          ///< metadata frames above this end the connection
   size_t max_queued_control_bytes = 64u << 20;  ///< a peer that does not read its control frames
   size_t max_requests_per_peer = 4096;          ///< fetches one peer may have us serve at once
@@ -85,52 +66,57 @@ struct ContextOptions {
   std::chrono::milliseconds handshake_timeout{5000};
   /// A ping to each open peer this often; peer_timeout is checked at each.
   std::chrono::milliseconds heartbeat_interval{1000};
-  std::chrono::milliseconds peer_timeout{10000};  ///< silence after which a peer is declared dead
-  size_t tcp_chunk_bytes = 1u << 20;              ///< TCP data channel: bytes per chunk
-  /// TCP data channels' congestion control (default: $FERRY_TCP_CONGESTION, else ""). "":
-  /// automatic: a data channel between two endpoints of this host uses reno (BBR's pacing only
-  /// delays the bytes there, and cubic's HyStart leaves slow start early on a busy host:
-  /// ferry/tcp/congestion.h); every other one keeps the system's default. "system": always the
-  /// system's default. Any other text: that algorithm (e.g. "cubic", "reno") for every data
-  /// channel; one the kernel refuses is logged and the default stays. Metadata channels always keep
-  /// the system's default.
-  std::string tcp_congestion = default_tcp_congestion();
+  std::chrono::milliseconds peer_timeout{10000};   ///< silence after which a peer is declared dead
   std::chrono::milliseconds lease_timeout{60000};  ///< one-sided grants: pin held at most this long
-  /// RDMA: poll the completion queue instead of sleeping on its channel.
-  bool busy_poll = false;
-  /// RDMA: how one-sided grants open owner memory to a peer (see RdmaGrants); default from
-  /// $FERRY_RDMA_GRANTS (auto|windows|registrations|regions).
-  RdmaGrants rdma_grants = default_rdma_grants();
-  /// Shared secret for the metadata channel (default: $FERRY_SECRET). When set, both sides prove
-  /// knowledge of it (HMAC-SHA256 challenge-response; it is never sent) before anything else;
-  /// a peer without it, or with another, is refused with errc::auth_failed.
-  std::string secret = default_secret();
-  /// TLS on the metadata channel (see TlsOptions). When enabled, a listening context refuses
-  /// plain-TCP peers (errc::tls_required) and a connecting one speaks only TLS. A file that
-  /// cannot be loaded makes the Context constructor throw std::system_error.
-  TlsOptions tls = TlsOptions::from_environment();
+  /// Shared secret for the metadata channel (from_environment(): $FERRY_SECRET). When set, both
+  /// sides prove knowledge of it (HMAC-SHA256 challenge-response; it is never sent) before
+  /// anything else; a peer without it, or with another, is refused with errc::auth_failed.
+  std::string secret;
+  /// TLS on the metadata channel (see TlsOptions; from_environment(): $FERRY_TLS_*). When
+  /// enabled, a listening context refuses plain-TCP peers (errc::tls_required) and a connecting
+  /// one speaks only TLS. A file that cannot be loaded makes the Context constructor throw
+  /// std::system_error.
+  TlsOptions tls;
   /// The receive pool (ferry/mem/pool.h): memory ferry allocates for fetches without targets, for
   /// the collectives' receive space and for allocate(), recycled instead of freed and registered
-  /// with each RDMA device once. At most this many bytes are held (default $FERRY_POOL_BYTES,
-  /// e.g. "4G", else a quarter of physical memory up to 2 GiB); beyond it allocations get plain
-  /// memory and are counted as fallbacks, never refused. 0 turns the pool off.
+  /// with each RDMA device once. At most this many bytes are held (default_pool_bytes();
+  /// from_environment(): $FERRY_POOL_BYTES, e.g. "4G"); beyond it allocations get plain memory
+  /// and are counted as fallbacks, never refused. 0 turns the pool off.
   size_t pool_bytes = default_pool_bytes();
   /// A region of the pool wholly free this long is given back to the system.
   std::chrono::milliseconds pool_idle_trim{10000};
+  /// Each transport's own options, by the name it is registered under: tcp::TcpOptions under
+  /// "TCP" (ferry/tcp/options.h), rdma::RdmaOptions under "RDMA" (ferry/rdma/options.h), a user
+  /// transport's own type under its name. The core never looks inside: it hands each transport's
+  /// factory its entry (register_transport); a transport with no entry gets its type's defaults.
+  /// Set them with transport_options_for().
+  std::map<std::string, std::any, std::less<>> transport_options;
 
-  /// "auto", or the transport named by $FERRY_TRANSPORT ("rdma" and "tcp" in any case map to the
-  /// built-in "RDMA" and "TCP").
-  static std::string default_transport();
-  /// $FERRY_SECRET, or "" (no shared secret).
-  static std::string default_secret();
-  /// $FERRY_TCP_CONGESTION, or "" (automatic: see tcp_congestion).
-  static std::string default_tcp_congestion();
-  /// $FERRY_RDMA_GRANTS parsed by parse_rdma_grants(); RdmaGrants::automatic when unset or not a
-  /// mode (logged).
-  static RdmaGrants default_rdma_grants();
-  /// $FERRY_POOL_BYTES (mem::pool_cap_from_env: digits with an optional K, M or G), else a quarter
-  /// of physical memory up to 2 GiB; a value that is not a byte count is logged and the fallback
-  /// used.
+  /// Transport `name`'s entry in transport_options as a T, made T{} first when there is none.
+  /// Throws std::bad_any_cast when the entry holds another type.
+  template <typename T>
+  T& transport_options_for(std::string_view name) {
+    auto it = transport_options.find(name);
+    if (it == transport_options.end()) it = transport_options.emplace(std::string(name), T{}).first;
+    return std::any_cast<T&>(it->second);
+  }
+  /// Transport `name`'s entry in transport_options as a T, or T{} when there is none. Throws
+  /// std::bad_any_cast when the entry holds another type.
+  template <typename T>
+  T transport_options_for(std::string_view name) const {
+    auto it = transport_options.find(name);
+    return it == transport_options.end() ? T{} : std::any_cast<const T&>(it->second);
+  }
+
+  /// The defaults with what the environment sets: the one place ferry reads its $FERRY_*
+  /// variables ($FERRY_LOG aside, read once per process by the log). $FERRY_TRANSPORT,
+  /// $FERRY_SECRET, $FERRY_TLS_CERT / _KEY / _CA (TlsOptions::from_environment()) and
+  /// $FERRY_POOL_BYTES set the core's fields; each transport registered now that reads variables
+  /// of its own (register_transport's `from_environment`) gets its entry in transport_options
+  /// from them ($FERRY_TCP_CONGESTION, $FERRY_RDMA_GRANTS). A value that cannot be used is logged
+  /// and the default kept. Any thread.
+  static ContextOptions from_environment();
+  /// A quarter of physical memory, at most 2 GiB.
   static size_t default_pool_bytes();
 };
 

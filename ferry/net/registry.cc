@@ -4,6 +4,7 @@
 #include <mutex>
 
 #include "ferry/net/errors.h"
+#include "ferry/net/log.h"
 
 namespace ferry {
 namespace {
@@ -24,6 +25,12 @@ Registry& registry() {
 
 std::error_code register_transport(std::string name, std::vector<std::string> devices,
                                    TransportFactory factory) {
+  return detail::register_transport(std::move(name), std::move(devices), std::move(factory), {});
+}
+
+std::error_code detail::register_transport(std::string name, std::vector<std::string> devices,
+                                           TransportFactory factory,
+                                           std::function<std::any()> from_environment) {
   if (name.empty() || !factory) return errc::invalid_argument;
   auto& r = registry();
   std::vector<std::function<void()>> listeners;
@@ -32,7 +39,8 @@ std::error_code register_transport(std::string name, std::vector<std::string> de
     for (const auto& e : r.entries) {
       if (e.name == name) return errc::transport_duplicate;
     }
-    r.entries.push_back({std::move(name), std::move(devices), std::move(factory)});
+    r.entries.push_back(
+        {std::move(name), std::move(devices), std::move(factory), std::move(from_environment)});
     for (const auto& [id, l] : r.listeners) listeners.push_back(l);
   }
   for (const auto& l : listeners) l();  // contexts pick the new transport up
@@ -58,6 +66,14 @@ std::vector<RegisteredTransport> registered_transports() {
 }
 
 namespace detail {
+std::error_code wrong_options_type(std::string_view name) {
+  FERRY_LOG_WARN(
+      "transport {}: its entry of ContextOptions::transport_options is not of the "
+      "options type it registered with",
+      name);
+  return errc::invalid_argument;
+}
+
 std::vector<RegistryEntry> registry_snapshot() {
   auto& r = registry();
   std::lock_guard lock(r.mu);

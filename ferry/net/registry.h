@@ -2,6 +2,7 @@
 /// The runtime transport registry: TCP, RDMA and a user's transport all register here.
 #pragma once
 
+#include <any>
 #include <boost/asio/io_context.hpp>
 #include <functional>
 #include <memory>
@@ -11,6 +12,7 @@
 #include <vector>
 
 #include "ferry/mem/pool.h"
+#include "ferry/net/errors.h"
 #include "ferry/net/result.h"
 #include "ferry/net/transport.h"
 
@@ -22,7 +24,10 @@ class ObjectStore;
 struct TransportEnv {
   boost::asio::io_context& io;    ///< the context's io_context: the transport's I/O runs on it
   ObjectStore& store;             ///< the context's store (owner side: the objects it serves)
-  const ContextOptions& options;  ///< the context's options (chunk sizes, grants, timeouts)
+  const ContextOptions& options;  ///< the context's options (the core's: timeouts, limits)
+  /// This transport's entry of ContextOptions::transport_options, empty when the context has none.
+  /// A transport registered with an options type gets it typed, as its factory's second argument.
+  const std::any& transport_options;
   /// The context's receive pool: a transport that registers memory registers its regions as they
   /// appear (mem::Pool::add_region_listener), so fetches into pool memory register nothing.
   std::shared_ptr<mem::Pool> pool;
@@ -48,6 +53,49 @@ struct RegisteredTransport {
 /// transport_duplicate (name taken). Thread-safe.
 std::error_code register_transport(std::string name, std::vector<std::string> devices,
                                    TransportFactory factory);
+/// A factory for a transport with options of its own type (the register_transport below): it
+/// gets the context's options for it as well.
+template <typename Options>
+using TransportFactoryWith = std::function<Result<std::shared_ptr<TransportManager>>(
+    const TransportEnv& env, const Options& options)>;
+
+namespace detail {
+// register_transport with the hook ContextOptions::from_environment() calls for the transport's
+// entry (none when null).
+std::error_code register_transport(std::string name, std::vector<std::string> devices,
+                                   TransportFactory factory,
+                                   std::function<std::any()> from_environment);
+// Logs that the context's options for transport `name` are not of its type; invalid_argument.
+std::error_code wrong_options_type(std::string_view name);
+}  // namespace detail
+
+/// Registers a transport that declares options of its own, of type `Options` (copyable and
+/// default-constructible), as the built-ins do (tcp::TcpOptions, rdma::RdmaOptions). An
+/// application sets them in ContextOptions::transport_options under `name`
+/// (ContextOptions::transport_options_for<Options>(name)); `factory` gets the context's entry, or
+/// Options{} when it has none. An entry of another type fails the factory with invalid_argument
+/// (logged), as a transport that is not usable. `from_environment`, when given, is how the
+/// transport reads its environment variables: ContextOptions::from_environment() fills the entry
+/// with it. Errors as the overload above.
+template <typename Options>
+std::error_code register_transport(std::string name, std::vector<std::string> devices,
+                                   TransportFactoryWith<Options> factory,
+                                   std::function<Options()> from_environment = {}) {
+  if (!factory) return errc::invalid_argument;
+  std::function<std::any()> environment;
+  if (from_environment) {
+    environment = [read = std::move(from_environment)] { return std::any(read()); };
+  }
+  auto typed = [name, factory = std::move(factory)](
+                   const TransportEnv& env) -> Result<std::shared_ptr<TransportManager>> {
+    if (!env.transport_options.has_value()) return factory(env, Options{});
+    if (const auto* own = std::any_cast<Options>(&env.transport_options)) return factory(env, *own);
+    return detail::wrong_options_type(name);
+  };
+  return detail::register_transport(std::move(name), std::move(devices), std::move(typed),
+                                    std::move(environment));
+}
+
 /// Removes a registration; transport_unknown if there is none. Existing Contexts keep theirs.
 std::error_code unregister_transport(std::string_view name);
 /// Every registration now, in registration order. Thread-safe.
@@ -58,6 +106,7 @@ struct RegistryEntry {
   std::string name;
   std::vector<std::string> devices;
   TransportFactory factory;
+  std::function<std::any()> from_environment;  // the transport's options from $..., or null
 };
 std::vector<RegistryEntry> registry_snapshot();
 // Called (on the registering thread, no registry lock held) after each new registration.

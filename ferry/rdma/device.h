@@ -9,9 +9,9 @@
 #include <thread>
 #include <vector>
 
-#include "ferry/net/context.h"
 #include "ferry/net/result.h"
 #include "ferry/rdma/mr_cache.h"
+#include "ferry/rdma/options.h"
 #include "ferry/rdma/verbs.h"
 
 namespace ferry::rdma {

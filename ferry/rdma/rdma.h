@@ -18,7 +18,8 @@ namespace ferry::rdma {
 /// The name the RDMA transport registers under.
 inline constexpr const char* kRdmaTransportName = "RDMA";
 
-/// Registers "RDMA" with the process-wide registry when this build has RDMA support (false
+/// Registers "RDMA" with the process-wide registry, with its options (RdmaOptions and
+/// RdmaOptions::from_environment, ferry/rdma/options.h), when this build has RDMA support (false
 /// otherwise). Contexts then instantiate it when the machine has an active RoCE v2 device.
 /// Idempotent.
 bool register_rdma_transport();

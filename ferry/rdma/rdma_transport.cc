@@ -17,9 +17,10 @@ void send(PeerLink& link, uint64_t request_id, const wire::Message& m) {
 
 }  // namespace
 
-RdmaTransport::RdmaTransport(const TransportEnv& env, std::vector<std::shared_ptr<Device>> devices)
+RdmaTransport::RdmaTransport(const TransportEnv& env, const RdmaOptions& options,
+                             std::vector<std::shared_ptr<Device>> devices)
     : devices_(std::move(devices)),
-      channel_options_{env.options.busy_poll, env.options.lease_timeout, std::make_shared<Hooks>(),
+      channel_options_{options.busy_poll, env.options.lease_timeout, std::make_shared<Hooks>(),
                        env.options.peer_timeout, std::make_shared<ObjectRegions>()},
       open_timeout_(env.options.handshake_timeout) {
   if (!env.pool) return;
@@ -241,14 +242,16 @@ size_t RdmaTransport::inject_queue_pair_errors() {
 
 bool register_rdma_transport() {
   static const bool registered = [] {
-    auto ec = register_transport(
+    auto ec = register_transport<RdmaOptions>(
         kTransportName, {"cpu"},
-        [](const TransportEnv& env) -> Result<std::shared_ptr<TransportManager>> {
-          auto devices = Device::open_all(env.options.rdma_grants);
+        [](const TransportEnv& env,
+           const RdmaOptions& options) -> Result<std::shared_ptr<TransportManager>> {
+          auto devices = Device::open_all(options.grants);
           if (devices.empty()) return make_error_code(errc::device_error);
           return std::shared_ptr<TransportManager>(
-              std::make_shared<RdmaTransport>(env, std::move(devices)));
-        });
+              std::make_shared<RdmaTransport>(env, options, std::move(devices)));
+        },
+        &RdmaOptions::from_environment);
     return !ec || ec == errc::transport_duplicate;
   }();
   return registered;

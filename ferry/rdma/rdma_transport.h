@@ -10,6 +10,7 @@
 #include "ferry/net/registry.h"
 #include "ferry/net/transport.h"
 #include "ferry/rdma/device.h"
+#include "ferry/rdma/options.h"
 #include "ferry/rdma/rdma.h"
 #include "ferry/rdma/rdma_channel.h"
 
@@ -17,7 +18,9 @@ namespace ferry::rdma {
 
 class RdmaTransport final : public TransportManager {
  public:
-  RdmaTransport(const TransportEnv& env, std::vector<std::shared_ptr<Device>> devices);
+  // The core's timeouts from `env`, busy polling from `options`; `devices` opened with its grants.
+  RdmaTransport(const TransportEnv& env, const RdmaOptions& options,
+                std::vector<std::shared_ptr<Device>> devices);
 
   std::string name() const override { return kTransportName; }
   bool is_one_sided() const override { return true; }

@@ -38,7 +38,7 @@ void report_refusal(const std::string& algorithm, int err) {
   if (!warned.exchange(true)) {
     FERRY_LOG_WARN(
         "TCP data channel: congestion control '{}' refused ({}); the system's default stays "
-        "(ContextOptions::tcp_congestion)",
+        "(TcpOptions::congestion, $FERRY_TCP_CONGESTION)",
         algorithm, why);
   } else {
     FERRY_LOG_DEBUG("TCP data channel: congestion control '{}' refused ({})", algorithm, why);

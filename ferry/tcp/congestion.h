@@ -1,4 +1,4 @@
-// Congestion control for TCP data channels (ContextOptions::tcp_congestion). Internal: the TCP
+// Congestion control for TCP data channels (TcpOptions::congestion). Internal: the TCP
 // transport and ferry-bench's raw-socket ping-pong use it.
 //
 // Between two endpoints of one host there is no network for congestion control to share and no

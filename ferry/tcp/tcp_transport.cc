@@ -1,6 +1,5 @@
 #include "ferry/tcp/tcp_transport.h"
 
-#include "ferry/net/context.h"
 #include "ferry/net/errors.h"
 #include "ferry/net/log.h"
 #include "ferry/tcp/congestion.h"
@@ -8,9 +7,9 @@
 
 namespace ferry::tcp {
 
-TcpTransport::TcpTransport(const TransportEnv& env)
-    : chunk_bytes_(env.options.tcp_chunk_bytes ? env.options.tcp_chunk_bytes : (1u << 20)),
-      congestion_(env.options.tcp_congestion) {}
+TcpTransport::TcpTransport(const TcpOptions& options)
+    : chunk_bytes_(options.chunk_bytes ? options.chunk_bytes : (1u << 20)),
+      congestion_(options.congestion) {}
 
 TransportInfo TcpTransport::local_info() const {
   TransportInfo info;
@@ -60,11 +59,13 @@ void TcpTransport::garbage_collect(const StoredObject&) {
 
 bool register_tcp_transport() {
   static const bool registered = [] {
-    auto ec = register_transport(
+    auto ec = register_transport<TcpOptions>(
         kTransportName, {"cpu"},
-        [](const TransportEnv& env) -> Result<std::shared_ptr<TransportManager>> {
-          return std::shared_ptr<TransportManager>(std::make_shared<TcpTransport>(env));
-        });
+        [](const TransportEnv&,
+           const TcpOptions& options) -> Result<std::shared_ptr<TransportManager>> {
+          return std::shared_ptr<TransportManager>(std::make_shared<TcpTransport>(options));
+        },
+        &TcpOptions::from_environment);
     return !ec || ec == errc::transport_duplicate;
   }();
   return registered;

@@ -10,6 +10,7 @@
 
 #include "ferry/net/registry.h"
 #include "ferry/net/transport.h"
+#include "ferry/tcp/options.h"
 
 /// The built-in TCP transport (the two-sided data channel) and its chunk header.
 namespace ferry::tcp {
@@ -22,9 +23,9 @@ inline constexpr const char* kTransportName = "TCP";
 /// construct it. The TransportManager contract holds for every method.
 class TcpTransport final : public TransportManager {
  public:
-  /// Takes ContextOptions::tcp_chunk_bytes (1 MiB when 0) and tcp_congestion from `env`; opens
-  /// nothing until a peer needs a data channel.
-  explicit TcpTransport(const TransportEnv& env);
+  /// Takes the chunk size (1 MiB when 0) and the congestion control from `options`; opens nothing
+  /// until a peer needs a data channel.
+  explicit TcpTransport(const TcpOptions& options);
 
   std::string name() const override { return kTransportName; }
   bool is_one_sided() const override { return false; }
@@ -47,11 +48,12 @@ class TcpTransport final : public TransportManager {
 
  private:
   size_t chunk_bytes_;
-  std::string congestion_;  // ContextOptions::tcp_congestion (ferry/tcp/congestion.h)
+  std::string congestion_;  // TcpOptions::congestion (ferry/tcp/congestion.h)
   std::atomic<uint64_t> collected_{0};
 };
 
-/// Registers "TCP" with the process-wide registry. Idempotent; returns true once registered.
+/// Registers "TCP" with the process-wide registry, with its options (TcpOptions and
+/// TcpOptions::from_environment). Idempotent; returns true once registered.
 bool register_tcp_transport();
 
 }  // namespace ferry::tcp

@@ -45,7 +45,10 @@ class Context:
     (``ctx.address``); without ``listen`` it can only fetch (or call ``listen()`` later).
     Options left as None keep ferry's defaults (some read from the environment:
     ``$FERRY_TRANSPORT``, ``$FERRY_SECRET``, ``$FERRY_TLS_*``, ...); durations are in seconds.
-    See ferry::ContextOptions (ferry/net/context.h) for each.
+    See ferry::ContextOptions (ferry/net/context.h) for each; ``tcp_chunk_bytes`` and
+    ``tcp_congestion`` set the TCP transport's options (ferry::tcp::TcpOptions, ``chunk_bytes``
+    and ``congestion``), ``busy_poll`` and ``rdma_grants`` the RDMA transport's
+    (ferry::rdma::RdmaOptions, ``busy_poll`` and ``grants``).
 
     ``wait_runs_loop`` (default True): a thread blocked in a fetch's ``result()`` /
     ``exception()`` (and ferry.rdt's ``wait_fetch_complete``) runs the context's event loop

@@ -12,6 +12,10 @@
 #include "ferry/net/context.h"
 #include "ferry/net/errors.h"
 #include "ferry/net/stats.h"
+#include "ferry/rdma/options.h"
+#include "ferry/rdma/rdma.h"
+#include "ferry/tcp/options.h"
+#include "ferry/tcp/tcp_transport.h"
 #include "python/src/bindings.h"
 #include "python/src/completions.h"
 #include "python/src/errors.h"
@@ -31,9 +35,16 @@ auto without_gil(F&& f) {
 }
 
 // ContextOptions from the keyword arguments ferry.Context passed on (durations already in ms);
-// an option left out keeps ferry's default (some come from the environment).
+// an option left out keeps what the environment gives it (ContextOptions::from_environment). The
+// TCP and RDMA ones go to those transports' options.
 ContextOptions options_from(const py::dict& given) {
-  ContextOptions o;
+  ContextOptions o = ContextOptions::from_environment();
+  auto tcp_options = [&]() -> tcp::TcpOptions& {
+    return o.transport_options_for<tcp::TcpOptions>(tcp::kTransportName);
+  };
+  auto rdma_options = [&]() -> rdma::RdmaOptions& {
+    return o.transport_options_for<rdma::RdmaOptions>(rdma::kRdmaTransportName);
+  };
   for (const auto& [k, v] : given) {
     const auto key = k.cast<std::string>();
     auto ms = [&] { return milliseconds(v.cast<int64_t>()); };
@@ -64,21 +75,21 @@ ContextOptions options_from(const py::dict& given) {
     else if (key == "pool_idle_trim")
       o.pool_idle_trim = ms();
     else if (key == "tcp_chunk_bytes")
-      o.tcp_chunk_bytes = v.cast<size_t>();
+      tcp_options().chunk_bytes = v.cast<size_t>();
     else if (key == "tcp_congestion")
-      o.tcp_congestion = v.cast<std::string>();
+      tcp_options().congestion = v.cast<std::string>();
     else if (key == "busy_poll")
-      o.busy_poll = v.cast<bool>();
+      rdma_options().busy_poll = v.cast<bool>();
     else if (key == "secret")
       o.secret = v.cast<std::string>();
     else if (key == "pool_bytes")
       o.pool_bytes = v.cast<size_t>();
     else if (key == "rdma_grants") {
-      auto grants = parse_rdma_grants(v.cast<std::string>());
+      auto grants = rdma::parse_rdma_grants(v.cast<std::string>());
       if (!grants) {
         throw py::value_error("rdma_grants must be auto, windows, registrations or regions");
       }
-      o.rdma_grants = *grants;
+      rdma_options().grants = *grants;
     } else if (key == "tls") {
       using Paths = std::tuple<std::string, std::string, std::string>;
       auto [certificate, key_file, ca] = v.cast<Paths>();

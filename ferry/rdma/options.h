@@ -1,0 +1,50 @@
+/// @file
+/// RdmaOptions: the RDMA transport's own settings. A Context carries them to the transport in
+/// ContextOptions::transport_options under "RDMA" (rdma::kRdmaTransportName).
+#pragma once
+
+#include <optional>
+#include <string_view>
+
+namespace ferry::rdma {
+
+/// What an RDMA grant (the rkey an owner sends a fetcher) opens. Both per-peer modes give a grant
+/// to one peer (its queue pair), over exactly the granted range, for one lease: another peer's,
+/// an expired, a forged or an out-of-range rkey gets a remote access error (docs/security.md).
+enum class RdmaGrants {
+  /// windows on devices that have type-2 memory windows and are not soft-RoCE; registrations
+  /// elsewhere (rxe's windows stall READs under load and are not range-checked).
+  automatic,
+  /// Owner memory is registered once, without remote access; each grant binds a type-2 window
+  /// over the range to the fetcher's queue pair (one bind work request per tensor). A device
+  /// without windows uses registrations instead (logged).
+  windows,
+  /// Each peer's queue pair has its own protection domain; each grant registers exactly the
+  /// range there (one ibv_reg_mr per tensor per grant, deregistered when the lease ends).
+  registrations,
+  /// Weaker, for speed: owner memory is registered once with remote read access and its rkey is
+  /// valid for every peer, over the whole registration, until the object is collected (logged).
+  regions,
+};
+
+/// "auto", "windows", "registrations", "regions"; nullopt for anything else.
+std::optional<RdmaGrants> parse_rdma_grants(std::string_view text);
+/// The name parse_rdma_grants() reads for `grants` ("auto" for automatic).
+const char* rdma_grants_name(RdmaGrants grants);
+
+/// What the RDMA transport of one Context is configured with. Set it with
+/// `options.transport_options_for<rdma::RdmaOptions>(rdma::kRdmaTransportName)`; a context with
+/// no entry uses these defaults.
+struct RdmaOptions {
+  /// How one-sided grants open owner memory to a peer (see RdmaGrants).
+  RdmaGrants grants = RdmaGrants::automatic;
+  /// Poll the completion queue instead of sleeping on its channel.
+  bool busy_poll = false;
+
+  /// The defaults with what the environment sets: `grants` from $FERRY_RDMA_GRANTS
+  /// (parse_rdma_grants(); a value that is not a mode is logged and automatic kept).
+  /// ContextOptions::from_environment() calls it (the transport registers it).
+  static RdmaOptions from_environment();
+};
+
+}  // namespace ferry::rdma

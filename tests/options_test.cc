@@ -1,0 +1,176 @@
+// ContextOptions: the environment read in one place (from_environment), and each transport's own
+// options carried to it through the registry, a user transport's as the built-ins'.
+#include <gtest/gtest.h>
+
+#include <any>
+#include <cstdlib>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "tests/test_util.h"
+
+namespace ferry {
+namespace {
+
+// Sets (or, with nullptr, unsets) an environment variable for one scope, then restores it.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old;
+    if (value) {
+      setenv(name, value, 1);
+    } else {
+      unsetenv(name);
+    }
+  }
+  ~ScopedEnv() {
+    if (old_) {
+      setenv(name_, old_->c_str(), 1);
+    } else {
+      unsetenv(name_);
+    }
+  }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  const char* name_;
+  std::optional<std::string> old_;
+};
+
+bool registered(std::string_view name) {
+  for (const auto& t : registered_transports()) {
+    if (t.name == name) return true;
+  }
+  return false;
+}
+
+TEST(ContextOptions, FromEnvironmentReadsEveryVariable) {
+  ScopedEnv transport("FERRY_TRANSPORT", "tcp"), secret("FERRY_SECRET", "s3cret"),
+      cert("FERRY_TLS_CERT", "/certs/server.pem"), key("FERRY_TLS_KEY", "/certs/server.key"),
+      ca("FERRY_TLS_CA", "/certs/ca.pem"), pool("FERRY_POOL_BYTES", "512M"),
+      congestion("FERRY_TCP_CONGESTION", "cubic"), grants("FERRY_RDMA_GRANTS", "registrations");
+  const ContextOptions o = ContextOptions::from_environment();
+  EXPECT_EQ(o.transport, "TCP");
+  EXPECT_EQ(o.secret, "s3cret");
+  EXPECT_EQ(o.tls.certificate, "/certs/server.pem");
+  EXPECT_EQ(o.tls.private_key, "/certs/server.key");
+  EXPECT_EQ(o.tls.ca, "/certs/ca.pem");
+  EXPECT_EQ(o.pool_bytes, size_t{512} << 20);
+  // The transports' variables, read by the transports' own from_environment().
+  EXPECT_EQ(o.transport_options_for<tcp::TcpOptions>(tcp::kTransportName).congestion, "cubic");
+  EXPECT_EQ(tcp::TcpOptions::from_environment().congestion, "cubic");
+  EXPECT_EQ(rdma::RdmaOptions::from_environment().grants, rdma::RdmaGrants::registrations);
+  if (registered(rdma::kRdmaTransportName)) {  // a build with RDMA support
+    EXPECT_EQ(o.transport_options_for<rdma::RdmaOptions>(rdma::kRdmaTransportName).grants,
+              rdma::RdmaGrants::registrations);
+  }
+}
+
+TEST(ContextOptions, TheDefaultsReadNothingFromTheEnvironment) {
+  ScopedEnv transport("FERRY_TRANSPORT", "tcp"), secret("FERRY_SECRET", "s3cret"),
+      cert("FERRY_TLS_CERT", "/certs/server.pem"), pool("FERRY_POOL_BYTES", "512M"),
+      congestion("FERRY_TCP_CONGESTION", "cubic"), grants("FERRY_RDMA_GRANTS", "regions");
+  const ContextOptions o;
+  EXPECT_EQ(o.transport, "auto");
+  EXPECT_TRUE(o.secret.empty());
+  EXPECT_FALSE(o.tls.enabled());
+  EXPECT_EQ(o.pool_bytes, ContextOptions::default_pool_bytes());
+  EXPECT_TRUE(o.transport_options.empty());
+  EXPECT_EQ(o.transport_options_for<tcp::TcpOptions>(tcp::kTransportName).congestion, "");
+  EXPECT_EQ(o.transport_options_for<rdma::RdmaOptions>(rdma::kRdmaTransportName).grants,
+            rdma::RdmaGrants::automatic);
+}
+
+TEST(ContextOptions, FromEnvironmentKeepsTheDefaultForWhatItCannotUse) {
+  {
+    ScopedEnv transport("FERRY_TRANSPORT", nullptr), pool("FERRY_POOL_BYTES", "lots"),
+        grants("FERRY_RDMA_GRANTS", "sometimes");
+    const ContextOptions o = ContextOptions::from_environment();
+    EXPECT_EQ(o.transport, "auto");
+    EXPECT_EQ(o.pool_bytes, ContextOptions::default_pool_bytes());
+    EXPECT_EQ(rdma::RdmaOptions::from_environment().grants, rdma::RdmaGrants::automatic);
+  }
+  // Transport names: the built-ins in any case, any other name as it is.
+  for (const auto& [text, want] : std::vector<std::pair<const char*, const char*>>{
+           {"AUTO", "auto"}, {"Rdma", "RDMA"}, {"tcp", "TCP"}, {"SHM", "SHM"}}) {
+    ScopedEnv transport("FERRY_TRANSPORT", text);
+    EXPECT_EQ(ContextOptions::from_environment().transport, want) << text;
+  }
+}
+
+// A user transport's own options, as examples/shm_transport declares ShmOptions.
+struct OwnOptions {
+  int depth = 1;
+  std::string label = "default";
+  static OwnOptions from_environment() {
+    OwnOptions o;
+    o.label = "from the environment";
+    return o;
+  }
+};
+
+TEST(Registry, AUserTransportGetsItsOwnOptionsThroughTheRegistry) {
+  auto seen = std::make_shared<std::vector<OwnOptions>>();  // what each factory call got
+  ASSERT_FALSE(register_transport<OwnOptions>(
+      "OWN", {"cpu"},
+      [seen](const TransportEnv&,
+             const OwnOptions& options) -> Result<std::shared_ptr<TransportManager>> {
+        seen->push_back(options);
+        return std::shared_ptr<TransportManager>(std::make_shared<test::FakeTransport>("OWN"));
+      },
+      &OwnOptions::from_environment));
+
+  // Set by the application: the factory gets exactly those.
+  ContextOptions set;
+  auto& own = set.transport_options_for<OwnOptions>("OWN");
+  own.depth = 7;
+  own.label = "set";
+  EXPECT_TRUE(Context(set).transport("OWN"));
+  ASSERT_EQ(seen->size(), 1u);
+  EXPECT_EQ(seen->back().depth, 7);
+  EXPECT_EQ(seen->back().label, "set");
+
+  // Not set: the type's defaults.
+  EXPECT_TRUE(Context(ContextOptions{}).transport("OWN"));
+  ASSERT_EQ(seen->size(), 2u);
+  EXPECT_EQ(seen->back().depth, 1);
+  EXPECT_EQ(seen->back().label, "default");
+
+  // ContextOptions::from_environment(): what the transport's own from_environment() gives.
+  const ContextOptions environment = ContextOptions::from_environment();
+  EXPECT_EQ(environment.transport_options_for<OwnOptions>("OWN").label, "from the environment");
+  EXPECT_TRUE(Context(environment).transport("OWN"));
+  ASSERT_EQ(seen->size(), 3u);
+  EXPECT_EQ(seen->back().label, "from the environment");
+
+  // An entry of another type: the factory is not called; the context goes on without the
+  // transport, or fails when it asked for it by name.
+  ContextOptions wrong;
+  wrong.transport_options["OWN"] = std::string("not OwnOptions");
+  {
+    Context ctx(wrong);
+    EXPECT_FALSE(ctx.transport("OWN"));
+    EXPECT_TRUE(ctx.transport(tcp::kTransportName));
+  }
+  wrong.transports = {"OWN"};
+  EXPECT_EQ(Context::create(wrong).error(), errc::invalid_argument);
+  EXPECT_EQ(seen->size(), 3u);
+  EXPECT_THROW(wrong.transport_options_for<OwnOptions>("OWN"), std::bad_any_cast);
+
+  // The typed registration's own errors are the plain one's.
+  EXPECT_EQ(register_transport<OwnOptions>("OWN2", {"cpu"}, nullptr), errc::invalid_argument);
+  EXPECT_EQ(
+      register_transport<OwnOptions>(
+          "OWN", {"cpu"},
+          [](const TransportEnv&, const OwnOptions&) -> Result<std::shared_ptr<TransportManager>> {
+            return make_error_code(errc::device_error);
+          }),
+      errc::transport_duplicate);
+  EXPECT_FALSE(unregister_transport("OWN"));
+  EXPECT_FALSE(ContextOptions::from_environment().transport_options.contains("OWN"));
+}
+
+}  // namespace
+}  // namespace ferry
