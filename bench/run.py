@@ -278,7 +278,7 @@ class Bench:
         # iperf3 writes at most 1 MiB at a time; above that the stream is the same.
         cli = ["iperf3", "-c", "127.0.0.1", "-p", str(port), "-l", str(min(size, MIB)), "-t",
                str(max(1, round(self.secs))), "-J"]
-        # The algorithm ferry's loopback data channels use (ContextOptions::tcp_congestion,
+        # The algorithm ferry's loopback data channels use (tcp::TcpOptions::congestion,
         # automatic: ferry/tcp/congestion.h), so that both stream under it.
         if system_congestion() != ONE_HOST_CONGESTION:
             cli += ["-C", ONE_HOST_CONGESTION]

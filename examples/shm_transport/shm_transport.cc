@@ -107,12 +107,14 @@ ShmOptions ShmOptions::from_environment() {
 
 // ---------------------------------------------------------------- identity and negotiation
 
+// [options-kept]
 ShmTransport::ShmTransport(const ferry::TransportEnv& env, const ShmOptions& options)
     : host_id_(read_host_id()),
       open_timeout_(env.options.handshake_timeout),
       copy_step_(options.copy_step ? options.copy_step : ShmOptions{}.copy_step) {
   remove_orphaned_segments();
 }
+// [options-kept]
 
 ferry::TransportInfo ShmTransport::local_info() const {
   return ferry::TransportInfo{kName, {"cpu"}, host_id_, 50};  // RDMA 100 > SHM 50 > TCP 10

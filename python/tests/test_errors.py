@@ -49,6 +49,22 @@ def test_wrong_secret_is_refused():
         assert b.connect(a.address).fetch(ref).result(30).tolist() == [0, 1, 2]
 
 
+def test_the_environment_gives_the_defaults(monkeypatch):
+    # $FERRY_SECRET is the secret of a context made without one; a keyword overrides it.
+    monkeypatch.setenv("FERRY_SECRET", "from-the-environment")
+    with ferry.Context(f"{HOST}:0") as a:
+        ref = a.put(np.arange(3))
+        with ferry.Context() as b:
+            assert b.connect(a.address).fetch(ref).result(30).tolist() == [0, 1, 2]
+        with ferry.Context(secret="another") as c:
+            with pytest.raises(ferry.AuthenticationError):
+                c.connect(a.address)
+        monkeypatch.delenv("FERRY_SECRET")
+        with ferry.Context() as d:
+            with pytest.raises(ferry.AuthenticationError):
+                d.connect(a.address)
+
+
 def test_ref_of_another_context(local_owner, ctx):
     ref = local_owner.put(np.arange(4))
     with ferry.Context(f"{HOST}:0", name="other") as other:
