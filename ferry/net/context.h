@@ -11,7 +11,6 @@
 #include <cstdint>
 #include <map>
 #include <memory>
-#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -52,8 +51,8 @@ struct ContextOptions {
   std::string name = "ferry";           ///< shown to peers and in logs
   int threads = 1;                      ///< threads running the io_context
   std::vector<std::string> transports;  ///< registered transports to use; empty = all
-  /// For connections we make: "auto" or a transport's name ("rdma" and "tcp" in any case mean the
-  /// built-in "RDMA" and "TCP"); from_environment() takes $FERRY_TRANSPORT.
+  /// For connections we make: "auto" or a registered transport's name; from_environment() takes
+  /// $FERRY_TRANSPORT (where "rdma" and "tcp" in any case mean the built-in "RDMA" and "TCP").
   std::string transport = "auto";
   uint32_t max_frame_bytes = 4u << 20;          ///< metadata frames above this end the connection
   size_t max_queued_control_bytes = 64u << 20;  ///< a peer that does not read its control frames
@@ -174,9 +173,10 @@ struct PutOptions {
 /// from any thread unless their comment says otherwise.
 class Context {
  public:
-  /// Starts `options.threads` threads running the io_context and instantiates the transports.
-  /// Throws std::system_error for options naming an unknown transport (use create() to get a
-  /// Result instead).
+  /// Starts `options.threads` threads running the io_context and instantiates the transports,
+  /// each with its entry of options.transport_options. Reads nothing from the environment: pass
+  /// ContextOptions::from_environment() for $FERRY_*. Throws std::system_error for options naming
+  /// an unknown transport (use create() to get a Result instead).
   explicit Context(ContextOptions options = {});
   /// As the constructor, but reports what it would throw as an error (logged with the reason):
   /// errc::transport_unknown for an unknown transport in `options.transports`, and the error of a

@@ -48,9 +48,10 @@ struct RegisteredTransport {
   std::vector<std::string> devices;
 };
 
-/// Registers a transport process-wide. Contexts created afterwards instantiate it (each with its
-/// own instance from `factory`). Errors: invalid_argument (empty name or null factory),
-/// transport_duplicate (name taken). Thread-safe.
+/// Registers a transport process-wide, one without options of its own (the overload below
+/// registers one with). Contexts created afterwards instantiate it (each with its own instance
+/// from `factory`). Errors: invalid_argument (empty name or null factory), transport_duplicate
+/// (name taken). Thread-safe.
 std::error_code register_transport(std::string name, std::vector<std::string> devices,
                                    TransportFactory factory);
 /// A factory for a transport with options of its own type (the register_transport below): it
@@ -76,7 +77,7 @@ std::error_code wrong_options_type(std::string_view name);
 /// Options{} when it has none. An entry of another type fails the factory with invalid_argument
 /// (logged), as a transport that is not usable. `from_environment`, when given, is how the
 /// transport reads its environment variables: ContextOptions::from_environment() fills the entry
-/// with it. Errors as the overload above.
+/// with it. Errors as the overload above. Thread-safe.
 template <typename Options>
 std::error_code register_transport(std::string name, std::vector<std::string> devices,
                                    TransportFactoryWith<Options> factory,
