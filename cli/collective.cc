@@ -12,6 +12,13 @@
 #include <span>
 #include <thread>
 
+#include <boost/json/array.hpp>
+#include <boost/json/object.hpp>
+#include <boost/json/parse.hpp>
+#include <boost/json/serialize.hpp>
+#include <boost/json/value.hpp>
+
+#include "cli/pretty_json.h"
 #include "cli/status.h"
 #include "cli/units.h"
 #include "ferry/collective/group.h"
@@ -38,13 +45,13 @@ T sum_of(int n, size_t i) {
 }
 
 // One rank's view of the run: prints only on rank 0 (every rank checks its own results and
-// says on stderr what was wrong).
+// says on stderr what was wrong). Every rank keeps a row per collective and size for --json.
 class Rank {
  public:
   Rank(Group& g, const CollectiveArgs& a) : g_(g), a_(a), n_(g.size()), r_(g.rank()) {}
 
   bool run(const std::vector<uint64_t>& sizes) {
-    if (r_ == 0) {
+    if (r_ == 0 && !a_.json) {
       std::printf("%-15s %10s %-12s %8s %10s %12s %12s\n", "collective", "size", "dtype/op",
                   "result", "median", "algbw", "busbw");
     }
@@ -57,6 +64,9 @@ class Rank {
     }
     return ok_;
   }
+
+  // A row per collective and size: what, bytes, verified, the error, and the timings.
+  const boost::json::array& rows() const { return rows_; }
 
  private:
   template <typename T>
@@ -112,17 +122,21 @@ class Rank {
 
   void report(const char* what, uint64_t bytes, const char* kind, bool good,
               const collective::Status& s, std::vector<double> seconds) {
+    const std::string why = good ? "" : s.ok() ? "WRONG RESULT" : s.message;
     if (!good) {
       ok_ = false;
       std::fprintf(stderr, "ferry: rank %d: %s of %s %s: %s\n", r_, what,
-                   format_bytes(bytes).c_str(), kind, s.ok() ? "WRONG RESULT" : s.message.c_str());
+                   format_bytes(bytes).c_str(), kind, why.c_str());
     }
-    if (r_ != 0) return;
+    boost::json::value median_s = nullptr, algbw_gb_s = nullptr, busbw_gb_s = nullptr;
     std::string median = "-", algbw = "-", busbw = "-";
     if (!seconds.empty()) {
       std::sort(seconds.begin(), seconds.end());
       const double t = seconds[seconds.size() / 2];
       const double gbps = static_cast<double>(bytes) / t / 1e9;
+      median_s = t;
+      algbw_gb_s = gbps;
+      busbw_gb_s = gbps * 2.0 * (n_ - 1) / n_;
       char buf[64];
       std::snprintf(buf, sizeof buf, "%.3f ms", t * 1e3);
       median = buf;
@@ -131,6 +145,15 @@ class Rank {
       std::snprintf(buf, sizeof buf, "%.3f GB/s", gbps * 2.0 * (n_ - 1) / n_);
       busbw = buf;
     }
+    rows_.push_back(boost::json::object{{"collective", what},
+                                        {"bytes", bytes},
+                                        {"kind", kind},
+                                        {"verified", good},
+                                        {"message", why},
+                                        {"median_s", median_s},
+                                        {"algbw_gb_s", algbw_gb_s},
+                                        {"busbw_gb_s", busbw_gb_s}});
+    if (r_ != 0 || a_.json) return;
     std::printf("%-15s %10s %-12s %8s %10s %12s %12s\n", what, format_bytes(bytes).c_str(), kind,
                 good ? "ok" : "WRONG", median.c_str(), algbw.c_str(), busbw.c_str());
     std::fflush(stdout);
@@ -141,7 +164,20 @@ class Rank {
   const int n_;
   const int r_;
   bool ok_ = true;
+  boost::json::array rows_;
 };
+
+fs::path report_path(const fs::path& dir, int rank) {
+  return dir / ("report." + std::to_string(rank) + ".json");
+}
+
+// With --json, a rank's report for the parent: {"rows": [...], "error": its first failure}.
+void write_report(const fs::path& dir, int rank, const boost::json::array& rows) {
+  const auto tmp = dir / (".report." + std::to_string(rank));
+  std::ofstream(tmp) << boost::json::serialize(
+      boost::json::object{{"rows", rows}, {"error", failure_value()}});
+  fs::rename(tmp, report_path(dir, rank));  // appears complete or not at all
+}
 
 // Waits (bounded) until every rank has published its address in `dir`.
 std::vector<std::string> gather_addresses(const fs::path& dir, int n, Clock::time_point deadline) {
@@ -157,7 +193,7 @@ std::vector<std::string> gather_addresses(const fs::path& dir, int n, Clock::tim
 }
 
 int run_rank(int rank, const CollectiveArgs& a, ContextOptions options,
-             const std::vector<uint64_t>& sizes, const fs::path& dir) {
+             const std::vector<uint64_t>& sizes, const fs::path& dir, boost::json::array& rows) {
   options.name = "rank" + std::to_string(rank);
   if (a.transport != "auto") options.transports = {a.transport};
   auto ctx = Context::create(options);
@@ -172,36 +208,91 @@ int run_rank(int rank, const CollectiveArgs& a, ContextOptions options,
   collective::Status why;
   auto group = Group::join(**ctx, addresses, rank, {.name = "ferry-collective"}, &why);
   if (!group) return fail(kExitConnect, "rank " + std::to_string(rank) + ": " + why.message);
-  return Rank(**group, a).run(sizes) ? kExitOk : kExitVerifyFailed;
+  Rank r(**group, a);
+  const bool ok = r.run(sizes);
+  rows = r.rows();
+  return ok ? kExitOk : kExitVerifyFailed;
+}
+
+// The --json document, from the reports the ranks wrote: rank 0's rows (the timings), every
+// rank's failed rows and every rank's own error; a rank that wrote no report (killed, or it
+// crashed) is named in "missing_ranks".
+std::string run_json(const CollectiveArgs& a, const fs::path& dir, int worst) {
+  boost::json::array results, failures, rank_errors, missing;
+  for (int r = 0; r < a.ranks; ++r) {
+    std::ifstream in(report_path(dir, r));
+    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    boost::system::error_code ec;
+    auto report = boost::json::parse(text, ec);
+    if (ec || !report.is_object()) {
+      missing.push_back(r);
+      continue;
+    }
+    if (const auto& error = report.at("error"); !error.is_null()) {
+      rank_errors.push_back(boost::json::object{{"rank", r}, {"error", error}});
+    }
+    for (auto& row : report.at("rows").as_array()) {
+      if (r == 0) results.push_back(row);
+      if (!row.as_object().at("verified").as_bool()) {
+        boost::json::object failed{{"rank", r}};
+        for (const auto& member : row.as_object()) failed.insert(member);
+        failures.push_back(std::move(failed));
+      }
+    }
+  }
+  return pretty_json(boost::json::object{{"ranks", a.ranks},
+                                         {"host", a.host},
+                                         {"transport", a.transport},
+                                         {"results", std::move(results)},
+                                         {"failures", std::move(failures)},
+                                         {"rank_errors", std::move(rank_errors)},
+                                         {"missing_ranks", std::move(missing)},
+                                         {"verified", worst == kExitOk},
+                                         {"exit_code", worst},
+                                         {"error", failure_value()}});
 }
 
 }  // namespace
 
 int run_collective(const CollectiveArgs& a, const ContextOptions& options) {
+  // A failure before any rank ran: with --json, stdout still holds one document.
+  const auto early = [&](int rc) {
+    if (a.json) std::fputs(failure_json().c_str(), stdout);
+    return rc;
+  };
   std::vector<uint64_t> sizes;
   for (const auto& text : a.sizes) {
     auto size = parse_size(text);
-    if (!size || *size == 0) return fail(kExitUsage, "bad size '" + text + "'");
+    if (!size || *size == 0) return early(fail(kExitUsage, "bad size '" + text + "'"));
     sizes.push_back(*size);
   }
   const fs::path dir = fs::temp_directory_path() / ("ferry-collective-" + std::to_string(getpid()));
   fs::create_directories(dir);
-  std::printf("%d ranks on %s, transport %s\n", a.ranks, a.host.c_str(), a.transport.c_str());
+  if (!a.json) {
+    std::printf("%d ranks on %s, transport %s\n", a.ranks, a.host.c_str(), a.transport.c_str());
+  }
   std::fflush(stdout);  // nothing buffered is duplicated into the children
   std::vector<pid_t> pids;
   for (int r = 0; r < a.ranks; ++r) {
     const pid_t pid = fork();
     if (pid == 0) {
       int rc = kExitUsage;
+      boost::json::array rows;
       try {
-        rc = run_rank(r, a, options, sizes, dir);
+        rc = run_rank(r, a, options, sizes, dir, rows);
       } catch (const std::exception& e) {
-        std::fprintf(stderr, "ferry: rank %d: %s\n", r, e.what());
+        rc = fail(kExitUsage, "rank " + std::to_string(r) + ": " + e.what());
       }
+      if (a.json) write_report(dir, r, rows);
       std::fflush(nullptr);
       _exit(rc);
     }
-    if (pid < 0) return fail(kExitUsage, "fork failed");
+    if (pid < 0) {
+      for (pid_t p : pids) kill(p, SIGKILL);
+      for (pid_t p : pids) waitpid(p, nullptr, 0);
+      fs::remove_all(dir);
+      return early(fail(kExitUsage, "fork failed"));
+    }
     pids.push_back(pid);
   }
   // Reap with a deadline: a rank still running then is killed and the run timed out.
@@ -222,12 +313,19 @@ int run_collective(const CollectiveArgs& a, const ContextOptions& options) {
       worst = WEXITSTATUS(status);
     }
   }
-  fs::remove_all(dir);
   if (worst == kExitTimeout) {
-    std::fprintf(stderr, "ferry: ranks still running after %d s were killed\n", a.timeout_s);
+    fail(kExitTimeout,
+         "ranks still running after " + std::to_string(a.timeout_s) + " s were killed");
+  } else if (worst != kExitOk) {
+    fail(static_cast<ExitCode>(worst), "a rank failed (it said why on stderr)");
   }
-  std::printf("%d ranks: %s\n", a.ranks,
-              worst == kExitOk ? "every collective verified on every rank" : "FAILED");
+  if (a.json) {
+    std::fputs(run_json(a, dir, worst).c_str(), stdout);
+  } else {
+    std::printf("%d ranks: %s\n", a.ranks,
+                worst == kExitOk ? "every collective verified on every rank" : "FAILED");
+  }
+  fs::remove_all(dir);
   return worst;
 }
 

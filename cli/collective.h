@@ -16,12 +16,14 @@ struct CollectiveArgs {
   std::string host = "127.0.0.1";                     // every rank listens here
   std::string transport = "auto";
   int timeout_s = 120;  // the whole run; ranks still running then are killed
+  bool json = false;    // one JSON document on stdout instead of the table
 };
 
 // Forks `ranks` processes; each joins the group and runs allreduce (float32 sum and int64 sum,
 // both checked against a locally computed reference), broadcast from every root, allgather and
 // reduce-scatter at each size, and times `iterations` allreduces. The parent prints one line
-// per collective and size (time, algorithm and bus bandwidth for allreduce) and returns an
+// per collective and size (time, algorithm and bus bandwidth for allreduce), or with `json` one
+// JSON document (rank 0's rows, every rank's failures, the error if any), and returns an
 // ExitCode: ok only if every rank verified everything; kExitTimeout if one did not finish.
 // Each rank's context starts from `options` (main's ContextOptions::from_environment()).
 // Blocking; call from main only (it forks).

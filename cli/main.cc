@@ -164,6 +164,7 @@ void add_collective(CLI::App& app, CollectiveArgs& a) {
       ->type_name("SECONDS")
       ->check(CLI::Range(1, 86400))
       ->capture_default_str();
+  cmd->add_flag("--json", a.json, "Print the results as one JSON document");
   cmd->footer(
       std::string("Forks --ranks processes that form a group and run, at each size: allreduce\n"
                   "(float32 and int64 sums, exact), broadcast from every root, allgather and\n"

@@ -112,6 +112,30 @@ json_ok "$tmp/serve.json" || { echo "serve --json: stdout is not JSON"; cat "$tm
 grep -q '^ready ' "$tmp/serve.json.err" || { echo "serve --json: no ready line on stderr"; exit 1; }
 "$ferry" collective -n 2 --sizes 1K,64K --iterations 1 >/dev/null ||
   { echo "collective --sizes 1K,64K (a comma list) failed"; exit 1; }
+"$ferry" collective -n 2 --sizes 1K,64K --iterations 1 --json >"$tmp/collective.json" ||
+  { echo "collective --json failed"; cat "$tmp/collective.json"; exit 1; }
+python3 - "$tmp/collective.json" <<'PY' || exit 1
+import json, sys
+d = json.load(open(sys.argv[1]))
+assert d["verified"] is True and d["error"] is None and d["ranks"] == 2, d
+rows = d["results"]
+assert len(rows) == 10 and all(r["verified"] for r in rows), rows
+timed = [r for r in rows if r["collective"] == "allreduce" and r["kind"] == "float32 sum"]
+assert [r["bytes"] for r in timed] == [1024, 65536] and all(r["busbw_gb_s"] > 0 for r in timed), timed
+print("collective --json: 10 verified rows, 2 timed")
+PY
+set +e
+"$ferry" collective -n 2 --sizes 1K --json --host 192.0.2.1 >"$tmp/collective-fail.json" 2>/dev/null
+rc=$?
+set -e
+[[ $rc -eq 2 ]] || { echo "collective on an address it cannot listen on: exit $rc, want 2"; exit 1; }
+python3 - "$tmp/collective-fail.json" <<'PY' || exit 1
+import json, sys
+d = json.load(open(sys.argv[1]))
+assert d["verified"] is False and d["exit_code"] == 2 and d["error"]["exit_code"] == 2, d
+assert [e["rank"] for e in d["rank_errors"]] == [0, 1], d["rank_errors"]
+assert "cannot listen" in d["rank_errors"][0]["error"]["message"], d["rank_errors"]
+PY
 
 set +e
 "$ferry" fetch --from 127.0.0.1:1 --all --json >"$tmp/refused.json" 2>/dev/null

@@ -10,6 +10,7 @@
 #include <set>
 #include <thread>
 
+#include "ferry/net/stats.h"
 #include "ferry/rdma/options.h"
 #include "ferry/rdma/rdma.h"
 #include "tests/test_util.h"
@@ -175,6 +176,17 @@ TEST_F(Rdma, TenThousandViewsOfOneAllocationCostOneRegistration) {
   EXPECT_EQ(c->live, 1u);
   // Each distinct view looks its registration up once (repeat fetches reuse the object's).
   EXPECT_EQ(c->hits, std::set<size_t>(sample.begin(), sample.end()).size() - 1);
+  // The same counters in the stats snapshot and the text a scraper reads.
+  const auto text = prometheus_text(server.ctx.stats());
+  EXPECT_NE(text.find("\nferry_rdma_registrations_total 1\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("\nferry_rdma_registrations_live 1\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("\nferry_rdma_registration_hits_total " + std::to_string(c->hits) + "\n"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("\nferry_rdma_queue_pairs " + std::to_string(c->queue_pairs) + "\n"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("# TYPE ferry_rdma_registration_seconds_total counter\n"), std::string::npos);
   for (const auto& ref : refs) server.ctx.release(ref);
   // The last object's collection deregisters the slab (after the releases of the leases).
   eventually([&] { return rdma::registration_counters(server.ctx)->live == 0; });

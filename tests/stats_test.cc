@@ -3,11 +3,13 @@
 // the suite's transport: TCP here, RDMA in the soft-RoCE guest.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <mutex>
 #include <string>
 #include <vector>
 
 #include "ferry/net/log.h"
+#include "ferry/net/registry.h"
 #include "ferry/net/stats.h"
 #include "tests/test_util.h"
 
@@ -64,6 +66,9 @@ TEST(Stats, PrometheusTextHasEveryFamilyWithHelpTypeAndLabels) {
   s.fetch_latency.add(std::chrono::microseconds(3));    // bucket le=4us
   s.fetch_latency.add(std::chrono::milliseconds(100));  // le=0.131072
   s.pool.held_bytes = 4096;
+  s.transport_metrics["RDMA"] = {{"registrations_total", "registrations.", false, 3},
+                                 {"queue_pairs", "queue pairs now.\nPer peer.", true, 2}};
+  s.transport_metrics["My-SHM"] = {{"Segments_total", "segments made.", false, 5}};
   const auto text = prometheus_text(s, "ferry", "instance=\"a\"");
   for (const char* line : {
            "# TYPE ferry_fetches_succeeded_total counter\n",
@@ -77,6 +82,12 @@ TEST(Stats, PrometheusTextHasEveryFamilyWithHelpTypeAndLabels) {
            "ferry_fetch_latency_seconds_bucket{instance=\"a\",le=\"+Inf\"} 2\n",
            "ferry_fetch_latency_seconds_count{instance=\"a\"} 2\n",
            "ferry_pool_held_bytes{instance=\"a\"} 4096\n",
+           "# TYPE ferry_rdma_registrations_total counter\n",
+           "ferry_rdma_registrations_total{instance=\"a\"} 3\n",
+           "# HELP ferry_rdma_queue_pairs RDMA: queue pairs now. Per peer.\n",
+           "# TYPE ferry_rdma_queue_pairs gauge\n",
+           "ferry_rdma_queue_pairs{instance=\"a\"} 2\n",
+           "ferry_my_shm_segments_total{instance=\"a\"} 5\n",
        }) {
     EXPECT_NE(text.find(line), std::string::npos) << "missing: " << line << "in:\n" << text;
   }
@@ -93,6 +104,57 @@ TEST(Stats, PrometheusTextHasEveryFamilyWithHelpTypeAndLabels) {
       EXPECT_EQ(line.rfind(family, 0), 0u) << line << " outside its family " << family;
     }
   }
+}
+
+// A transport's own metrics (TransportManager::metrics()) reach Context::stats() and the
+// Prometheus text, a user's transport's as the built-ins'.
+class CountingTransport final : public TransportManager {
+ public:
+  std::string name() const override { return "COUNTING"; }
+  bool is_one_sided() const override { return false; }
+  bool can_abort() const override { return true; }
+  TransportInfo local_info() const override { return {"COUNTING", {"cpu"}, "", 1}; }
+  void async_open_channel(std::shared_ptr<PeerLink>, ChannelOpenHandler done) override {
+    done(make_error_code(errc::transport_unavailable), nullptr);
+  }
+  void garbage_collect(const StoredObject&) override {}
+  std::vector<TransportMetric> metrics() const override {
+    return {{"widgets_total", "widgets made.", false, static_cast<double>(++calls_)},
+            {"widgets_live", "widgets held now.", true, 4}};
+  }
+
+ private:
+  mutable std::atomic<int> calls_{0};
+};
+
+TEST(Stats, ATransportsOwnMetricsAreInTheSnapshotAndTheText) {
+  ASSERT_FALSE(register_transport(
+      "COUNTING", {"cpu"}, [](const TransportEnv&) -> Result<std::shared_ptr<TransportManager>> {
+        return std::shared_ptr<TransportManager>(std::make_shared<CountingTransport>());
+      }));
+  {
+    Context ctx({.name = "metrics"});
+    const auto s = ctx.stats();
+    ASSERT_EQ(s.transport_metrics.count("COUNTING"), 1u);
+    const auto& m = s.transport_metrics.at("COUNTING");
+    ASSERT_EQ(m.size(), 2u);
+    EXPECT_EQ(m[0].name, "widgets_total");
+    EXPECT_EQ(m[0].value, 1.0);
+    EXPECT_FALSE(m[0].gauge);
+    EXPECT_TRUE(m[1].gauge);
+    // A transport that reports nothing (TCP) has no entry.
+    EXPECT_EQ(s.transport_metrics.count("TCP"), 0u);
+    const auto text = prometheus_text(ctx.stats());
+    EXPECT_NE(
+        text.find("# TYPE ferry_counting_widgets_total counter\nferry_counting_widgets_total 2\n"),
+        std::string::npos)
+        << text;
+    EXPECT_NE(
+        text.find("# TYPE ferry_counting_widgets_live gauge\nferry_counting_widgets_live 4\n"),
+        std::string::npos)
+        << text;
+  }
+  EXPECT_FALSE(unregister_transport("COUNTING"));
 }
 
 TEST(LogSink, TheApplicationsSinkGetsEveryLineInsteadOfStderr) {

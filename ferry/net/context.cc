@@ -895,6 +895,12 @@ Stats Context::stats() const {
   s.connections_by_transport = transport_counts();
   s.peers = peer_count();
   s.pool = pool_stats();
+  for (const auto& name : transports()) {
+    if (auto t = transport(name)) {
+      if (auto metrics = t->metrics(); !metrics.empty())
+        s.transport_metrics[name] = std::move(metrics);
+    }
+  }
   return s;
 }
 

@@ -1,5 +1,7 @@
 #include "ferry/net/stats.h"
 
+#include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <limits>
 
@@ -24,6 +26,17 @@ std::string escaped(std::string_view v) {
       continue;
     }
     out += c;
+  }
+  return out;
+}
+
+// A transport's name or metric name as a part of a metric name: lower case, every character but
+// [a-z0-9_] replaced by '_' ("RDMA" -> "rdma").
+std::string metric_name(std::string_view v) {
+  std::string out;
+  for (char c : v) {
+    c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    out += (std::isalnum(static_cast<unsigned char>(c)) || c == '_') ? c : '_';
   }
   return out;
 }
@@ -141,6 +154,18 @@ std::string prometheus_text(const Stats& s, std::string_view prefix, std::string
             static_cast<double>(s.pool.fallbacks));
   w.counter("pool_regions_trimmed_total", "Receive pool: idle regions given back.",
             static_cast<double>(s.pool.regions_trimmed));
+  for (const auto& [transport, metrics] : s.transport_metrics) {
+    for (const auto& m : metrics) {
+      const auto name = metric_name(transport) + "_" + metric_name(m.name);
+      auto help = transport + ": " + m.help;
+      std::replace(help.begin(), help.end(), '\n', ' ');  // one # HELP line
+      if (m.gauge) {
+        w.gauge(name, help, m.value);
+      } else {
+        w.counter(name, help, m.value);
+      }
+    }
+  }
   return w.take();
 }
 

@@ -1,7 +1,8 @@
 /// @file
 /// What a Context has done since it started: fetches and serves, bytes, errors by code, fetch
-/// latency, connections by transport, the receive pool. Context::stats() takes a snapshot;
-/// prometheus_text() formats one for a scraper (`ferry serve --metrics` serves it).
+/// latency, connections by transport, the receive pool, each transport's own counters.
+/// Context::stats() takes a snapshot; prometheus_text() formats one for a scraper (`ferry serve
+/// --metrics` serves it).
 #pragma once
 
 #include <array>
@@ -55,6 +56,10 @@ struct Stats {
   std::map<std::string, uint64_t> connections_by_transport;  ///< since the context started
   uint64_t peers = 0;  ///< connected now, both directions (Context::peer_count())
   PoolStats pool;      ///< the receive pool (Context::pool_stats())
+  /// What each transport reports about itself (TransportManager::metrics()), by transport name;
+  /// transports that report nothing are absent. RDMA: registrations, time spent registering,
+  /// live registrations, memory windows, queue pairs (docs/metrics.md).
+  std::map<std::string, std::vector<TransportMetric>> transport_metrics;
 };
 
 /// `stats` in Prometheus' text exposition format (version 0.0.4), every metric named

@@ -197,6 +197,15 @@ class PeerLink {
 using ChannelOpenHandler = std::function<void(std::error_code, std::shared_ptr<TransportChannel>)>;
 
 /// The per-process half of a transport: one instance per Context, made by the factory it
+/// One number a transport reports about itself (TransportManager::metrics()): in Stats::
+/// transport_metrics and, through prometheus_text, as `<prefix>_<transport>_<name>`.
+struct TransportMetric {
+  std::string name;    ///< snake_case, unique within the transport; a counter's ends in `_total`
+  std::string help;    ///< one sentence for people (Prometheus' # HELP)
+  bool gauge = false;  ///< a level now (true) or a count since the transport started (false)
+  double value = 0;
+};
+
 /// registered (register_transport) and held by the Context and its sessions through shared_ptr.
 /// It says what the transport is (identity, what it advertises, whom it can reach), adds its
 /// fields to an object's metadata, opens and accepts the per-peer TransportChannels that carry
@@ -254,6 +263,11 @@ class TransportManager {
   /// itself; any thread but a completion handler.
   virtual std::error_code wait_fetch_complete(const FetchRequest& request,
                                               std::chrono::milliseconds timeout);
+
+  /// What the transport has done and holds now (registrations, queue pairs, ...), for
+  /// Context::stats() and the metrics exporter. Called per snapshot: cheap, and it must not block
+  /// on transfers. Any thread. The default reports nothing.
+  virtual std::vector<TransportMetric> metrics() const { return {}; }
 
   /// Owner side: the object was collected (its last local and remote reference and its last pin
   /// gone); release what the transport holds for it, before its memory goes. Runs exactly once

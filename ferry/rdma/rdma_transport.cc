@@ -219,6 +219,29 @@ RegistrationCounters RdmaTransport::counters() const {
   return total;
 }
 
+std::vector<TransportMetric> RdmaTransport::metrics() const {
+  const auto c = counters();
+  const auto n = [](uint64_t v) { return static_cast<double>(v); };
+  size_t pool_regions;
+  {
+    std::lock_guard lock(mu_);
+    pool_regions = pool_regions_.size();
+  }
+  return {
+      {"registrations_total", "memory registrations made (ibv_reg_mr).", false, n(c.registrations)},
+      {"registration_seconds_total", "time spent registering memory.", false,
+       static_cast<double>(c.registration_ns) * 1e-9},
+      {"deregistrations_total", "memory registrations released.", false, n(c.deregistrations)},
+      {"registration_hits_total", "buffers served by an existing registration.", false, n(c.hits)},
+      {"registrations_live", "memory registrations held now.", true, n(c.live)},
+      {"memory_windows", "memory windows allocated now (one per granted tensor while leased).",
+       true, n(c.windows)},
+      {"queue_pairs", "queue pairs now (one per connected peer).", true, n(c.queue_pairs)},
+      {"pool_regions_registered", "receive pool regions registered with the devices now.", true,
+       n(pool_regions)},
+  };
+}
+
 void RdmaTransport::set_grant_tamper(GrantTamper tamper) {
   std::lock_guard lock(channel_options_.hooks->mu);
   channel_options_.hooks->armed = static_cast<bool>(tamper);

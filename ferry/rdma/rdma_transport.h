@@ -35,6 +35,8 @@ class RdmaTransport final : public TransportManager {
   void garbage_collect(const StoredObject& object) override;
 
   RegistrationCounters counters() const;
+  // counters() as ferry_rdma_* metrics.
+  std::vector<TransportMetric> metrics() const override;
   size_t inject_queue_pair_errors();
   void set_grant_tamper(GrantTamper tamper);
 

@@ -212,7 +212,9 @@ class Context:
     def stats(self):
         """What this context has done since it started (ferry::Stats, docs/metrics.md) as a
         dict: fetches and serves (succeeded, failed, errors by name, bytes, by transport),
-        serves in flight, fetch latency count and sum, connections, peers, and the pool."""
+        serves in flight, fetch latency count and sum, connections, peers, the pool, and
+        ``transport_metrics``: each transport's own metrics by name (RDMA: registrations,
+        registration time, live registrations, memory windows, queue pairs)."""
         return self._native.stats()
 
     def prometheus_text(self, labels=""):

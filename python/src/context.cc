@@ -308,6 +308,13 @@ class ContextHandle {
     d["connections_by_transport"] = s.connections_by_transport;
     d["peers"] = s.peers;
     d["pool"] = pool_dict(s.pool);
+    py::dict transports;
+    for (const auto& [name, metrics] : s.transport_metrics) {
+      py::dict m;
+      for (const auto& metric : metrics) m[py::str(metric.name)] = metric.value;
+      transports[py::str(name)] = m;
+    }
+    d["transport_metrics"] = transports;
     return d;
   }
   std::string prometheus_text(const std::string& labels) {

@@ -6,7 +6,7 @@ import pytest
 
 ferry = pytest.importorskip("ferry", reason="ferry is not built (PYTHONPATH=build/python)")
 
-from conftest import have_torch  # noqa: E402
+from conftest import RDMA, have_torch  # noqa: E402
 from ferry_helper import encode, objects, same  # noqa: E402
 
 
@@ -81,6 +81,13 @@ def test_fetch_result_views_ferry_memory(owner, ctx):
     same(objects(False)["np_big"], got)
     del got  # its memory returns to the receive pool
     assert ctx.pool_stats()["misses"] >= 1
+    metrics = ctx.stats()["transport_metrics"]
+    if RDMA:  # the pool's regions are registered with the device once, as they are made
+        rdma = metrics["RDMA"]
+        assert rdma["pool_regions_registered"] >= 1 and rdma["registrations_total"] >= 1, rdma
+        assert "ferry_rdma_registrations_total" in ctx.prometheus_text()
+    else:
+        assert "TCP" not in metrics  # TCP reports no metrics of its own
 
 
 @pytest.mark.skipif(not have_torch(), reason="torch is not installed")
