@@ -203,7 +203,7 @@ struct TransportMetric {
   std::string name;    ///< snake_case, unique within the transport; a counter's ends in `_total`
   std::string help;    ///< one sentence for people (Prometheus' # HELP)
   bool gauge = false;  ///< a level now (true) or a count since the transport started (false)
-  double value = 0;
+  double value = 0;    ///< the count, or the level
 };
 
 /// registered (register_transport) and held by the Context and its sessions through shared_ptr.
