@@ -895,11 +895,9 @@ Stats Context::stats() const {
   s.connections_by_transport = transport_counts();
   s.peers = peer_count();
   s.pool = pool_stats();
-  for (const auto& name : transports()) {
-    if (auto t = transport(name)) {
-      if (auto metrics = t->metrics(); !metrics.empty())
-        s.transport_metrics[name] = std::move(metrics);
-    }
+  for (const auto& t : *impl_->transport_list()) {
+    if (auto metrics = t->metrics(); !metrics.empty())
+      s.transport_metrics[t->name()] = std::move(metrics);
   }
   return s;
 }
