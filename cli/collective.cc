@@ -134,15 +134,16 @@ class Rank {
       std::sort(seconds.begin(), seconds.end());
       const double t = seconds[seconds.size() / 2];
       const double gbps = static_cast<double>(bytes) / t / 1e9;
+      const double bus = gbps * 2.0 * (n_ - 1) / n_;  // NCCL's tests' bus bandwidth
       median_s = t;
       algbw_gb_s = gbps;
-      busbw_gb_s = gbps * 2.0 * (n_ - 1) / n_;
+      busbw_gb_s = bus;
       char buf[64];
       std::snprintf(buf, sizeof buf, "%.3f ms", t * 1e3);
       median = buf;
       std::snprintf(buf, sizeof buf, "%.3f GB/s", gbps);
       algbw = buf;
-      std::snprintf(buf, sizeof buf, "%.3f GB/s", gbps * 2.0 * (n_ - 1) / n_);
+      std::snprintf(buf, sizeof buf, "%.3f GB/s", bus);
       busbw = buf;
     }
     rows_.push_back(boost::json::object{{"collective", what},
