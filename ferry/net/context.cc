@@ -1,12 +1,8 @@
 #include "ferry/net/context.h"
 
 #include <algorithm>
-#include <boost/asio/bind_executor.hpp>
-#include <boost/asio/connect.hpp>
 #include <boost/asio/ip/host_name.hpp>
 #include <boost/asio/post.hpp>
-#include <boost/asio/read.hpp>
-#include <boost/asio/ssl/host_name_verification.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/write.hpp>
 #include <cctype>
@@ -17,8 +13,10 @@
 #include "ferry/net/address.h"
 #include "ferry/net/completion.h"
 #include "ferry/net/context_impl.h"
+#include "ferry/net/dialer.h"
 #include "ferry/net/env.h"
 #include "ferry/net/errors.h"
+#include "ferry/net/greeter.h"
 #include "ferry/net/log.h"
 #include "ferry/net/registry.h"
 #include "ferry/net/session.h"
@@ -253,134 +251,31 @@ void Context::Impl::accept_next() {
 }
 
 void Context::Impl::on_accepted(tcp::socket socket) {
-  close_on_exec(socket.native_handle());
-  boost::system::error_code ignored;
-  auto remote = socket.remote_endpoint(ignored);
-  auto g = std::make_shared<Greeting>(MetaStream(std::move(socket)), asio::steady_timer(io),
-                                      format_host_port(remote.address().to_string(), remote.port()),
-                                      greeting_bytes);
-  g->timer.expires_after(options.handshake_timeout);
-  g->timer.async_wait([g](boost::system::error_code ec) {
-    if (!ec) g->stream.close();  // silent or too slow: not a peer
-  });
+  GreetOptions greet;
+  greet.tls = tls.server.get();
+  greet.deadline = options.handshake_timeout;
+  greet.max_frame_bytes = std::min(kMaxHandshakeFrameBytes, options.max_frame_bytes);
+  greet.budget = greeting_budget;
+  async_greet(
+      std::move(socket), std::move(greet),
+      [self = shared_from_this()](std::shared_ptr<Greeting> g) { self->on_first_frame(g); });
+}
+
+void Context::Impl::on_first_frame(const std::shared_ptr<Greeting>& g) {
   auto self = shared_from_this();
-  // The first byte tells a TLS ClientHello from a plain frame (kTlsHandshakeByte).
-  g->stream.socket().async_wait(tcp::socket::wait_read, [self, g](boost::system::error_code ec) {
-    if (ec) return g->finish();
-    unsigned char first = 0;
-    boost::system::error_code rec;
-    const size_t n =
-        g->stream.socket().receive(asio::buffer(&first, 1), tcp::socket::message_peek, rec);
-    if (rec || n != 1) return g->finish();
-    if (first != kTlsHandshakeByte) return self->read_greeting(g);
-    if (!self->tls.server) {
-      FERRY_LOG_WARN(
-          "connection from {} rejected: it speaks TLS, and this context has no TLS "
-          "certificate (ContextOptions::tls)",
-          g->peer);
-      return g->finish();
-    }
-    g->stream.start_tls(*self->tls.server);
-    g->stream.tls().async_handshake(
-        asio::ssl::stream_base::server, [self, g](boost::system::error_code ec) {
-          if (ec) {
-            FERRY_LOG_WARN("TLS handshake with {} failed: {}", g->peer, ec.message());
-            return g->finish();
-          }
-          self->read_greeting(g);
-        });
-  });
-}
-
-void Context::Impl::reject_greeting(const std::shared_ptr<Greeting>& g, std::error_code ec,
-                                    const std::string& why) {
-  FERRY_LOG_WARN("connection from {} rejected: {}", g->peer, why);
-  wire::Envelope env;
-  env.mutable_error()->set_code(static_cast<uint32_t>(ec.value()));
-  env.mutable_error()->set_message(why);
-  env.mutable_error()->set_fatal(true);
-  auto frame = std::make_shared<std::string>(encode_frame(env));
-  g->stream.async_write(asio::buffer(*frame),
-                        [g, frame](boost::system::error_code, size_t) { g->finish(); });
-}
-
-bool Context::Impl::Greeting::reserve(size_t bytes) {
-  if (bytes <= body.size()) return true;
-  // The first kGreetingFirstRead bytes are free: a real Hello fits in them, so a flood that holds
-  // the budget cannot keep an honest peer from saying who it is.
-  const uint64_t charge = bytes > kGreetingFirstRead ? bytes - kGreetingFirstRead : 0;
-  if (charge > charged) {
-    const uint64_t more = charge - charged;
-    if (budget->fetch_add(more) + more > kGreetingBudgetBytes) {
-      budget->fetch_sub(more);
-      return false;
-    }
-    charged = charge;
-  }
-  body.resize(bytes);
-  return true;
-}
-
-void Context::Impl::read_greeting(const std::shared_ptr<Greeting>& g) {
-  auto self = shared_from_this();
-  g->stream.async_read(asio::buffer(g->header), [self, g](boost::system::error_code ec, size_t) {
-    if (ec) return g->finish();
-    const uint32_t len = decode_frame_length(g->header.data());
-    const uint32_t limit = std::min(kMaxHandshakeFrameBytes, self->options.max_frame_bytes);
-    if (len > limit) {
-      return self->reject_greeting(g, errc::frame_too_large,
-                                   "first frame of " + std::to_string(len) +
-                                       " bytes exceeds the handshake maximum of " +
-                                       std::to_string(limit));
-    }
-    g->expected = len;
-    self->read_greeting_body(g);
-  });
-}
-
-void Context::Impl::read_greeting_body(const std::shared_ptr<Greeting>& g) {
-  if (g->got == g->expected) return on_greeting(g);
-  // What has come so far, twice over, at most what is still missing: a peer that announces a
-  // frame and sends nothing holds kGreetingFirstRead bytes.
-  const size_t step = std::min<size_t>(g->expected - g->got, std::max(g->got, kGreetingFirstRead));
-  if (!g->reserve(g->got + step)) {
-    FERRY_LOG_WARN(
-        "connection from {} closed: connections that have not finished their handshake hold "
-        "{} bytes already",
-        g->peer, kGreetingBudgetBytes);
-    return g->finish();
-  }
-  auto self = shared_from_this();
-  g->stream.async_read_some(asio::buffer(g->body.data() + g->got, step),
-                            [self, g](boost::system::error_code ec, size_t n) {
-                              if (ec) return g->finish();
-                              g->got += n;
-                              self->read_greeting_body(g);
-                            });
-}
-
-void Context::Impl::on_greeting(const std::shared_ptr<Greeting>& g) {
-  auto self = shared_from_this();
-  wire::Envelope env;
-  if (parse_envelope(std::string_view(g->body).substr(0, g->got), env)) {
-    return reject_greeting(g, errc::protocol_error, "malformed frame");
-  }
-  if (closed) return reject_greeting(g, errc::context_closed, "shutting down");
+  const wire::Envelope& env = g->frame();
+  if (closed) return g->reject(errc::context_closed, "shutting down");
   if (env.has_hello()) {
-    if (options.tls.enabled() && !g->stream.is_tls()) {
-      return reject_greeting(
-          g, errc::tls_required,
-          "this server accepts peers only over TLS (its ContextOptions::tls is set)");
+    if (options.tls.enabled() && !g->is_tls()) {
+      return g->reject(errc::tls_required,
+                       "this server accepts peers only over TLS (its ContextOptions::tls is set)");
     }
     if (!within_wire_limits(env.hello().transports())) {
-      return reject_greeting(g, errc::protocol_error, "Hello lists too many transports or devices");
+      return g->reject(errc::protocol_error, "Hello lists too many transports or devices");
     }
-    g->timer.cancel();
-    auto session = std::make_shared<Session>(self, std::move(g->stream), false, g->peer);
+    auto session = std::make_shared<Session>(self, g->take(), false, g->peer());
     add_session(session);
-    asio::post(session->strand(), [session, hello = std::move(*env.mutable_hello())] {
-      session->start_server(hello);
-    });
+    asio::post(session->strand(), [session, hello = env.hello()] { session->start_server(hello); });
     return;
   }
   if (env.has_attach_channel()) {
@@ -388,29 +283,29 @@ void Context::Impl::on_greeting(const std::shared_ptr<Greeting>& g) {
     auto session = find_session(a.session_id());
     if (!session || session->info().initiator || !session->is_open() ||
         !same_token(session->token(), a.session_token())) {
-      return reject_greeting(g, errc::handshake_failed, "unknown session or bad token");
+      return g->reject(errc::handshake_failed, "unknown session or bad token");
     }
-    if (g->stream.is_tls()) {
-      return reject_greeting(g, errc::protocol_error, "data channels are plain TCP, not TLS");
+    if (g->is_tls()) {
+      return g->reject(errc::protocol_error, "data channels are plain TCP, not TLS");
     }
     if (!find_transport(a.transport())) {
-      return reject_greeting(g, errc::transport_unknown, "no transport '" + a.transport() + "'");
+      return g->reject(errc::transport_unknown, "no transport '" + a.transport() + "'");
     }
-    g->timer.cancel();
     // On the session's strand, the Ack and then the attach: the peer fetches as soon as it
     // reads the Ack, and its Fetch, handled on the same strand, must find the channel.
-    asio::post(session->strand(), [session, g, transport = a.transport()] {
+    asio::post(session->strand(), [session, stream = std::make_shared<MetaStream>(g->take()),
+                                   transport = a.transport()] {
       wire::Envelope ack;
       ack.mutable_ack();
       // The socket is fresh and the frame tiny: this write completes at once.
       boost::system::error_code wec;
-      asio::write(g->stream.socket(), asio::buffer(encode_frame(ack)), wec);
-      if (wec) return g->finish();
-      session->attach_side_connection(transport, g->stream.release_plain());
+      asio::write(stream->socket(), asio::buffer(encode_frame(ack)), wec);
+      if (wec) return stream->close();
+      session->attach_side_connection(transport, stream->release_plain());
     });
     return;
   }
-  reject_greeting(g, errc::protocol_error, "expected Hello or AttachChannel as the first frame");
+  g->reject(errc::protocol_error, "expected Hello or AttachChannel as the first frame");
 }
 
 // ---------------------------------------------------------------- Context
@@ -700,93 +595,28 @@ void Context::start_connect(std::shared_ptr<Impl> impl, std::string address,
     deliver(std::move(handler), impl->closed ? errc::context_closed : errc::invalid_argument, {});
     return;
   }
-  struct Op {
-    tcp::resolver resolver;
-    tcp::socket socket;
-    asio::steady_timer timer;
-    ConnectHandler handler;
-    bool timed_out = false;
-    std::optional<MetaStream> stream;  // once connected (TLS handshakes under the same deadline)
-  };
-  auto op = std::make_shared<Op>(Op{tcp::resolver(impl->io), tcp::socket(impl->io),
-                                    asio::steady_timer(impl->io), std::move(handler)});
-  op->timer.expires_after(impl->options.connect_timeout);
-  op->timer.async_wait([op](boost::system::error_code ec) {
-    if (ec) return;
-    op->timed_out = true;
-    op->resolver.cancel();
-    boost::system::error_code ignored;
-    if (op->stream) {
-      op->stream->close();
-    } else {
-      op->socket.close(ignored);
-    }
-  });
-  auto start_session = [impl, op, deliver, address](MetaStream stream) {
-    auto session = std::make_shared<Session>(impl, std::move(stream), true, address);
-    impl->add_session(session);
-    asio::post(session->strand(), [impl, op, session, deliver] {
-      session->start_client(impl->options.transport, [op, session, deliver](std::error_code ec) {
-        deliver(std::move(op->handler), ec, ec ? Peer() : Peer(session));
-      });
-    });
-  };
-  op->resolver.async_resolve(
-      hp->host, hp->port,
-      [impl, op, deliver, address, start_session, host = hp->host](
-          boost::system::error_code ec, tcp::resolver::results_type results) {
-        if (ec) {
-          op->timer.cancel();
-          FERRY_LOG_INFO("resolve {} failed: {}", host, ec.message());
-          return deliver(std::move(op->handler),
-                         op->timed_out ? errc::timed_out : errc::host_unresolved, {});
-        }
-        asio::async_connect(
-            op->socket, results,
-            [impl, op, deliver, address, start_session, host](boost::system::error_code ec,
-                                                              const auto&) {
-              if (ec) {
-                op->timer.cancel();
-                FERRY_LOG_INFO("connect to {} failed: {}", address, ec.message());
-                return deliver(std::move(op->handler),
-                               op->timed_out ? errc::timed_out
-                               : ec == boost::asio::error::connection_refused
-                                   ? errc::connection_refused
-                                   : errc::connection_failed,
-                               {});
-              }
-              close_on_exec(op->socket.native_handle());
-              if (!impl->options.tls.enabled()) {
-                op->timer.cancel();
-                return start_session(MetaStream(std::move(op->socket)));
-              }
-              if (!impl->tls.client) {
-                op->timer.cancel();
-                FERRY_LOG_WARN("TLS to {}: no CA configured to verify the server (TlsOptions::ca)",
-                               address);
-                return deliver(std::move(op->handler), errc::tls_failed, {});
-              }
-              op->stream.emplace(std::move(op->socket));
-              op->stream->start_tls(*impl->tls.client);
-              auto& tls = op->stream->tls();
-              // The server's certificate must name the host (or IP address) we dialled.
-              tls.set_verify_callback(asio::ssl::host_name_verification(host));
-              boost::system::error_code not_ip;
-              asio::ip::make_address(host, not_ip);
-              if (not_ip) SSL_set_tlsext_host_name(tls.native_handle(), host.c_str());
-              tls.async_handshake(
-                  asio::ssl::stream_base::client,
-                  [op, deliver, address, start_session](boost::system::error_code ec) {
-                    op->timer.cancel();
-                    if (ec) {
-                      FERRY_LOG_WARN("TLS handshake with {} failed: {}", address, ec.message());
-                      return deliver(std::move(op->handler),
-                                     op->timed_out ? errc::timed_out : errc::tls_failed, {});
-                    }
-                    start_session(std::move(*op->stream));
-                  });
-            });
-      });
+  if (impl->options.tls.enabled() && !impl->tls.client) {
+    FERRY_LOG_WARN("TLS to {}: no CA configured to verify the server (TlsOptions::ca)", address);
+    deliver(std::move(handler), errc::tls_failed, {});
+    return;
+  }
+  auto pending = std::make_shared<ConnectHandler>(std::move(handler));
+  DialOptions dial;
+  dial.deadline = impl->options.connect_timeout;
+  dial.tls = impl->options.tls.enabled() ? impl->tls.client.get() : nullptr;
+  async_dial(io_ex, std::move(*hp), std::move(dial),
+             [impl, pending, deliver, address](Result<Dialed> dialed) {
+               if (!dialed) return deliver(std::move(*pending), dialed.error(), {});
+               auto session =
+                   std::make_shared<Session>(impl, std::move(dialed->stream), true, address);
+               impl->add_session(session);
+               asio::post(session->strand(), [impl, pending, session, deliver] {
+                 session->start_client(
+                     impl->options.transport, [pending, session, deliver](std::error_code ec) {
+                       deliver(std::move(*pending), ec, ec ? Peer() : Peer(session));
+                     });
+               });
+             });
 }
 
 Result<Peer> Context::connect(std::string address) {

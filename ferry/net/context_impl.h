@@ -21,6 +21,7 @@
 
 #include "ferry/mem/pool.h"
 #include "ferry/net/context.h"
+#include "ferry/net/greeter.h"
 #include "ferry/net/meta_stream.h"
 #include "ferry/net/stats.h"
 #include "ferry/net/tls.h"
@@ -120,48 +121,8 @@ struct Context::Impl : std::enable_shared_from_this<Context::Impl> {
   // Every session still alive (a snapshot, taken under mu).
   std::vector<std::shared_ptr<Session>> live_sessions();
 
-  // A new connection's first frame says what it is: Hello (a peer) or AttachChannel (a data
-  // channel of an existing session). Read exactly one frame (after TLS, when the connection
-  // starts with a ClientHello), with a deadline.
-  //
-  // Before it has said who it is, a connection costs a bounded, small amount of memory whatever
-  // it announces: its first frame may be at most kMaxHandshakeFrameBytes (ferry/net/frame.h), and
-  // the body is buffered as it arrives (kGreetingFirstRead bytes, then twice what has come), never
-  // at the announced size. What every greeting buffers beyond its first kGreetingFirstRead bytes is
-  // charged to one budget of kGreetingBudgetBytes; a connection whose next read would exceed it
-  // is closed. So N connections that have not said who they are hold at most
-  // N x kGreetingFirstRead + kGreetingBudgetBytes of buffers (docs/security.md).
-  static constexpr size_t kGreetingFirstRead = 512;
-  static constexpr uint64_t kGreetingBudgetBytes = 16u << 20;
-  std::shared_ptr<std::atomic<uint64_t>> greeting_bytes =
-      std::make_shared<std::atomic<uint64_t>>(0);
-  struct Greeting {
-    Greeting(MetaStream s, boost::asio::steady_timer t, std::string from,
-             std::shared_ptr<std::atomic<uint64_t>> b)
-        : stream(std::move(s)), timer(std::move(t)), peer(std::move(from)), budget(std::move(b)) {}
-    Greeting(const Greeting&) = delete;
-    Greeting& operator=(const Greeting&) = delete;
-    MetaStream stream;
-    boost::asio::steady_timer timer;
-    std::array<unsigned char, 4> header{};
-    std::string body;
-    std::string peer;
-    std::shared_ptr<std::atomic<uint64_t>> budget;  // Impl::greeting_bytes
-    uint32_t expected = 0;                          // the body length the header announced
-    size_t got = 0;                                 // body bytes read so far
-    uint64_t charged = 0;                           // bytes of `budget` this greeting holds
-    ~Greeting() {
-      if (charged) budget->fetch_sub(charged);
-    }
-    // Grows the body buffer to `bytes`, charging the budget; false (nothing grown) when the
-    // budget cannot take it.
-    bool reserve(size_t bytes);
-    // Not a peer after all (or an error): close, and end the deadline so nothing waits on it.
-    void finish() {
-      stream.close();
-      timer.cancel();
-    }
-  };
+  // What the connections that have not said who they are yet may buffer (ferry/net/greeter.h).
+  std::shared_ptr<GreetingBudget> greeting_budget = std::make_shared<GreetingBudget>();
   // Accepts the next connection. After a failed accept (out of file descriptors: EMFILE, ENFILE,
   // ENOBUFS) it waits kAcceptRetry before trying again, instead of spinning on a listen queue it
   // cannot empty; the first failure of a run is logged, and the count when accepting works again.
@@ -169,12 +130,10 @@ struct Context::Impl : std::enable_shared_from_this<Context::Impl> {
   static constexpr std::chrono::milliseconds kAcceptRetry{50};
   boost::asio::steady_timer accept_retry{io};  // under mu
   uint64_t accept_failures = 0;                // in a row; under mu
+  // Greets a new connection (ferry/net/greeter.h); its first frame says what it is: a Hello (a
+  // peer) or an AttachChannel (a data channel of an existing session).
   void on_accepted(boost::asio::ip::tcp::socket socket);
-  void read_greeting(const std::shared_ptr<Greeting>& g);
-  void read_greeting_body(const std::shared_ptr<Greeting>& g);
-  void on_greeting(const std::shared_ptr<Greeting>& g);
-  void reject_greeting(const std::shared_ptr<Greeting>& g, std::error_code ec,
-                       const std::string& why);
+  void on_first_frame(const std::shared_ptr<Greeting>& g);
 };
 
 }  // namespace ferry

@@ -33,21 +33,23 @@ class MetaStream {
   // The plain socket (a connection that is not TLS); the stream is empty afterwards.
   tcp::socket release_plain() { return std::move(*plain_); }
 
+  // Each operation takes a handler or a completion token (asio::use_awaitable, ...) and returns
+  // what the stream's own operation returns for it.
   template <typename Buffers, typename Handler>
-  void async_read_some(const Buffers& buffers, Handler&& handler) {
+  auto async_read_some(const Buffers& buffers, Handler&& handler) {
     if (tls_) return tls_->async_read_some(buffers, std::forward<Handler>(handler));
-    plain_->async_read_some(buffers, std::forward<Handler>(handler));
+    return plain_->async_read_some(buffers, std::forward<Handler>(handler));
   }
   // Exactly the buffers' size.
   template <typename Buffers, typename Handler>
-  void async_read(const Buffers& buffers, Handler&& handler) {
+  auto async_read(const Buffers& buffers, Handler&& handler) {
     if (tls_) return boost::asio::async_read(*tls_, buffers, std::forward<Handler>(handler));
-    boost::asio::async_read(*plain_, buffers, std::forward<Handler>(handler));
+    return boost::asio::async_read(*plain_, buffers, std::forward<Handler>(handler));
   }
   template <typename Buffers, typename Handler>
-  void async_write(const Buffers& buffers, Handler&& handler) {
+  auto async_write(const Buffers& buffers, Handler&& handler) {
     if (tls_) return boost::asio::async_write(*tls_, buffers, std::forward<Handler>(handler));
-    boost::asio::async_write(*plain_, buffers, std::forward<Handler>(handler));
+    return boost::asio::async_write(*plain_, buffers, std::forward<Handler>(handler));
   }
   // Shuts the connection down and closes it (no TLS close_notify: the peer sees the reset and
   // the framing makes truncation visible). Pending operations complete with an error.

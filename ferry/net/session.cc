@@ -1,13 +1,11 @@
 #include "ferry/net/session.h"
 
 #include <algorithm>
-#include <boost/asio/bind_executor.hpp>
-#include <boost/asio/connect.hpp>
 #include <boost/asio/post.hpp>
-#include <boost/asio/read.hpp>
-#include <boost/asio/write.hpp>
 
+#include "ferry/net/dialer.h"
 #include "ferry/net/errors.h"
+#include "ferry/net/guard.h"
 #include "ferry/net/log.h"
 #include "ferry/net/socket_util.h"
 #include "ferry/net/wire_convert.h"
@@ -63,10 +61,9 @@ void Session::start_client(std::string requested_transport,
   on_ready_ = std::move(done);
   const auto hello = handshake_.hello(requested_transport);
   handshake_timer_.expires_after(ctx_->options.handshake_timeout);
-  handshake_timer_.async_wait(
-      asio::bind_executor(strand_, [self = shared_from_this()](boost::system::error_code ec) {
-        if (!ec && self->state_ == State::handshaking) self->do_close(errc::handshake_failed);
-      }));
+  handshake_timer_.async_wait(on_expiry(*this, [this] {
+    if (state_ == State::handshaking) do_close(errc::handshake_failed);
+  }));
   send(hello);
   control_.start();
 }
@@ -77,10 +74,9 @@ void Session::start_server(const wire::Hello& hello) {
   if (handshake_.step() == Handshake::Step::proof_awaited) {
     // Bounded: the peer's proof comes before anything else, or the session ends.
     handshake_timer_.expires_after(ctx_->options.handshake_timeout);
-    handshake_timer_.async_wait(
-        asio::bind_executor(strand_, [self = shared_from_this()](boost::system::error_code ec) {
-          if (!ec && self->state_ == State::handshaking) self->do_close(errc::auth_failed);
-        }));
+    handshake_timer_.async_wait(on_expiry(*this, [this] {
+      if (state_ == State::handshaking) do_close(errc::auth_failed);
+    }));
   }
 }
 
@@ -115,10 +111,7 @@ void Session::on_end(std::error_code ec, bool peer_eof) {
     control_.drain();
     FERRY_LOG_DEBUG("peer '{}' closed its connection; draining its data channel", info_.name);
     drain_timer_.expires_after(kDrainBound);
-    drain_timer_.async_wait(
-        asio::bind_executor(strand_, [self = shared_from_this()](boost::system::error_code e) {
-          if (!e) self->do_close(errc::peer_closed);
-        }));
+    drain_timer_.async_wait(on_expiry(*this, [this] { do_close(errc::peer_closed); }));
     return;
   }
   do_close(ec);
@@ -203,11 +196,11 @@ std::error_code Session::dispatch(const wire::Envelope& env) {
 void Session::settle(uint64_t request_id) { serves_.settle(request_id); }
 
 void Session::on_named(const std::string& name) {
-  asio::post(strand_, [self = shared_from_this(), name] { self->serves_.on_named(name); });
+  asio::post(guarded(*this, [this, name] { serves_.on_named(name); }));
 }
 
 void Session::abort_serving(ObjectId object) {
-  asio::post(strand_, [self = shared_from_this(), object] { self->serves_.abort_object(object); });
+  asio::post(guarded(*this, [this, object] { serves_.abort_object(object); }));
 }
 
 ObjectId Session::wait_for_name(const std::string& name) {
@@ -370,7 +363,7 @@ void Session::complete_fetch(uint64_t request_id, std::error_code ec) {
 void Session::fetch_completed() {
   if (state_ == State::draining && !fetches_.awaits_peer_bytes()) {
     // Not from inside the channel's handler that completed it: it may go on reading.
-    asio::post(strand_, [self = shared_from_this()] { self->do_close(errc::peer_closed); });
+    asio::post(guarded(*this, [this] { do_close(errc::peer_closed); }));
   }
 }
 
@@ -382,10 +375,7 @@ void Session::arm_deadline(Clock::time_point at) {
   if (at >= deadline_armed_ || state_ == State::closed) return;
   deadline_armed_ = at;
   deadline_timer_.expires_at(at);  // a wait armed for later ends as cancelled
-  deadline_timer_.async_wait(
-      asio::bind_executor(strand_, [self = shared_from_this()](boost::system::error_code ec) {
-        if (!ec) self->on_deadline();
-      }));
+  deadline_timer_.async_wait(on_expiry(*this, [this] { on_deadline(); }));
 }
 
 void Session::deliver_transport_message(TransportManager& transport, uint64_t rid,
@@ -445,26 +435,6 @@ void Session::attach_side_connection(const std::string& transport_name, tcp::soc
 
 void Session::async_open_side_connection(std::string_view transport_name,
                                          SideConnectionHandler done) {
-  struct Op {
-    tcp::socket socket;
-    asio::steady_timer timer;
-    std::string out;
-    std::array<unsigned char, 4> header{};
-    std::string body;
-    SideConnectionHandler done;
-    bool finished = false;
-    void finish(std::error_code ec) {
-      if (finished) return;
-      finished = true;
-      timer.cancel();
-      if (ec) {
-        boost::system::error_code ignored;
-        socket.close(ignored);
-      }
-      auto d = std::move(done);
-      d(ec, std::move(socket));
-    }
-  };
   boost::system::error_code err;
   auto endpoint = control_.socket().remote_endpoint(err);
   if (err || !info_.initiator) {
@@ -472,56 +442,23 @@ void Session::async_open_side_connection(std::string_view transport_name,
          tcp::socket(ctx_->io));
     return;
   }
-  auto op = std::make_shared<Op>(
-      Op{tcp::socket(ctx_->io), asio::steady_timer(ctx_->io), {}, {}, {}, std::move(done)});
   wire::Envelope env;
   auto* attach = env.mutable_attach_channel();
   attach->set_session_id(info_.session_id);
   attach->set_session_token(token_);
   attach->set_transport(std::string(transport_name));
-  op->out = encode_frame(env);
-  op->timer.expires_after(ctx_->options.connect_timeout);
-  op->timer.async_wait(asio::bind_executor(strand_, [op](boost::system::error_code ec) {
-    if (!ec && !op->finished) {
-      boost::system::error_code ignored;
-      op->socket.close(ignored);
-    }
-  }));
-  auto self = shared_from_this();
-  op->socket.async_connect(
-      endpoint, asio::bind_executor(strand_, [self, op](boost::system::error_code ec) {
-        if (ec) return op->finish(errc::connection_failed);
-        close_on_exec(op->socket.native_handle());
-        boost::system::error_code ignored;
-        op->socket.set_option(tcp::no_delay(true), ignored);
-        asio::async_write(
-            op->socket, asio::buffer(op->out),
-            asio::bind_executor(self->strand_, [self, op](boost::system::error_code ec, size_t) {
-              if (ec) return op->finish(errc::connection_failed);
-              asio::async_read(
-                  op->socket, asio::buffer(op->header),
-                  asio::bind_executor(
-                      self->strand_, [self, op](boost::system::error_code ec, size_t) {
-                        if (ec) return op->finish(errc::handshake_failed);
-                        const uint32_t len = decode_frame_length(op->header.data());
-                        if (len > 4096) return op->finish(errc::protocol_error);
-                        op->body.resize(len);
-                        asio::async_read(
-                            op->socket, asio::buffer(op->body),
-                            asio::bind_executor(
-                                self->strand_, [self, op](boost::system::error_code ec, size_t) {
-                                  if (ec) return op->finish(errc::handshake_failed);
-                                  wire::Envelope reply;
-                                  if (parse_envelope(op->body, reply))
-                                    return op->finish(errc::protocol_error);
-                                  if (reply.has_error())
-                                    return op->finish(error_from_wire(reply.error().code()));
-                                  if (!reply.has_ack()) return op->finish(errc::protocol_error);
-                                  op->finish({});
-                                }));
-                      }));
-            }));
-      }));
+  DialOptions dial;
+  dial.deadline = ctx_->options.connect_timeout;
+  dial.first_frame = encode_frame(env);
+  async_dial(strand_, {endpoint.address().to_string(), std::to_string(endpoint.port())},
+             std::move(dial),
+             [self = shared_from_this(), done = std::move(done)](Result<Dialed> dialed) {
+               if (!dialed) return done(dialed.error(), tcp::socket(self->ctx_->io));
+               if (!dialed->answer.has_ack()) {
+                 return done(errc::protocol_error, tcp::socket(self->ctx_->io));
+               }
+               done({}, dialed->stream.release_plain());
+             });
 }
 
 // ---------------------------------------------------------------- control requests
@@ -538,9 +475,7 @@ void Session::rpc(wire::Envelope request, std::chrono::milliseconds timeout, Rpc
     PendingRpc pending{std::move(done), std::make_unique<asio::steady_timer>(self->ctx_->io)};
     pending.timer->expires_after(timeout);
     pending.timer->async_wait(
-        asio::bind_executor(self->strand_, [self, id](boost::system::error_code ec) {
-          if (!ec) self->finish_rpc(id, errc::timed_out, {});
-        }));
+        on_expiry(*self, [s = self.get(), id] { s->finish_rpc(id, errc::timed_out, {}); }));
     self->rpcs_.emplace(id, std::move(pending));
     self->send(request);
   });
@@ -567,13 +502,13 @@ void Session::send_transport_message(std::string_view transport, uint64_t reques
 }
 
 void Session::announce_transports() {
-  asio::post(strand_, [self = shared_from_this()] {
-    if (self->state_ != State::open) return;
+  asio::post(guarded(*this, [this] {
+    if (state_ != State::open) return;
     wire::Envelope env;
     auto* caps = env.mutable_capabilities();
-    for (const auto& t : self->ctx_->local_infos()) to_wire(t, *caps->add_transports());
-    self->send(env);
-  });
+    for (const auto& t : ctx_->local_infos()) to_wire(t, *caps->add_transports());
+    send(env);
+  }));
 }
 
 PeerInfo Session::info_snapshot() const {
@@ -582,7 +517,7 @@ PeerInfo Session::info_snapshot() const {
 }
 
 void Session::close(std::error_code ec) {
-  asio::post(strand_, [self = shared_from_this(), ec] { self->do_close(ec); });
+  asio::post(guarded(*this, [this, ec] { do_close(ec); }));
 }
 
 void Session::do_close(std::error_code ec) {

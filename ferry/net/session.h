@@ -86,6 +86,10 @@ class Session final : public PeerLink,
   // Whether the chosen transport streams FetchOptions::combine (TransportManager::combines()).
   bool chosen_combines() const;
 
+  // The callback guard's view (ferry/net/guard.h; strand() is PeerLink's).
+  std::shared_ptr<void> keep_alive() override { return shared_from_this(); }
+  bool closed() const { return state_.load() == State::closed; }
+
   // PeerLink
   PeerStrand& strand() override { return strand_; }
   std::shared_ptr<PeerLink> shared_link() override { return shared_from_this(); }
@@ -116,7 +120,6 @@ class Session final : public PeerLink,
   };
 
   // ControlStream::Owner (strand).
-  std::shared_ptr<void> keep_alive() override { return shared_from_this(); }
   const PeerInfo& peer_info() const override { return info_; }
   std::error_code on_envelope(const wire::Envelope& env) override { return dispatch(env); }
   // Closes the session with `ec`, or, when the peer ended its connection while fetches of ours

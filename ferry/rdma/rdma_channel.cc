@@ -9,6 +9,7 @@
 #include <random>
 
 #include "ferry/net/errors.h"
+#include "ferry/net/guard.h"
 #include "ferry/net/log.h"
 
 namespace ferry::rdma {
@@ -148,12 +149,10 @@ std::error_code RdmaChannel::connect(const wire::QpInfo& remote) {
 
 void RdmaChannel::watch() {
   if (closed_ || options_.busy_poll) return;
-  cq_fd_.async_wait(
-      asio::posix::stream_descriptor::wait_read,
-      asio::bind_executor(strand_, [self = shared_from_this()](boost::system::error_code ec) {
-        if (ec || self->closed_) return;
-        self->on_cq_event();
-      }));
+  cq_fd_.async_wait(asio::posix::stream_descriptor::wait_read,
+                    guarded(*this, [this](boost::system::error_code ec) {
+                      if (!ec) on_cq_event();
+                    }));
 }
 
 void RdmaChannel::on_cq_event() {
@@ -224,14 +223,14 @@ void RdmaChannel::busy_loop() {
     busy_running_ = false;
     return;
   }
-  asio::post(strand_, [self = shared_from_this()] { self->busy_loop(); });
+  asio::post(guarded(*this, [this] { busy_loop(); }));
 }
 
 void RdmaChannel::watch_posted() {
   arm_safety_net();
   if (options_.busy_poll && !busy_running_) {
     busy_running_ = true;
-    asio::post(strand_, [self = shared_from_this()] { self->busy_loop(); });
+    asio::post(guarded(*this, [this] { busy_loop(); }));
   }
 }
 
@@ -239,41 +238,38 @@ void RdmaChannel::arm_safety_net() {
   if (safety_armed_ || closed_) return;
   safety_armed_ = true;
   safety_timer_.expires_after(kSafetyNet);
-  safety_timer_.async_wait(
-      asio::bind_executor(strand_, [self = shared_from_this()](boost::system::error_code ec) {
-        self->safety_armed_ = false;
-        if (ec || self->closed_) return;
-        const uint64_t before = self->completions_;
-        self->drain();
-        // Ticks in a row with work requests outstanding and not one completion.
-        self->idle_ticks_ =
-            self->in_flight_ == 0 || self->completions_ != before ? 0 : self->idle_ticks_ + 1;
-        if (self->in_flight_ == 0) return;
-        // Past the stall timeout give up on the queue pair: in the error state it flushes and
-        // places no more data, so its fetches fail now instead of never (seen on rxe: READs
-        // through memory windows of one registration, many in flight, neither completing nor
-        // failing). Before that, say what it looks like every 5 s from 2 s on (a device that
-        // stopped completing is otherwise invisible; a gap of a second is a retransmission, which
-        // takes 0.5 s a try with our timeout and is common on rxe).
-        if (self->idle_ticks_ * kSafetyNet >= self->options_.stall_timeout) {
-          FERRY_LOG_WARN(
-              "rdma: queue pair {}: no completion for {} s with {} work requests outstanding: "
-              "treating it as broken",
-              self->qp_->qp_num, self->idle_ticks_, self->in_flight_);
-          return self->fail(make_error_code(errc::peer_unresponsive));
-        }
-        if (self->idle_ticks_ % 5 == 2) {
-          ibv_qp_attr a{};
-          ibv_qp_init_attr init{};
-          ibv_query_qp(self->qp_.get(), &a, IBV_QP_STATE, &init);
-          FERRY_LOG_WARN(
-              "rdma: queue pair {} (state {}): {} work requests outstanding, no completion for "
-              "{} s ({} fetches, {} leases, {} leases binding)",
-              self->qp_->qp_num, static_cast<int>(a.qp_state), self->in_flight_, self->idle_ticks_,
-              self->fetches_.size(), self->leases_.size(), self->binds_waiting_.size());
-        }
-        self->arm_safety_net();
-      }));
+  safety_timer_.async_wait(on_expiry(*this, [this] {
+    safety_armed_ = false;
+    const uint64_t before = completions_;
+    drain();
+    // Ticks in a row with work requests outstanding and not one completion.
+    idle_ticks_ = in_flight_ == 0 || completions_ != before ? 0 : idle_ticks_ + 1;
+    if (in_flight_ == 0) return;
+    // Past the stall timeout give up on the queue pair: in the error state it flushes and
+    // places no more data, so its fetches fail now instead of never (seen on rxe: READs
+    // through memory windows of one registration, many in flight, neither completing nor
+    // failing). Before that, say what it looks like every 5 s from 2 s on (a device that
+    // stopped completing is otherwise invisible; a gap of a second is a retransmission, which
+    // takes 0.5 s a try with our timeout and is common on rxe).
+    if (idle_ticks_ * kSafetyNet >= options_.stall_timeout) {
+      FERRY_LOG_WARN(
+          "rdma: queue pair {}: no completion for {} s with {} work requests outstanding: "
+          "treating it as broken",
+          qp_->qp_num, idle_ticks_, in_flight_);
+      return fail(make_error_code(errc::peer_unresponsive));
+    }
+    if (idle_ticks_ % 5 == 2) {
+      ibv_qp_attr a{};
+      ibv_qp_init_attr init{};
+      ibv_query_qp(qp_.get(), &a, IBV_QP_STATE, &init);
+      FERRY_LOG_WARN(
+          "rdma: queue pair {} (state {}): {} work requests outstanding, no completion for "
+          "{} s ({} fetches, {} leases, {} leases binding)",
+          qp_->qp_num, static_cast<int>(a.qp_state), in_flight_, idle_ticks_, fetches_.size(),
+          leases_.size(), binds_waiting_.size());
+    }
+    arm_safety_net();
+  }));
 }
 
 // ---------------------------------------------------------------- fetcher side
@@ -700,8 +696,7 @@ void RdmaChannel::on_peer_reset() {
 }
 
 void RdmaChannel::post_inject_error() {
-  asio::post(strand_,
-             [self = shared_from_this()] { self->fail(make_wc_error(IBV_WC_GENERAL_ERR)); });
+  asio::post(guarded(*this, [this] { fail(make_wc_error(IBV_WC_GENERAL_ERR)); }));
 }
 
 void RdmaChannel::close(std::error_code ec) {

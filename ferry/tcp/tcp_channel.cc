@@ -4,7 +4,6 @@
 #include <sys/uio.h>
 
 #include <algorithm>
-#include <boost/asio/bind_executor.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/write.hpp>
 #include <cerrno>
@@ -12,6 +11,7 @@
 #include <limits>
 
 #include "ferry/net/errors.h"
+#include "ferry/net/guard.h"
 #include "ferry/net/log.h"
 #include "ferry/tcp/tcp_transport.h"
 
@@ -63,15 +63,13 @@ Result<FetchRequest> TcpChannel::recv_multiple(const FetchOp& op) {
 
 void TcpChannel::arm_read() {
   if (closed_) return;
-  const auto self = shared_from_this();
   if (read_state_ == ReadState::payload) {
     // Mid-payload more bytes are on their way: wait for them and read them straight into the
     // target from the handler (a queued read can only use stage_, and would cost a copy).
     socket_.async_wait(asio::ip::tcp::socket::wait_read,
-                       asio::bind_executor(strand_, [self](boost::system::error_code ec) {
-                         if (self->closed_) return;
-                         if (ec) return self->fail(errc::peer_closed);
-                         self->on_readable();
+                       guarded(*this, [this](boost::system::error_code ec) {
+                         if (ec) return fail(errc::peer_closed);
+                         on_readable();
                        }));
     return;
   }
@@ -79,17 +77,15 @@ void TcpChannel::arm_read() {
   // the reactor would land in a target after its fetch was aborted). Asio tries it at once and
   // otherwise queues it for the socket's next readiness; unlike async_wait it does not
   // re-register the socket with epoll (a system call, and a spurious writable event after it).
-  socket_.async_read_some(
-      asio::buffer(stage_),
-      asio::bind_executor(strand_, [self](boost::system::error_code ec, size_t n) {
-        if (self->closed_) return;
-        if (ec) return self->fail(errc::peer_closed);
-        if (!self->consume_stage(n)) return;
-        // A read that did not fill the stage emptied the socket: wait for more. Otherwise more
-        // may be queued: read on from the handler.
-        if (n < self->stage_.size()) return self->arm_read();
-        self->on_readable();
-      }));
+  socket_.async_read_some(asio::buffer(stage_),
+                          guarded(*this, [this](boost::system::error_code ec, size_t n) {
+                            if (ec) return fail(errc::peer_closed);
+                            if (!consume_stage(n)) return;
+                            // A read that did not fill the stage emptied the socket: wait for more.
+                            // Otherwise more may be queued: read on from the handler.
+                            if (n < stage_.size()) return arm_read();
+                            on_readable();
+                          }));
 }
 
 void TcpChannel::on_readable() {
@@ -138,7 +134,7 @@ void TcpChannel::on_readable() {
       if (got < asked) return arm_read();
       if (got >= budget) {
         // Yield the strand to the peer's other work; read on after it.
-        asio::post(strand_, [self = shared_from_this()] { self->on_readable(); });
+        asio::post(guarded(*this, [this] { on_readable(); }));
         return;
       }
       budget -= got;
@@ -324,21 +320,19 @@ void TcpChannel::pump() {
   std::array<asio::const_buffer, 2> buffers{asio::buffer(&out_header_, sizeof(out_header_)),
                                             asio::buffer(data, len)};
   asio::async_write(socket_, buffers, whole,
-                    asio::bind_executor(
-                        strand_, [self = shared_from_this()](boost::system::error_code ec, size_t) {
-                          self->writing_ = false;
-                          if (self->closed_) return;
-                          if (ec) return self->fail(errc::peer_closed);
-                          auto it = self->sends_.begin();  // the one just written is at the front
-                          if (it->sent_end) {
-                            self->finish_send(it, {});
-                          } else if (self->sends_.size() > 1) {
-                            // Round-robin: a small request is not stuck behind a large one.
-                            self->sends_.push_back(std::move(*it));
-                            self->sends_.pop_front();
-                          }
-                          self->pump();
-                        }));
+                    guarded(*this, [this](boost::system::error_code ec, size_t) {
+                      writing_ = false;
+                      if (ec) return fail(errc::peer_closed);
+                      auto it = sends_.begin();  // the one just written is at the front
+                      if (it->sent_end) {
+                        finish_send(it, {});
+                      } else if (sends_.size() > 1) {
+                        // Round-robin: a small request is not stuck behind a large one.
+                        sends_.push_back(std::move(*it));
+                        sends_.pop_front();
+                      }
+                      pump();
+                    }));
 }
 
 void TcpChannel::finish_send(std::deque<Send>::iterator it, std::error_code ec) {

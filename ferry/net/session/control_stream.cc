@@ -1,9 +1,9 @@
 #include "ferry/net/session/control_stream.h"
 
 #include <algorithm>
-#include <boost/asio/bind_executor.hpp>
 
 #include "ferry/net/errors.h"
+#include "ferry/net/guard.h"
 #include "ferry/net/log.h"
 #include "ferry/net/wire_convert.h"
 
@@ -46,15 +46,12 @@ void ControlStream::close() {
 // ---------------------------------------------------------------- reading
 
 void ControlStream::read_more() {
-  stream_.async_read_some(asio::buffer(read_buf_),
-                          asio::bind_executor(strand_, [keep = owner_.keep_alive(), this](
-                                                           boost::system::error_code ec, size_t n) {
-                            on_read(ec, n);
-                          }));
+  stream_.async_read_some(
+      asio::buffer(read_buf_),
+      guarded(*this, [this](boost::system::error_code ec, size_t n) { on_read(ec, n); }));
 }
 
 void ControlStream::on_read(const boost::system::error_code& ec, size_t n) {
-  if (phase_ == Phase::closed) return;
   if (ec) {
     const bool eof = ec == asio::error::eof;
     owner_.on_end(eof ? std::error_code(errc::peer_closed) : std::error_code(ec), eof);
@@ -126,9 +123,7 @@ void ControlStream::send_error(uint64_t rid, std::error_code ec, const std::stri
   // Bounded: a peer that never reads the error does not keep the connection.
   close_timer_.expires_after(std::chrono::seconds(1));
   close_timer_.async_wait(
-      asio::bind_executor(strand_, [keep = owner_.keep_alive(), this](boost::system::error_code e) {
-        if (!e && phase_ != Phase::closed) owner_.on_end(close_after_write_ec_, false);
-      }));
+      on_expiry(*this, [this] { owner_.on_end(close_after_write_ec_, false); }));
   if (writing_.empty()) owner_.on_end(ec, false);
 }
 
@@ -140,12 +135,9 @@ void ControlStream::write_more() {
     write_queue_.pop_front();
   }
   for (const auto& f : writing_) buffers.emplace_back(asio::buffer(f));
-  stream_.async_write(buffers,
-                      asio::bind_executor(strand_, [keep = owner_.keep_alive(), this](
-                                                       boost::system::error_code ec, size_t n) {
+  stream_.async_write(buffers, guarded(*this, [this](boost::system::error_code ec, size_t n) {
                         queued_bytes_ -= n;
                         writing_.clear();
-                        if (phase_ == Phase::closed) return;
                         if (ec) {
                           // Draining: the peer is gone already; its data channel decides.
                           if (phase_ != Phase::draining) owner_.on_end(errc::peer_closed, false);
@@ -163,21 +155,20 @@ void ControlStream::write_more() {
 
 void ControlStream::arm_heartbeat() {
   heartbeat_timer_.expires_after(options_.heartbeat_interval);
-  heartbeat_timer_.async_wait(asio::bind_executor(
-      strand_, [keep = owner_.keep_alive(), this](boost::system::error_code ec) {
-        if (ec || phase_ != Phase::open) return;
-        if (Clock::now() - last_rx_ > options_.peer_timeout) {
-          const PeerInfo& peer = owner_.peer_info();
-          FERRY_LOG_WARN("peer '{}' ({}) silent for {} ms; closing", peer.name, peer.address,
-                         options_.peer_timeout.count());
-          owner_.on_end(errc::peer_unresponsive, false);
-          return;
-        }
-        wire::Envelope ping;
-        ping.mutable_ping()->set_nonce(0);
-        send(ping);
-        arm_heartbeat();
-      }));
+  heartbeat_timer_.async_wait(on_expiry(*this, [this] {
+    if (phase_ != Phase::open) return;
+    if (Clock::now() - last_rx_ > options_.peer_timeout) {
+      const PeerInfo& peer = owner_.peer_info();
+      FERRY_LOG_WARN("peer '{}' ({}) silent for {} ms; closing", peer.name, peer.address,
+                     options_.peer_timeout.count());
+      owner_.on_end(errc::peer_unresponsive, false);
+      return;
+    }
+    wire::Envelope ping;
+    ping.mutable_ping()->set_nonce(0);
+    send(ping);
+    arm_heartbeat();
+  }));
 }
 
 }  // namespace ferry

@@ -88,6 +88,12 @@ class ControlStream {
   // `ec`) once it is written, or after a second if the peer does not read it.
   void send_error(uint64_t rid, std::error_code ec, const std::string& message, bool fatal);
 
+  // The callback guard's view (ferry/net/guard.h): the owner's strand and keep-alive, and
+  // whether close() ran.
+  PeerStrand& strand() { return strand_; }
+  std::shared_ptr<void> keep_alive() { return owner_.keep_alive(); }
+  bool closed() const { return phase_ == Phase::closed; }
+
  private:
   enum class Phase { handshaking, open, draining, closed };
 

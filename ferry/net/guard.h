@@ -1,0 +1,43 @@
+// The callback guard (internal): the one wrapper for the completion handlers of an object that
+// lives on a strand and can close (a session, its control stream, a transport's channel).
+#pragma once
+
+#include <boost/asio/bind_executor.hpp>
+#include <boost/system/error_code.hpp>
+#include <concepts>
+#include <utility>
+
+namespace ferry {
+
+// What guarded() needs from the object: the strand it lives on, a reference that keeps it alive,
+// and whether it has closed (read on the strand).
+template <typename Owner>
+concept Guardable = requires(Owner& owner) {
+  owner.strand();
+  owner.keep_alive();
+  { owner.closed() } -> std::convertible_to<bool>;
+};
+
+// A completion handler that runs `fn` on `owner`'s strand, keeps `owner` alive until it has run,
+// and drops the call when `owner` has closed by then: a closed object handles nothing more, and
+// `fn` may use the object freely (capture `this`). The handler passes whatever the operation
+// completes with on to `fn`.
+template <Guardable Owner, typename Fn>
+auto guarded(Owner& owner, Fn fn) {
+  return boost::asio::bind_executor(owner.strand(), [&owner, keep = owner.keep_alive(),
+                                                     fn = std::move(fn)](auto&&... args) mutable {
+    if (owner.closed()) return;
+    fn(std::forward<decltype(args)>(args)...);
+  });
+}
+
+// guarded() for a timer's wait: `fn()` runs only when the timer expired (not when it was
+// cancelled or re-armed) and `owner` is still open.
+template <Guardable Owner, typename Fn>
+auto on_expiry(Owner& owner, Fn fn) {
+  return guarded(owner, [fn = std::move(fn)](boost::system::error_code ec) mutable {
+    if (!ec) fn();
+  });
+}
+
+}  // namespace ferry
