@@ -1430,20 +1430,12 @@ def main():
     args.sizes = [int(x) for x in args.sizes.split(",")] if args.sizes else None
     args.allreduce_sizes = ([int(x) for x in args.allreduce_sizes.split(",")]
                             if args.allreduce_sizes else None)
-    if args.allreduce_samples is None:
-        args.allreduce_samples = 3 if args.quick else 5
-    if args.allreduce_calls is None:
-        args.allreduce_calls = 5 if args.quick else 10
-    if args.allreduce_warmup is None:
-        args.allreduce_warmup = 2 if args.quick else 3
-    if args.allreduce_reps is None:
-        args.allreduce_reps = 3 if args.quick else 7
-    if args.reps is None:
-        args.reps = 2 if args.quick else 3
-    if args.seconds is None:
-        args.seconds = 0.5 if args.quick else 1.0
-    if args.lat_iters is None:
-        args.lat_iters = 300 if args.quick else 1000
+    # Each option left unset: its --quick default, or its full one.
+    for name, quick, full in (("allreduce_samples", 3, 5), ("allreduce_calls", 5, 10),
+                              ("allreduce_warmup", 2, 3), ("allreduce_reps", 3, 7),
+                              ("reps", 2, 3), ("seconds", 0.5, 1.0), ("lat_iters", 300, 1000)):
+        if getattr(args, name) is None:
+            setattr(args, name, quick if args.quick else full)
     if args.python_path is None:
         args.python_path = os.path.join(os.path.dirname(os.path.dirname(
             os.path.abspath(args.ferry_bench))), "python")
