@@ -616,9 +616,7 @@ TEST_F(Rdma, GrantRegistrationsLastExactlyAsLongAsTheirLease) {
   const auto before = *rdma::registration_counters(server.ctx);
   EXPECT_EQ(before.registrations, 0u) << "a put registered owner memory";
   for (int i = 0; i < 3; ++i) {
-    auto req = peer.fetch(ref);
-    ASSERT_FALSE(req.wait(scaled(60s)));
-    EXPECT_TRUE(same_bytes(req.result().tensors[0], *bytes));
+    ASSERT_TRUE(fetch_completes(peer, ref, *bytes, 60s));
   }
   // The release that ends each lease is one-way: wait for the last to arrive.
   eventually([&] { return rdma::registration_counters(server.ctx)->live == 0; });
