@@ -934,6 +934,15 @@ def targets(samples):
     def verdict(ok):
         return "MET" if ok else "SHORT"
 
+    def target(what, r, goal, at_most=False):
+        """Appends `what = r (target >= goal): MET|SHORT` (<= with at_most); nothing where r is
+        None or 0 (not measured). Returns whether it appended."""
+        if not r:
+            return False
+        op, met = ("<=", r <= goal) if at_most else (">=", r >= goal)
+        out.append(f"  {what} = {r:.2f} (target {op} {goal}): {verdict(met)}")
+        return True
+
     for size in sorted({s["size"] for s in samples if s.get("suite") == "tcp" and
                         s.get("metric") == "bw" and s.get("tool") == "ferry"}):
         if size < MIB:
@@ -941,41 +950,29 @@ def targets(samples):
         # The best streaming peer of this size: the higher median of iperf3 and ucx tag_bw.
         peers = [(med("tcp", "bw", t, size, "gbps") or 0, t) for t in ("iperf3", "ucx-tag_bw")]
         best = max(peers)[1]
-        r = ratio("tcp", "bw", best, size, "gbps")
-        if r:
-            out.append(f"  TCP {human(size)}: ferry / best streaming peer ({best}) = {r:.2f} "
-                       f"(target >= 1.0): {verdict(r >= 1.0)}")
-        r = ratio("tcp", "bw", "raw-stream", size, "gbps")
-        if r:
-            out.append(f"  TCP {human(size)}: ferry / raw stream into as many buffers = {r:.2f} "
-                       f"(target >= 0.95): {verdict(r >= 0.95)}")
-        r = ratio("tcp", "bw", "ucx-ucp_get", size, "gbps")
-        if r:
-            out.append(f"  TCP {human(size)}: ferry / ucx ucp_get = {r:.2f} "
-                       f"(target >= 3.0): {verdict(r >= 3.0)}")
+        target(f"TCP {human(size)}: ferry / best streaming peer ({best})",
+               ratio("tcp", "bw", best, size, "gbps"), 1.0)
+        target(f"TCP {human(size)}: ferry / raw stream into as many buffers",
+               ratio("tcp", "bw", "raw-stream", size, "gbps"), 0.95)
+        target(f"TCP {human(size)}: ferry / ucx ucp_get",
+               ratio("tcp", "bw", "ucx-ucp_get", size, "gbps"), 3.0)
     for size in sorted({s["size"] for s in samples if s.get("suite") == "tcp" and
                         s.get("metric") == "lat" and s.get("tool") == "ferry"}):
         if size > 4 * KIB:
             continue
-        r = ratio("tcp", "lat", "raw-pingpong", size, "p50_us")
-        if r:
-            out.append(f"  TCP {human(size)} latency p50: ferry / raw ping-pong = {r:.2f} "
-                       f"(target <= 1.3): {verdict(r <= 1.3)}")
+        target(f"TCP {human(size)} latency p50: ferry / raw ping-pong",
+               ratio("tcp", "lat", "raw-pingpong", size, "p50_us"), 1.3, at_most=True)
     for size in sorted({s["size"] for s in samples if s.get("suite") == "rdma" and
                         s.get("tool") == "ferry" and "size" in s}):
-        r = ratio("rdma", "bw", "ib_read_bw", size, "gbps")
-        if size >= 64 * KIB and r:
-            out.append(f"  RDMA {human(size)}: ferry / ib_read_bw = {r:.2f} "
-                       f"(target >= 0.95): {verdict(r >= 0.95)}")
-        r = ratio("rdma", "lat", "ib_read_lat", size, "p50_us")
-        if size <= 4 * KIB and r:
-            out.append(f"  RDMA {human(size)} latency p50: ferry / ib_read_lat = {r:.2f} "
-                       f"(target <= 1.3): {verdict(r <= 1.3)}")
+        if size >= 64 * KIB:
+            target(f"RDMA {human(size)}: ferry / ib_read_bw",
+                   ratio("rdma", "bw", "ib_read_bw", size, "gbps"), 0.95)
+        if size <= 4 * KIB:
+            target(f"RDMA {human(size)} latency p50: ferry / ib_read_lat",
+                   ratio("rdma", "lat", "ib_read_lat", size, "p50_us"), 1.3, at_most=True)
     for size in sorted(medians(samples, "receive", "bw", "ferry", "gbps")):
-        r = ratio("receive", "bw", "ferry-caller", size, "gbps")
-        if r:
-            out.append(f"  TCP {human(size)}: into ferry's memory / into the caller's buffers = "
-                       f"{r:.2f} (target >= 0.9): {verdict(r >= 0.9)}")
+        target(f"TCP {human(size)}: into ferry's memory / into the caller's buffers",
+               ratio("receive", "bw", "ferry-caller", size, "gbps"), 0.9)
     for s in samples:
         if s.get("suite") == "registration" and s.get("case") == "views":
             r = s["raw"]
@@ -1019,17 +1016,13 @@ def targets(samples):
         peers = [((med("python", "bw", t, size, "gbps") or 0), t)
                  for t in ("torch-gloo", "pickle-socket")]
         best_bw, best = max(peers)
-        r = ratio("python", "bw", best, size, "gbps") if best_bw else None
-        if r:
-            out.append(f"  Python {human(size)}: ferry / better of torch-gloo and pickle-socket "
-                       f"({best}) = {r:.2f} (target >= 1.5): {verdict(r >= 1.5)}")
-        else:
+        if not target(f"Python {human(size)}: ferry / better of torch-gloo and pickle-socket "
+                      f"({best})", ratio("python", "bw", best, size, "gbps") if best_bw else None,
+                      1.5):
             out.append(f"  Python {human(size)}: ferry / torch-gloo, pickle-socket: not evaluated "
                        "(neither measured: SKIPPED or failed, see above)")
-        r = ratio("python", "bw", "shm-pickle", size, "gbps")
-        if r:
-            out.append(f"  Python {human(size)}: ferry / shm-pickle = {r:.2f} (target >= 1.0): "
-                       f"{verdict(r >= 1.0)}")
+        target(f"Python {human(size)}: ferry / shm-pickle",
+               ratio("python", "bw", "shm-pickle", size, "gbps"), 1.0)
     for size in sorted({s["size"] for s in samples if s.get("suite") == "python" and
                         s.get("metric") == "lat" and "p50_us" in s}):
         for tool, how in (("ferry", "reissued from callbacks"), ("ferry-wait", "result() loop")):
@@ -1430,20 +1423,12 @@ def main():
     args.sizes = [int(x) for x in args.sizes.split(",")] if args.sizes else None
     args.allreduce_sizes = ([int(x) for x in args.allreduce_sizes.split(",")]
                             if args.allreduce_sizes else None)
-    if args.allreduce_samples is None:
-        args.allreduce_samples = 3 if args.quick else 5
-    if args.allreduce_calls is None:
-        args.allreduce_calls = 5 if args.quick else 10
-    if args.allreduce_warmup is None:
-        args.allreduce_warmup = 2 if args.quick else 3
-    if args.allreduce_reps is None:
-        args.allreduce_reps = 3 if args.quick else 7
-    if args.reps is None:
-        args.reps = 2 if args.quick else 3
-    if args.seconds is None:
-        args.seconds = 0.5 if args.quick else 1.0
-    if args.lat_iters is None:
-        args.lat_iters = 300 if args.quick else 1000
+    # Each option left unset: its --quick default, or its full one.
+    for name, quick, full in (("allreduce_samples", 3, 5), ("allreduce_calls", 5, 10),
+                              ("allreduce_warmup", 2, 3), ("allreduce_reps", 3, 7),
+                              ("reps", 2, 3), ("seconds", 0.5, 1.0), ("lat_iters", 300, 1000)):
+        if getattr(args, name) is None:
+            setattr(args, name, quick if args.quick else full)
     if args.python_path is None:
         args.python_path = os.path.join(os.path.dirname(os.path.dirname(
             os.path.abspath(args.ferry_bench))), "python")

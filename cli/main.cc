@@ -48,6 +48,25 @@ std::vector<std::string> transport_choices() {
   return names;
 }
 
+// --transport NAME: "auto" or a registered transport's name, in any case.
+void add_transport_option(CLI::App* cmd, std::string& transport, const std::string& help) {
+  cmd->add_option("--transport", transport, help)
+      ->type_name("NAME")
+      ->transform(CLI::IsMember(transport_choices(), CLI::ignore_case))
+      ->capture_default_str();
+}
+
+// --threads N: the threads running the subcommand's Context, 1 to 256.
+void add_threads_option(CLI::App* cmd, int& threads) {
+  cmd->add_option("--threads", threads, "Threads running the context")
+      ->type_name("N")
+      ->check(CLI::Range(1, 256))
+      ->capture_default_str();
+}
+
+// The subcommand's help ends with `text`, then the exit codes every subcommand shares.
+void set_footer(CLI::App* cmd, const std::string& text) { cmd->footer(text + kExitCodeHelp); }
+
 void add_serve(CLI::App& app, ServeArgs& a) {
   auto* cmd = app.add_subcommand("serve", "Put objects into a store and serve them to peers");
   cmd->add_option("--listen", a.listen, "Address to listen on; port 0 picks a free port")
@@ -81,16 +100,12 @@ void add_serve(CLI::App& app, ServeArgs& a) {
   cmd->add_option("--duration", a.duration, "Stop after SECONDS (default: on SIGINT/SIGTERM)")
       ->type_name("SECONDS")
       ->check(CLI::NonNegativeNumber.description(""));
-  cmd->add_option("--threads", a.threads, "Threads running the context")
-      ->type_name("N")
-      ->check(CLI::Range(1, 256))
-      ->capture_default_str();
-  cmd->footer(
-      std::string("Puts random objects (--objects) and/or files (--file) into a ferry store and\n"
-                  "serves them until SIGINT/SIGTERM or --duration. Prints one line per object\n"
-                  "(`REF BYTES CHECKSUMS`), then `ready ADDRESS` once peers can connect; with\n"
-                  "--json, one JSON document on stdout and the ready line on stderr.\n\n") +
-      kExitCodeHelp);
+  add_threads_option(cmd, a.threads);
+  set_footer(cmd,
+             "Puts random objects (--objects) and/or files (--file) into a ferry store and\n"
+             "serves them until SIGINT/SIGTERM or --duration. Prints one line per object\n"
+             "(`REF BYTES CHECKSUMS`), then `ready ADDRESS` once peers can connect; with\n"
+             "--json, one JSON document on stdout and the ready line on stderr.\n\n");
 }
 
 void add_fetch(CLI::App& app, FetchArgs& a) {
@@ -112,12 +127,9 @@ void add_fetch(CLI::App& app, FetchArgs& a) {
       ->capture_default_str();
   cmd->add_option("--out", a.out, "Write tensors to DIR/<object_id>.<tensor_index>.bin")
       ->type_name("DIR");
-  cmd->add_option("--transport", a.transport,
-                  "Transport to use: auto (the best both sides reach), or a name; default "
-                  "from $FERRY_TRANSPORT")
-      ->type_name("NAME")
-      ->transform(CLI::IsMember(transport_choices(), CLI::ignore_case))
-      ->capture_default_str();
+  add_transport_option(cmd, a.transport,
+                       "Transport to use: auto (the best both sides reach), or a name; default "
+                       "from $FERRY_TRANSPORT");
   cmd->add_option("--timeout", a.timeout_ms, "Deadline of each fetch")
       ->type_name("MS")
       ->check(CLI::Range(int64_t{1}, int64_t{86400000}))
@@ -128,16 +140,11 @@ void add_fetch(CLI::App& app, FetchArgs& a) {
       ->transform(CLI::IsMember({"auto", "always", "never"}))
       ->capture_default_str();
   cmd->add_flag("-q,--quiet", a.quiet, "No progress and no table (errors still go to stderr)");
-  cmd->add_option("--threads", a.threads, "Threads running the context")
-      ->type_name("N")
-      ->check(CLI::Range(1, 256))
-      ->capture_default_str();
-  cmd->footer(
-      std::string(
-          "Fetches the refs given, a manifest's objects (verifying every byte against its\n"
-          "checksums) or everything the peer holds (--all), at most --concurrency at a\n"
-          "time, then prints a summary: bytes, throughput, fetch latency, verification.\n\n") +
-      kExitCodeHelp);
+  add_threads_option(cmd, a.threads);
+  set_footer(cmd,
+             "Fetches the refs given, a manifest's objects (verifying every byte against its\n"
+             "checksums) or everything the peer holds (--all), at most --concurrency at a\n"
+             "time, then prints a summary: bytes, throughput, fetch latency, verification.\n\n");
 }
 
 void add_collective(CLI::App& app, CollectiveArgs& a) {
@@ -156,22 +163,18 @@ void add_collective(CLI::App& app, CollectiveArgs& a) {
       ->check(CLI::Range(0, 10000))
       ->capture_default_str();
   cmd->add_option("--host", a.host, "Address every rank listens on")->capture_default_str();
-  cmd->add_option("--transport", a.transport, "Transport the ranks use: auto, or a name")
-      ->type_name("NAME")
-      ->transform(CLI::IsMember(transport_choices(), CLI::ignore_case))
-      ->capture_default_str();
+  add_transport_option(cmd, a.transport, "Transport the ranks use: auto, or a name");
   cmd->add_option("--timeout", a.timeout_s, "Bound on the whole run; ranks left are killed")
       ->type_name("SECONDS")
       ->check(CLI::Range(1, 86400))
       ->capture_default_str();
   cmd->add_flag("--json", a.json, "Print the results as one JSON document");
-  cmd->footer(
-      std::string("Forks --ranks processes that form a group and run, at each size: allreduce\n"
-                  "(float32 and int64 sums, exact), broadcast from every root, allgather and\n"
-                  "reduce-scatter, each verified on every rank against a reference; then times\n"
-                  "--iterations allreduces (median, algorithm and bus bandwidth as NCCL's tests\n"
-                  "define them). Exits 0 only if every rank verified everything.\n\n") +
-      kExitCodeHelp);
+  set_footer(cmd,
+             "Forks --ranks processes that form a group and run, at each size: allreduce\n"
+             "(float32 and int64 sums, exact), broadcast from every root, allgather and\n"
+             "reduce-scatter, each verified on every rank against a reference; then times\n"
+             "--iterations allreduces (median, algorithm and bus bandwidth as NCCL's tests\n"
+             "define them). Exits 0 only if every rank verified everything.\n\n");
 }
 
 int run(int argc, char** argv) {

@@ -14,34 +14,35 @@ void newline(std::string& out, int depth) {
   out.append(2 * depth, ' ');
 }
 
+// An object's members or an array's elements between `open` and `close`, each on a line of its
+// own at depth + 1 (write_item writes one) and comma-separated, `close` on a line at `depth`; an
+// empty one as `open` and `close` alone.
+template <typename Items, typename WriteItem>
+void write_items(std::string& out, const Items& items, char open, char close, int depth,
+                 WriteItem write_item) {
+  out += open;
+  for (auto it = items.begin(); it != items.end(); ++it) {
+    if (it != items.begin()) out += ',';
+    newline(out, depth + 1);
+    write_item(*it);
+  }
+  if (!items.empty()) newline(out, depth);
+  out += close;
+}
+
 void write(std::string& out, const boost::json::value& v, int depth) {
   switch (v.kind()) {
-    case boost::json::kind::object: {
-      const auto& object = v.get_object();
-      out += '{';
-      for (auto it = object.begin(); it != object.end(); ++it) {
-        if (it != object.begin()) out += ',';
-        newline(out, depth + 1);
-        out += boost::json::serialize(it->key());
+    case boost::json::kind::object:
+      write_items(out, v.get_object(), '{', '}', depth, [&](const boost::json::key_value_pair& kv) {
+        out += boost::json::serialize(kv.key());
         out += ": ";
-        write(out, it->value(), depth + 1);
-      }
-      if (!object.empty()) newline(out, depth);
-      out += '}';
+        write(out, kv.value(), depth + 1);
+      });
       break;
-    }
-    case boost::json::kind::array: {
-      const auto& array = v.get_array();
-      out += '[';
-      for (auto it = array.begin(); it != array.end(); ++it) {
-        if (it != array.begin()) out += ',';
-        newline(out, depth + 1);
-        write(out, *it, depth + 1);
-      }
-      if (!array.empty()) newline(out, depth);
-      out += ']';
+    case boost::json::kind::array:
+      write_items(out, v.get_array(), '[', ']', depth,
+                  [&](const boost::json::value& item) { write(out, item, depth + 1); });
       break;
-    }
     case boost::json::kind::double_: {
       // Not Boost's serializer: Boost 1.81 writes doubles in ryu's shortest exponent form
       // (0.1234567 -> 1.234567E-1, 2.0 -> 2E0) and infinity as Infinity, which is not JSON.

@@ -496,12 +496,8 @@ TEST_F(Loopback, WaitTimesOutOnAStalledTransferThenAbortLeavesPeerUsable) {
   // Once aborted, nothing writes into the target any more: poison it and watch.
   std::fill(target.begin(), target.end(), std::byte{0x5a});
   stall.release();
-  auto after = peer.fetch(small_ref);
-  ASSERT_FALSE(after.wait(scaled(20s))) << "peer unusable after abort";
-  EXPECT_TRUE(same_bytes(after.result().tensors[0], *small));
-  auto again = peer.fetch(ref);
-  ASSERT_FALSE(again.wait(scaled(30s)));
-  EXPECT_TRUE(same_bytes(again.result().tensors[0], *big));
+  ASSERT_TRUE(fetch_completes(peer, small_ref, *small, 20s)) << "peer unusable after abort";
+  ASSERT_TRUE(fetch_completes(peer, ref, *big, 30s));
   EXPECT_TRUE(
       std::all_of(target.begin(), target.end(), [](std::byte b) { return b == std::byte{0x5a}; }));
 }
@@ -522,9 +518,7 @@ TEST_F(Loopback, AbortInFlightCompletesWithAbortedExactlyOnce) {
     req.abort();  // a second abort changes nothing
     EXPECT_EQ(req.wait(0ms), ec);
   }
-  auto last = peer.fetch(ref);
-  ASSERT_FALSE(last.wait(scaled(30s)));
-  EXPECT_TRUE(same_bytes(last.result().tensors[0], *big));
+  ASSERT_TRUE(fetch_completes(peer, ref, *big, 30s));
 }
 
 // The owner aborts a serve in flight: the fetcher's fetch fails with aborted (not success, not a
@@ -556,12 +550,9 @@ TEST_F(Loopback, TheOwnerAbortsAServeInFlight) {
   ASSERT_EQ(aborted, 1) << "no round reached the owner's abort with the serve in flight";
   EXPECT_GE(server.ctx.stats().serve_errors["aborted"], 1u);
   EXPECT_EQ(server.ctx.stats().serves_in_flight, 0u);
-  auto after = peer.fetch(small_ref);
-  ASSERT_FALSE(after.wait(scaled(20s))) << "peer unusable after the owner's abort";
-  EXPECT_TRUE(same_bytes(after.result().tensors[0], *small));
-  auto again = peer.fetch(ref);
-  ASSERT_FALSE(again.wait(scaled(60s)));
-  EXPECT_TRUE(same_bytes(again.result().tensors[0], *big));
+  ASSERT_TRUE(fetch_completes(peer, small_ref, *small, 20s))
+      << "peer unusable after the owner's abort";
+  ASSERT_TRUE(fetch_completes(peer, ref, *big, 60s));
   // Only the owner's own refs.
   Context other({.name = "other"});
   EXPECT_FALSE(other.abort_serving(ref));
@@ -695,9 +686,7 @@ TEST(Auth, SharedSecretIsRequiredAndChecked) {
   // The right secret: in, and fetching works.
   Context good(with_secret("correct horse battery staple"));
   auto peer = connect_or_fail(good, server.address());
-  auto req = peer.fetch(ref);
-  ASSERT_FALSE(req.wait(scaled(30s)));
-  EXPECT_TRUE(same_bytes(req.result().tensors[0], *bytes));
+  ASSERT_TRUE(fetch_completes(peer, ref, *bytes, 30s));
   // No secret, or another one: refused with a clear error, and nothing else is served to them.
   for (const char* wrong : {"", "Tr0ub4dor&3"}) {
     Context bad(with_secret(wrong));
@@ -950,9 +939,7 @@ TEST_F(Tls, MutualTlsFetchesByteExactOverTheSuitesTransport) {
   auto peer = connect_or_fail(client, server.address());
   ASSERT_TRUE(peer.valid());
   EXPECT_EQ(peer.transport(), test_transport());
-  auto req = peer.fetch(ref);
-  ASSERT_FALSE(req.wait(scaled(60s)));
-  EXPECT_TRUE(same_bytes(req.result().tensors[0], *bytes));
+  ASSERT_TRUE(fetch_completes(peer, ref, *bytes, 60s));
 }
 
 // What crosses the wire: the metadata channel is TLS (a peer's name, sent in its Hello, is not
@@ -968,9 +955,7 @@ TEST_F(Tls, TheMetadataChannelIsEncryptedAndTheDataPathIsNot) {
     Context client(client_tls(name, false));
     auto peer = connect_or_fail(client, "127.0.0.1:" + std::to_string(relay.port()));
     ASSERT_TRUE(peer.valid());
-    auto req = peer.fetch(ref);
-    ASSERT_FALSE(req.wait(scaled(30s)));
-    EXPECT_TRUE(same_bytes(req.result().tensors[0], *bytes));
+    ASSERT_TRUE(fetch_completes(peer, ref, *bytes, 30s));
   }
   const std::string wire = relay.seen();
   ASSERT_FALSE(wire.empty());
@@ -992,9 +977,7 @@ TEST_F(Tls, APlainPeerIsRefusedWithAClearErrorAndOthersCarryOn) {
   auto r = bad.connect(server.address());
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.error(), errc::tls_required) << r.error().message();
-  auto req = peer.fetch(ref);
-  ASSERT_FALSE(req.wait(scaled(30s)));
-  EXPECT_TRUE(same_bytes(req.result().tensors[0], *bytes));
+  ASSERT_TRUE(fetch_completes(peer, ref, *bytes, 30s));
 }
 
 TEST_F(Tls, AServerTheClientDoesNotTrustIsRefused) {
@@ -1095,9 +1078,7 @@ TEST(Races, AbortAndTimeoutAgainstCompletionExactlyOnce) {
   std::printf("callbacks: %d ok, %d aborted, %d timed out\n", ok.load(), aborted.load(),
               timed_out.load());
   // The peer is still fine, and nothing stays pinned on the owner.
-  auto last = peer.fetch(refs[2]);
-  ASSERT_FALSE(last.wait(scaled(30s)));
-  EXPECT_TRUE(same_bytes(last.result().tensors[0], *data[2]));
+  ASSERT_TRUE(fetch_completes(peer, refs[2], *data[2], 30s));
   eventually([&] { return server.ctx.store().counts(refs[2].object_id)->pins == 0; });
   for (const auto& r : refs) EXPECT_EQ(server.ctx.store().counts(r.object_id)->pins, 0u);
 }

@@ -512,26 +512,40 @@ TEST_F(Rdma, AReadOfTheNeighbouringViewOfAGrantRegistrationIsARemoteAccessError)
   read_past_the_grant(f);
 }
 
+// A GrantTamper that stores each grant's address and rkey in `addr` and `rkey` (plain or atomic,
+// outliving the tamper) and lets the fetch read (`read`) or holds it.
+template <typename Addr, typename Rkey>
+rdma::GrantTamper recording_tamper(Addr& addr, Rkey& rkey, bool read) {
+  return [&addr, &rkey, read](uint64_t& granted_addr, uint32_t& granted_rkey, uint64_t) {
+    addr = granted_addr;
+    rkey = granted_rkey;
+    return read;
+  };
+}
+
+// A GrantTamper that replaces each grant's address and rkey by what `addr` and `rkey` hold when
+// the grant comes (another grant's, recorded by recording_tamper), and lets the fetch read.
+template <typename Addr, typename Rkey>
+rdma::GrantTamper replaying_tamper(const Addr& addr, const Rkey& rkey) {
+  return [&addr, &rkey](uint64_t& granted_addr, uint32_t& granted_rkey, uint64_t) {
+    granted_addr = addr;
+    granted_rkey = rkey;
+    return true;
+  };
+}
+
 void expired_grant_reads_nothing(RdmaGrants grants) {
   GrantFixture f(grants);
   Context client(client_options("client"));
   auto peer = connect_or_fail(client, f.server.address());
   uint64_t old_addr = 0;
   uint32_t old_rkey = 0;
-  rdma::set_grant_tamper(client, [&](uint64_t& addr, uint32_t& rkey, uint64_t) {
-    old_addr = addr;
-    old_rkey = rkey;
-    return true;
-  });
+  rdma::set_grant_tamper(client, recording_tamper(old_addr, old_rkey, /*read=*/true));
   auto first = peer.fetch(f.refs[0]);
   ASSERT_FALSE(first.wait(scaled(60s)));
   ASSERT_NE(old_rkey, 0u);
   // The lease ended with the first fetch; its rkey, replayed on a new grant, must not work.
-  rdma::set_grant_tamper(client, [&](uint64_t& addr, uint32_t& rkey, uint64_t) {
-    addr = old_addr;
-    rkey = old_rkey;
-    return true;
-  });
+  rdma::set_grant_tamper(client, replaying_tamper(old_addr, old_rkey));
   auto replay = peer.fetch(f.refs[1]);
   auto ec = replay.wait(scaled(60s));
   ASSERT_TRUE(ec) << "an expired rkey still reads the owner's memory";
@@ -563,19 +577,12 @@ std::error_code read_with_another_peers_grant(RdmaGrants grants) {
   auto pb = connect_or_fail(b, f.server.address());
   std::atomic<uint64_t> a_addr{0};
   std::atomic<uint32_t> a_rkey{0};
-  rdma::set_grant_tamper(a, [&](uint64_t& addr, uint32_t& rkey, uint64_t) {
-    a_addr = addr;
-    a_rkey = rkey;
-    return false;  // hold: A's lease stays live, its window bound
-  });
+  // Held: A's lease stays live, its window bound.
+  rdma::set_grant_tamper(a, recording_tamper(a_addr, a_rkey, /*read=*/false));
   auto held = pa.fetch(f.refs[0], {}, {.timeout = 20s});
   for (int i = 0; i < 2000 && !a_rkey; ++i) std::this_thread::sleep_for(5ms);
   EXPECT_NE(a_rkey.load(), 0u) << "A got no grant";
-  rdma::set_grant_tamper(b, [&](uint64_t& addr, uint32_t& rkey, uint64_t) {
-    addr = a_addr;
-    rkey = a_rkey;
-    return true;
-  });
+  rdma::set_grant_tamper(b, replaying_tamper(a_addr, a_rkey));
   auto stolen = pb.fetch(f.refs[1]);
   auto ec = stolen.wait(scaled(60s));
   if (!ec) {
@@ -616,9 +623,7 @@ TEST_F(Rdma, GrantRegistrationsLastExactlyAsLongAsTheirLease) {
   const auto before = *rdma::registration_counters(server.ctx);
   EXPECT_EQ(before.registrations, 0u) << "a put registered owner memory";
   for (int i = 0; i < 3; ++i) {
-    auto req = peer.fetch(ref);
-    ASSERT_FALSE(req.wait(scaled(60s)));
-    EXPECT_TRUE(same_bytes(req.result().tensors[0], *bytes));
+    ASSERT_TRUE(fetch_completes(peer, ref, *bytes, 60s));
   }
   // The release that ends each lease is one-way: wait for the last to arrive.
   eventually([&] { return rdma::registration_counters(server.ctx)->live == 0; });

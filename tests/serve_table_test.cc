@@ -40,11 +40,7 @@ struct ServeTableTest : ::testing::Test {
     msg.add_sizes(16);
     return msg;
   }
-  Stats stats() const {
-    Stats s;
-    recorder.snapshot(s);
-    return s;
-  }
+  Stats stats() const { return recorder.snapshot(); }
 
   FakeSessionLink link{false};
   std::shared_ptr<FakeTransport> transport = std::make_shared<FakeTransport>("T", false);

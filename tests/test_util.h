@@ -146,6 +146,20 @@ inline Peer connect_or_fail(Context& ctx, const std::string& address) {
   return peer.ok() ? *peer : Peer();
 }
 
+// Fetches `ref` from `peer`: a failure unless the fetch succeeds within `limit` (scaled); once it
+// has, expects its first tensor to hold `expected`. For ASSERT_TRUE: the caller stops on a fetch
+// that failed, and goes on past bytes that differ (reported here).
+inline testing::AssertionResult fetch_completes(Peer& peer, const ObjectRef& ref,
+                                                std::span<const std::byte> expected,
+                                                std::chrono::milliseconds limit) {
+  auto req = peer.fetch(ref);
+  if (auto ec = req.wait(scaled(limit))) {
+    return testing::AssertionFailure() << "the fetch failed: " << ec.message();
+  }
+  EXPECT_TRUE(same_bytes(req.result().tensors[0], expected));
+  return testing::AssertionSuccess();
+}
+
 // Counts collections; opens no channel, so it moves nothing. Used to test the registry and
 // transport selection without a second real transport.
 class FakeTransport final : public TransportManager {

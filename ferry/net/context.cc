@@ -720,8 +720,7 @@ std::map<std::string, uint64_t> Context::transport_counts() const {
 }
 
 Stats Context::stats() const {
-  Stats s;
-  impl_->stats->snapshot(s);
+  Stats s = impl_->stats->snapshot();
   s.connections_by_transport = transport_counts();
   s.peers = peer_count();
   s.pool = pool_stats();

@@ -171,36 +171,50 @@ std::string prometheus_text(const Stats& s, std::string_view prefix, std::string
 
 namespace detail {
 
+namespace {
+
+// Where one direction's outcomes are counted in Stats: fetches or serves.
+struct OutcomeCounters {
+  uint64_t Stats::*succeeded;
+  uint64_t Stats::*failed;
+  uint64_t Stats::*bytes;
+  std::map<std::string, uint64_t> Stats::*errors;
+  std::map<std::string, uint64_t> Stats::*bytes_by_transport;
+};
+constexpr OutcomeCounters kFetchCounters{&Stats::fetches_succeeded, &Stats::fetches_failed,
+                                         &Stats::bytes_fetched, &Stats::fetch_errors,
+                                         &Stats::bytes_fetched_by_transport};
+constexpr OutcomeCounters kServeCounters{&Stats::serves_succeeded, &Stats::serves_failed,
+                                         &Stats::bytes_served, &Stats::serve_errors,
+                                         &Stats::bytes_served_by_transport};
+
+// Counts one outcome into `c`'s fields of `s`: a failure by its error's name, a success with its
+// bytes, in all and by transport. Returns whether it succeeded.
+bool count_outcome(Stats& s, const OutcomeCounters& c, const std::error_code& ec, uint64_t bytes,
+                   const std::string& transport) {
+  if (ec) {
+    ++(s.*c.failed);
+    ++(s.*c.errors)[error_name(ec)];
+    return false;
+  }
+  ++(s.*c.succeeded);
+  s.*c.bytes += bytes;
+  (s.*c.bytes_by_transport)[transport] += bytes;
+  return true;
+}
+
+}  // namespace
+
 void StatsRecorder::fetch_done(const std::error_code& ec, uint64_t bytes,
                                const std::string& transport, std::chrono::nanoseconds latency) {
   std::lock_guard lock(mu_);
-  if (ec) {
-    ++s_.fetches_failed;
-    ++s_.fetch_errors[error_name(ec)];
-    return;
-  }
-  ++s_.fetches_succeeded;
-  s_.bytes_fetched += bytes;
-  s_.bytes_fetched_by_transport[transport] += bytes;
-  s_.fetch_latency.add(latency);
+  if (count_outcome(s_, kFetchCounters, ec, bytes, transport)) s_.fetch_latency.add(latency);
 }
 
 void StatsRecorder::serve_done(const std::error_code& ec, uint64_t bytes,
                                const std::string& transport) {
   std::lock_guard lock(mu_);
-  count_serve(ec, bytes, transport);
-}
-
-void StatsRecorder::count_serve(const std::error_code& ec, uint64_t bytes,
-                                const std::string& transport) {
-  if (ec) {
-    ++s_.serves_failed;
-    ++s_.serve_errors[error_name(ec)];
-    return;
-  }
-  ++s_.serves_succeeded;
-  s_.bytes_served += bytes;
-  s_.bytes_served_by_transport[transport] += bytes;
+  count_outcome(s_, kServeCounters, ec, bytes, transport);
 }
 
 void StatsRecorder::serve_started() {
@@ -212,23 +226,12 @@ void StatsRecorder::serve_ended(const std::error_code& ec, uint64_t bytes,
                                 const std::string& transport) {
   std::lock_guard lock(mu_);
   --s_.serves_in_flight;
-  count_serve(ec, bytes, transport);
+  count_outcome(s_, kServeCounters, ec, bytes, transport);
 }
 
-void StatsRecorder::snapshot(Stats& out) const {
+Stats StatsRecorder::snapshot() const {
   std::lock_guard lock(mu_);
-  out.fetches_succeeded = s_.fetches_succeeded;
-  out.fetches_failed = s_.fetches_failed;
-  out.bytes_fetched = s_.bytes_fetched;
-  out.fetch_errors = s_.fetch_errors;
-  out.bytes_fetched_by_transport = s_.bytes_fetched_by_transport;
-  out.fetch_latency = s_.fetch_latency;
-  out.serves_succeeded = s_.serves_succeeded;
-  out.serves_failed = s_.serves_failed;
-  out.bytes_served = s_.bytes_served;
-  out.serve_errors = s_.serve_errors;
-  out.bytes_served_by_transport = s_.bytes_served_by_transport;
-  out.serves_in_flight = s_.serves_in_flight;
+  return s_;
 }
 
 }  // namespace detail

@@ -80,13 +80,11 @@ class StatsRecorder {
   void serve_done(const std::error_code& ec, uint64_t bytes, const std::string& transport);
   void serve_started();
   void serve_ended(const std::error_code& ec, uint64_t bytes, const std::string& transport);
-  // Copies the counters into `out` (its other fields untouched).
-  void snapshot(Stats& out) const;
+  // The counters; the fields of Stats the recorder does not count (connections, peers, the pool,
+  // the transports' metrics) are left as a default Stats has them.
+  Stats snapshot() const;
 
  private:
-  // A serve's outcome into s_; mu_ held.
-  void count_serve(const std::error_code& ec, uint64_t bytes, const std::string& transport);
-
   mutable std::mutex mu_;
   Stats s_;
 };

@@ -5,6 +5,7 @@ from typing import NamedTuple, Optional
 
 from . import _completion, _ferry
 from ._future import Future
+from ._native import forwarded
 from ._ref import ObjectRef
 from ._tensors import source, target
 
@@ -238,18 +239,10 @@ class Peer:
         self._context = context  # a peer keeps its context open
         self._native = native
 
-    @property
-    def address(self):
-        return self._native.address
-
-    @property
-    def is_open(self):
-        return self._native.is_open
-
-    @property
-    def transport(self):
-        """The transport negotiated with this peer ("TCP", "RDMA")."""
-        return self._native.transport
+    address = forwarded("address")
+    is_open = forwarded("is_open")
+    transport = forwarded("transport",
+                          doc='The transport negotiated with this peer ("TCP", "RDMA").')
 
     def fetch(self, ref: ObjectRef, into=None, *, timeout=None, transport=None) -> Future:
         """Starts fetching ``ref``; returns a Future at once (never blocks).

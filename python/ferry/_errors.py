@@ -110,6 +110,8 @@ _BY_CODE = {
     "context_closed": ContextClosedError,
 }
 _BY_SCOPE = {"peer": ConnectionError, "device": DeviceError, "context": ContextClosedError}
+# Every class from_info() makes besides FerryError itself, each once.
+_SUBCLASSES = tuple(dict.fromkeys((*_BY_CODE.values(), *_BY_SCOPE.values())))
 
 
 def from_info(info, what=""):

@@ -10,6 +10,12 @@ from ._errors import from_info
 from ._tensors import materialize
 
 
+def _from_outcome(name, doc=None):
+    """A read-only property: the fetch's outcome's ``name`` once it is done, None until then."""
+    return property(
+        lambda self: getattr(self._outcome, name) if self._outcome is not None else None, doc=doc)
+
+
 class Future(concurrent.futures.Future):
     """One fetch, as a ``concurrent.futures.Future`` that is also awaitable.
 
@@ -47,14 +53,9 @@ class Future(concurrent.futures.Future):
     def ref(self):
         return self._ref
 
-    @property
-    def transport(self):
-        """The transport that moved the bytes ("TCP", "RDMA"); None until done."""
-        return self._outcome.transport if self._outcome is not None else None
-
-    @property
-    def nbytes(self):
-        return self._outcome.nbytes if self._outcome is not None else None
+    transport = _from_outcome(
+        "transport", doc='The transport that moved the bytes ("TCP", "RDMA"); None until done.')
+    nbytes = _from_outcome("nbytes")
 
     @property
     def bytes_landed(self):
@@ -64,14 +65,8 @@ class Future(concurrent.futures.Future):
         request = self._request
         return request.bytes_landed if request is not None else 0
 
-    @property
-    def elapsed(self):
-        """Seconds from issue to completion; None until done."""
-        return self._outcome.elapsed if self._outcome is not None else None
-
-    @property
-    def restarts(self):
-        return self._outcome.restarts if self._outcome is not None else None
+    elapsed = _from_outcome("elapsed", doc="Seconds from issue to completion; None until done.")
+    restarts = _from_outcome("restarts")
 
     def abort(self):
         """Asks the fetch to stop. Never blocks; the future completes with AbortedError unless

@@ -4,6 +4,7 @@ import json
 import struct
 
 from . import _ferry
+from ._native import forwarded
 from ._tensors import TensorSpec, spec_from_native
 
 # bytes(ref): MAGIC, u32 length of the C++ ref, the C++ ref (ObjectRef::serialize), then the
@@ -39,22 +40,12 @@ class ObjectRef:
         self._single = bool(single)
 
     # -- what it names -------------------------------------------------------------------------
-    @property
-    def owner(self):
-        """``host:port`` of the owner's listener ("" when its context was not listening)."""
-        return self._native.owner
-
-    @property
-    def object_id(self):
-        return self._native.object_id
-
-    @property
-    def owner_instance(self):
-        return self._native.owner_instance
-
-    @property
-    def nbytes(self):
-        return self._native.nbytes
+    owner = forwarded(
+        "owner",
+        doc='``host:port`` of the owner\'s listener ("" when its context was not listening).')
+    object_id = forwarded("object_id")
+    owner_instance = forwarded("owner_instance")
+    nbytes = forwarded("nbytes")
 
     @property
     def tensors(self):

@@ -32,22 +32,7 @@ import numpy as np
 
 from . import _ferry
 from ._context import Context, _milliseconds
-from ._errors import (
-    AbortedError,
-    AuthenticationError,
-    ConnectionError,
-    ContextClosedError,
-    DeviceError,
-    FerryError,
-    InvalidArgumentError,
-    ObjectNotFoundError,
-    OverloadedError,
-    ResourceExhaustedError,
-    StaleRefError,
-    TimeoutError,
-    TransportError,
-    from_info,
-)
+from ._errors import _SUBCLASSES, FerryError, from_info
 from ._ref import ObjectRef
 from ._tensors import _FERRY_DTYPES, TensorSpec, _torch_module, source, target
 
@@ -103,9 +88,7 @@ def _collective_class(base):
 
 # ferry's error class -> the CollectiveError subclass that is also that class.
 _BY_BASE = {FerryError: CollectiveError}
-for _base in (TimeoutError, AbortedError, ObjectNotFoundError, StaleRefError,
-              InvalidArgumentError, OverloadedError, ResourceExhaustedError, ConnectionError,
-              AuthenticationError, TransportError, DeviceError, ContextClosedError):
+for _base in _SUBCLASSES:
     _BY_BASE[_base] = _collective_class(_base)
 del _base
 

@@ -3,10 +3,14 @@
 // release, list) lets the GIL go while it runs; none runs Python on a ferry thread.
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <chrono>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <tuple>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "ferry/net/context.h"
@@ -34,69 +38,80 @@ auto without_gil(F&& f) {
   return f();
 }
 
+tcp::TcpOptions& tcp_options(ContextOptions& o) {
+  return o.transport_options_for<tcp::TcpOptions>(tcp::kTransportName);
+}
+rdma::RdmaOptions& rdma_options(ContextOptions& o) {
+  return o.transport_options_for<rdma::RdmaOptions>(rdma::kRdmaTransportName);
+}
+ContextOptions& core_options(ContextOptions& o) { return o; }
+
+// Sets the field `Field` of what `Options` picks out of `o` (ContextOptions itself, or a
+// transport's options) from `v`: a duration from milliseconds, any other field by its own type.
+template <auto Field, auto Options = core_options>
+void set_option(ContextOptions& o, const py::handle& v) {
+  auto& field = Options(o).*Field;
+  using T = std::remove_cvref_t<decltype(field)>;
+  if constexpr (std::is_same_v<T, milliseconds>) {
+    field = milliseconds(v.cast<int64_t>());
+  } else {
+    field = v.cast<T>();
+  }
+}
+
+void set_rdma_grants(ContextOptions& o, const py::handle& v) {
+  auto grants = rdma::parse_rdma_grants(v.cast<std::string>());
+  if (!grants) {
+    throw py::value_error("rdma_grants must be auto, windows, registrations or regions");
+  }
+  rdma_options(o).grants = *grants;
+}
+
+void set_tls(ContextOptions& o, const py::handle& v) {
+  using Paths = std::tuple<std::string, std::string, std::string>;
+  auto [certificate, key_file, ca] = v.cast<Paths>();
+  o.tls = TlsOptions{certificate, key_file, ca};
+}
+
+// Each keyword ferry.Context passes on, and what sets it: ContextOptions' own fields in their
+// order there, then the TCP and RDMA transports' options.
+using OptionSetter = void (*)(ContextOptions&, const py::handle&);
+constexpr std::pair<std::string_view, OptionSetter> kOptionSetters[] = {
+    {"name", set_option<&ContextOptions::name>},
+    {"threads", set_option<&ContextOptions::threads>},
+    {"transports", set_option<&ContextOptions::transports>},
+    {"transport", set_option<&ContextOptions::transport>},
+    {"max_frame_bytes", set_option<&ContextOptions::max_frame_bytes>},
+    {"max_queued_control_bytes", set_option<&ContextOptions::max_queued_control_bytes>},
+    {"max_requests_per_peer", set_option<&ContextOptions::max_requests_per_peer>},
+    {"connect_timeout", set_option<&ContextOptions::connect_timeout>},
+    {"handshake_timeout", set_option<&ContextOptions::handshake_timeout>},
+    {"heartbeat_interval", set_option<&ContextOptions::heartbeat_interval>},
+    {"peer_timeout", set_option<&ContextOptions::peer_timeout>},
+    {"lease_timeout", set_option<&ContextOptions::lease_timeout>},
+    {"pool_idle_trim", set_option<&ContextOptions::pool_idle_trim>},
+    {"secret", set_option<&ContextOptions::secret>},
+    {"tls", set_tls},
+    {"pool_bytes", set_option<&ContextOptions::pool_bytes>},
+    {"tcp_chunk_bytes", set_option<&tcp::TcpOptions::chunk_bytes, tcp_options>},
+    {"tcp_congestion", set_option<&tcp::TcpOptions::congestion, tcp_options>},
+    {"busy_poll", set_option<&rdma::RdmaOptions::busy_poll, rdma_options>},
+    {"rdma_grants", set_rdma_grants},
+};
+
 // ContextOptions from the keyword arguments ferry.Context passed on (durations already in ms);
 // an option left out keeps what the environment gives it (ContextOptions::from_environment). The
 // TCP and RDMA ones go to those transports' options.
 ContextOptions options_from(const py::dict& given) {
   ContextOptions o = ContextOptions::from_environment();
-  auto tcp_options = [&]() -> tcp::TcpOptions& {
-    return o.transport_options_for<tcp::TcpOptions>(tcp::kTransportName);
-  };
-  auto rdma_options = [&]() -> rdma::RdmaOptions& {
-    return o.transport_options_for<rdma::RdmaOptions>(rdma::kRdmaTransportName);
-  };
   for (const auto& [k, v] : given) {
     const auto key = k.cast<std::string>();
-    auto ms = [&] { return milliseconds(v.cast<int64_t>()); };
-    if (key == "name")
-      o.name = v.cast<std::string>();
-    else if (key == "threads")
-      o.threads = v.cast<int>();
-    else if (key == "transports")
-      o.transports = v.cast<std::vector<std::string>>();
-    else if (key == "transport")
-      o.transport = v.cast<std::string>();
-    else if (key == "max_frame_bytes")
-      o.max_frame_bytes = v.cast<uint32_t>();
-    else if (key == "max_queued_control_bytes")
-      o.max_queued_control_bytes = v.cast<size_t>();
-    else if (key == "max_requests_per_peer")
-      o.max_requests_per_peer = v.cast<size_t>();
-    else if (key == "connect_timeout")
-      o.connect_timeout = ms();
-    else if (key == "handshake_timeout")
-      o.handshake_timeout = ms();
-    else if (key == "heartbeat_interval")
-      o.heartbeat_interval = ms();
-    else if (key == "peer_timeout")
-      o.peer_timeout = ms();
-    else if (key == "lease_timeout")
-      o.lease_timeout = ms();
-    else if (key == "pool_idle_trim")
-      o.pool_idle_trim = ms();
-    else if (key == "tcp_chunk_bytes")
-      tcp_options().chunk_bytes = v.cast<size_t>();
-    else if (key == "tcp_congestion")
-      tcp_options().congestion = v.cast<std::string>();
-    else if (key == "busy_poll")
-      rdma_options().busy_poll = v.cast<bool>();
-    else if (key == "secret")
-      o.secret = v.cast<std::string>();
-    else if (key == "pool_bytes")
-      o.pool_bytes = v.cast<size_t>();
-    else if (key == "rdma_grants") {
-      auto grants = rdma::parse_rdma_grants(v.cast<std::string>());
-      if (!grants) {
-        throw py::value_error("rdma_grants must be auto, windows, registrations or regions");
-      }
-      rdma_options().grants = *grants;
-    } else if (key == "tls") {
-      using Paths = std::tuple<std::string, std::string, std::string>;
-      auto [certificate, key_file, ca] = v.cast<Paths>();
-      o.tls = TlsOptions{certificate, key_file, ca};
-    } else {
+    auto setter =
+        std::ranges::find(kOptionSetters, key, &std::pair<std::string_view, OptionSetter>::first);
+    if (setter == std::end(kOptionSetters)) {
       throw py::value_error("unknown Context option: " + key);
     }
+    setter->second(o, v);
   }
   return o;
 }
