@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "bench/allreduce_loop.h"
+#include "bench/client.h"
 #include "bench/measure.h"
 #include "ferry/collective/group.h"
 #include "ferry/ferry.h"
@@ -56,15 +57,9 @@ int run_allreduce(const AllreduceArgs& args) {
   options.name = "allreduce-rank" + std::to_string(args.rank);
   options.threads = args.threads;
   auto ctx = Context::create(options);
-  if (!ctx) {
-    std::fprintf(stderr, "ferry-bench allreduce: %s\n", ctx.error().message().c_str());
-    return 1;
-  }
+  if (!ctx) return report_failure("allreduce", "", ctx.error());
   auto port = (*ctx)->listen(args.host + ":0");
-  if (!port) {
-    std::fprintf(stderr, "ferry-bench allreduce: listen: %s\n", port.error().message().c_str());
-    return 1;
-  }
+  if (!port) return report_failure("allreduce", "listen", port.error());
   const fs::path dir(args.rendezvous);
   {
     const auto tmp = dir / (".ferry-" + std::to_string(args.rank));

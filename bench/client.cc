@@ -9,6 +9,20 @@
 
 namespace ferry::bench {
 
+ContextOptions bench_options(const std::string& name, int threads, bool busy_poll) {
+  ContextOptions options = ContextOptions::from_environment();
+  options.name = name;
+  options.threads = threads;
+  options.transport_options_for<rdma::RdmaOptions>(rdma::kRdmaTransportName).busy_poll = busy_poll;
+  return options;
+}
+
+int report_failure(const char* mode, const std::string& what, std::error_code ec) {
+  std::fprintf(stderr, "ferry-bench %s: %s%s%s\n", mode, what.c_str(), what.empty() ? "" : ": ",
+               ec.message().c_str());
+  return 1;
+}
+
 std::optional<ObjectRef> find_ref_of_size(Peer& peer, uint64_t size,
                                           std::chrono::milliseconds timeout) {
   auto refs = peer.list(timeout);

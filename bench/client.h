@@ -18,6 +18,14 @@
 
 namespace ferry::bench {
 
+// A mode's context options: the environment's (ContextOptions::from_environment), named `name`,
+// with `threads` io threads and RDMA's busy polling as asked.
+ContextOptions bench_options(const std::string& name, int threads, bool busy_poll);
+
+// Says on stderr that ferry-bench's `mode` failed: "ferry-bench MODE: WHAT: ERROR" (no "WHAT: "
+// when `what` is empty). Returns 1, the exit status of a run that failed.
+int report_failure(const char* mode, const std::string& what, std::error_code ec);
+
 // The first ref in the peer's store whose object has exactly `size` bytes, or nullopt.
 std::optional<ObjectRef> find_ref_of_size(Peer& peer, uint64_t size,
                                           std::chrono::milliseconds timeout);

@@ -39,22 +39,10 @@ int run_idle(const FetchArgs& args, Peer& peer) {
 }  // namespace
 
 int run_fetch(const FetchArgs& args) {
-  ContextOptions options = ContextOptions::from_environment();
-  options.name = "ferry-bench-fetch";
-  options.threads = args.threads;
-  options.transport_options_for<rdma::RdmaOptions>(rdma::kRdmaTransportName).busy_poll =
-      args.busy_poll;
-  auto ctx = Context::create(options);
-  if (!ctx) {
-    std::fprintf(stderr, "ferry-bench fetch: %s\n", ctx.error().message().c_str());
-    return 1;
-  }
+  auto ctx = Context::create(bench_options("ferry-bench-fetch", args.threads, args.busy_poll));
+  if (!ctx) return report_failure("fetch", "", ctx.error());
   auto peer = (*ctx)->connect(args.from);
-  if (!peer) {
-    std::fprintf(stderr, "ferry-bench fetch: connect %s: %s\n", args.from.c_str(),
-                 peer.error().message().c_str());
-    return 1;
-  }
+  if (!peer) return report_failure("fetch", "connect " + args.from, peer.error());
   auto ref = find_ref_of_size(*peer, args.size, 10s);
   if (!ref) {
     std::fprintf(stderr, "ferry-bench fetch: the server has no object of %llu bytes\n",
@@ -66,10 +54,7 @@ int run_fetch(const FetchArgs& args) {
   window.start();
   std::this_thread::sleep_for(std::chrono::duration<double>(args.warmup));
   const WindowCpu cpu = measure_window(window, args.seconds, args.server_pid, 30s, "fetch");
-  if (window.error()) {
-    std::fprintf(stderr, "ferry-bench fetch: %s\n", window.error().message().c_str());
-    return 1;
-  }
+  if (window.error()) return report_failure("fetch", "", window.error());
   const double secs = window.measured_seconds();
   const double fetches = window.measured_fetches();
   const double bytes = fetches * static_cast<double>(args.size);

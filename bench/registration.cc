@@ -15,11 +15,6 @@ namespace {
 using namespace std::chrono_literals;
 
 // Says why a case stopped; the exit code.
-int failed(const char* what, std::error_code ec) {
-  std::fprintf(stderr, "registration: %s%s\n", what, ec.message().c_str());
-  return 1;
-}
-
 std::string counters_json(Context& ctx) {
   auto c = rdma::registration_counters(ctx);
   if (!c) return "null";
@@ -42,9 +37,9 @@ int run_case(const RegistrationArgs& args, const char* name, uint64_t count, uin
   options.transport_options_for<rdma::RdmaOptions>(rdma::kRdmaTransportName).grants =
       rdma::parse_rdma_grants(args.grants).value_or(rdma::RdmaGrants::automatic);
   auto owner = Context::create(options);
-  if (!owner) return failed("", owner.error());
+  if (!owner) return report_failure("registration", "", owner.error());
   auto port = (*owner)->listen(args.host + ":0");
-  if (!port) return failed("listen: ", port.error());
+  if (!port) return report_failure("registration", "listen", port.error());
 
   // Owner memory, touched before any clock starts.
   std::vector<std::shared_ptr<std::byte[]>> blocks;
@@ -76,16 +71,16 @@ int run_case(const RegistrationArgs& args, const char* name, uint64_t count, uin
       keep = blocks[i];
     }
     auto ref = (*owner)->put({Tensor::bytes({p, bytes})}, keep, po);
-    if (!ref) return failed("put: ", ref.error());
+    if (!ref) return report_failure("registration", "put", ref.error());
     refs.push_back(std::move(*ref));
   }
   const double put_s = seconds_between(t_put, Clock::now());
 
   options.name = "bench-fetcher";
   auto fetcher = Context::create(options);
-  if (!fetcher) return 1;
+  if (!fetcher) return report_failure("registration", "", fetcher.error());
   auto peer = (*fetcher)->connect((*owner)->address());
-  if (!peer) return failed("connect: ", peer.error());
+  if (!peer) return report_failure("registration", "connect", peer.error());
   // Fetch targets: views of one touched allocation; none when ferry allocates.
   std::unique_ptr<std::byte[]> landing(new std::byte[pool ? 1 : count * bytes]);
   std::vector<MutableBuffer> targets;
@@ -103,13 +98,13 @@ int run_case(const RegistrationArgs& args, const char* name, uint64_t count, uin
     return fetch_each(*peer, {refs[0]}, first_target, 1, 600s, &reissued);
   };
   auto cold = first();
-  if (!cold) return failed("fetch: ", cold.error());
+  if (!cold) return report_failure("registration", "fetch", cold.error());
   auto pass1 = fetch_each(*peer, refs, targets, args.inflight, 1800s, &reissued);
-  if (!pass1) return failed("fetch: ", pass1.error());
+  if (!pass1) return report_failure("registration", "fetch", pass1.error());
   auto pass2 = fetch_each(*peer, refs, targets, args.inflight, 1800s, &reissued);
-  if (!pass2) return failed("fetch: ", pass2.error());
+  if (!pass2) return report_failure("registration", "fetch", pass2.error());
   auto warm = first();
-  if (!warm) return failed("fetch: ", warm.error());
+  if (!warm) return report_failure("registration", "fetch", warm.error());
   // Making the objects fetchable: the put, and the owner's registrations, which it makes lazily,
   // at the first grant of an object's memory (timed around each ibv_reg_mr). Without RDMA
   // nothing is registered.

@@ -24,7 +24,7 @@ int run_scale(const ScaleArgs& args) {
   ContextOptions options = ContextOptions::from_environment();
   options.name = "ferry-bench-scale";
   auto ctx = Context::create(options);
-  if (!ctx) return 1;
+  if (!ctx) return report_failure("scale", "", ctx.error());
   std::vector<Peer> peers;
   std::optional<ObjectRef> ref;
   const uint64_t rss_empty = rss_bytes(args.server_pid);
@@ -33,9 +33,8 @@ int run_scale(const ScaleArgs& args) {
     while (peers.size() < want) {
       auto peer = (*ctx)->connect(args.from);
       if (!peer) {
-        std::fprintf(stderr, "ferry-bench scale: connect #%zu: %s\n", peers.size() + 1,
-                     peer.error().message().c_str());
-        return 1;
+        return report_failure("scale", "connect #" + std::to_string(peers.size() + 1),
+                              peer.error());
       }
       peers.push_back(std::move(*peer));
     }
@@ -59,10 +58,7 @@ int run_scale(const ScaleArgs& args) {
             server_rss = rss_bytes(args.server_pid);
             client_rss = rss_bytes();
           });
-      if (window.error()) {
-        std::fprintf(stderr, "ferry-bench scale: %s\n", window.error().message().c_str());
-        return 1;
-      }
+      if (window.error()) return report_failure("scale", "", window.error());
       const double secs = window.measured_seconds();
       const double bytes = window.measured_fetches() * static_cast<double>(args.size);
       auto& lat = window.latencies_us();

@@ -7,6 +7,7 @@
 #include <memory>
 #include <vector>
 
+#include "bench/client.h"
 #include "bench/measure.h"
 #include "ferry/ferry.h"
 
@@ -27,28 +28,18 @@ int run_serve(const ServeArgs& args) {
   pthread_sigmask(SIG_BLOCK, &stop, nullptr);
   raise_fd_limit();
 
-  ContextOptions options = ContextOptions::from_environment();
-  options.name = "ferry-bench-serve";
-  options.threads = args.threads;
+  ContextOptions options = bench_options("ferry-bench-serve", args.threads, args.busy_poll);
   if (args.max_requests) options.max_requests_per_peer = args.max_requests;
-  auto& rdma_options = options.transport_options_for<rdma::RdmaOptions>(rdma::kRdmaTransportName);
-  rdma_options.busy_poll = args.busy_poll;
-  rdma_options.grants = rdma::parse_rdma_grants(args.grants).value_or(rdma::RdmaGrants::automatic);
+  options.transport_options_for<rdma::RdmaOptions>(rdma::kRdmaTransportName).grants =
+      rdma::parse_rdma_grants(args.grants).value_or(rdma::RdmaGrants::automatic);
   if (args.tcp_chunk_bytes) {
     options.transport_options_for<tcp::TcpOptions>(tcp::kTransportName).chunk_bytes =
         args.tcp_chunk_bytes;
   }
   auto ctx = Context::create(options);
-  if (!ctx) {
-    std::fprintf(stderr, "ferry-bench serve: %s\n", ctx.error().message().c_str());
-    return 1;
-  }
+  if (!ctx) return report_failure("serve", "", ctx.error());
   auto port = (*ctx)->listen(args.listen);
-  if (!port) {
-    std::fprintf(stderr, "ferry-bench serve: listen %s: %s\n", args.listen.c_str(),
-                 port.error().message().c_str());
-    return 1;
-  }
+  if (!port) return report_failure("serve", "listen " + args.listen, port.error());
   for (uint64_t size : sizes) {
     auto bytes = std::shared_ptr<std::byte[]>(new std::byte[size]);
     std::memset(bytes.get(), static_cast<int>(size & 0xff) | 1, size);  // touched, not zero
