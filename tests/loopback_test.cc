@@ -1033,12 +1033,9 @@ TEST(Races, AbortAndTimeoutAgainstCompletionExactlyOnce) {
   Server server;
   Context client(client_options("racer"));
   auto peer = connect_or_fail(client, server.address());
-  std::vector<std::shared_ptr<std::vector<std::byte>>> data;
-  std::vector<ObjectRef> refs;
-  for (size_t size : {size_t{1}, size_t{4096}, size_t{200000}}) {
-    data.push_back(make_pattern(size, size));
-    refs.push_back(server.put(data.back()));
-  }
+  PutPatterns puts;
+  for (size_t size : {size_t{1}, size_t{4096}, size_t{200000}}) puts.put(server, size, size);
+  const auto& refs = puts.refs;
   constexpr int kRounds =
       1500;  // x2 (handle + callback): 3,000 in flight, under the per-peer bound
   std::atomic<int> completions{0};
@@ -1078,7 +1075,7 @@ TEST(Races, AbortAndTimeoutAgainstCompletionExactlyOnce) {
   std::printf("callbacks: %d ok, %d aborted, %d timed out\n", ok.load(), aborted.load(),
               timed_out.load());
   // The peer is still fine, and nothing stays pinned on the owner.
-  ASSERT_TRUE(fetch_completes(peer, refs[2], *data[2], 30s));
+  ASSERT_TRUE(fetch_completes(peer, refs[2], *puts.data[2], 30s));
   eventually([&] { return server.ctx.store().counts(refs[2].object_id)->pins == 0; });
   for (const auto& r : refs) EXPECT_EQ(server.ctx.store().counts(r.object_id)->pins, 0u);
 }

@@ -254,18 +254,14 @@ TEST_F(Rdma, FetchesStayByteExactWithPacketLoss) {
   Server server;
   Context client(client_options("client"));
   auto peer = connect_or_fail(client, server.address());
-  std::vector<std::shared_ptr<std::vector<std::byte>>> data;
-  std::vector<ObjectRef> refs;
-  for (int i = 0; i < 3; ++i) {
-    data.push_back(make_pattern((2u << 20) + i * 4099, 20 + i));
-    refs.push_back(server.put(data.back()));
-  }
+  PutPatterns puts;
+  for (int i = 0; i < 3; ++i) puts.put(server, (2u << 20) + i * 4099, 20 + i);
   Qdisc loss("root netem loss 3%");
   std::vector<FetchRequest> reqs;
-  for (const auto& r : refs) reqs.push_back(peer.fetch(r));
+  for (const auto& r : puts.refs) reqs.push_back(peer.fetch(r));
   for (size_t i = 0; i < reqs.size(); ++i) {
     ASSERT_FALSE(reqs[i].wait(scaled(180s)));
-    EXPECT_TRUE(same_bytes(reqs[i].result().tensors[0], *data[i]));
+    EXPECT_TRUE(same_bytes(reqs[i].result().tensors[0], *puts.data[i]));
   }
 }
 

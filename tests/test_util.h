@@ -128,6 +128,17 @@ struct Server {
   uint16_t port = 0;
 };
 
+// Patterns put on a server: their bytes, kept to compare fetches with, and their refs, in the
+// order put.
+struct PutPatterns {
+  void put(Server& server, size_t size, uint64_t seed) {
+    data.push_back(make_pattern(size, seed));
+    refs.push_back(server.put(data.back()));
+  }
+  std::vector<std::shared_ptr<std::vector<std::byte>>> data;
+  std::vector<ObjectRef> refs;
+};
+
 // Polls `done` every 10 ms until it holds or `limit` (scaled) passes (what the other side does in
 // its own time: a one-way release arriving, a collection). Returns its last value.
 template <typename Pred>

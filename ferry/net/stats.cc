@@ -101,6 +101,30 @@ void LatencyHistogram::add(std::chrono::nanoseconds latency) {
   sum_seconds += us * 1e-6;
 }
 
+namespace {
+
+// The receive pool's figures in the exposition, in this order.
+struct PoolMetric {
+  const char* name;
+  const char* help;
+  bool gauge;  // else a counter
+  uint64_t PoolStats::*field;
+};
+constexpr PoolMetric kPoolMetrics[] = {
+    {"pool_held_bytes", "Receive pool: bytes of regions mapped.", true, &PoolStats::held_bytes},
+    {"pool_in_use_bytes", "Receive pool: bytes of live blocks.", true, &PoolStats::in_use_bytes},
+    {"pool_hits_total", "Receive pool: allocations served from memory already held.", false,
+     &PoolStats::hits},
+    {"pool_misses_total", "Receive pool: allocations that mapped a new region.", false,
+     &PoolStats::misses},
+    {"pool_fallbacks_total", "Receive pool: allocations beyond its cap (plain memory).", false,
+     &PoolStats::fallbacks},
+    {"pool_regions_trimmed_total", "Receive pool: idle regions given back.", false,
+     &PoolStats::regions_trimmed},
+};
+
+}  // namespace
+
 std::string prometheus_text(const Stats& s, std::string_view prefix, std::string_view labels) {
   Writer w(prefix, labels);
   w.counter("fetches_succeeded_total", "Fetches that completed with every byte.",
@@ -142,18 +166,14 @@ std::string prometheus_text(const Stats& s, std::string_view prefix, std::string
   w.by("connections_total", "counter", "Peer connections, by the transport they negotiated.",
        "transport", s.connections_by_transport);
   w.gauge("peers", "Peers connected now.", static_cast<double>(s.peers));
-  w.gauge("pool_held_bytes", "Receive pool: bytes of regions mapped.",
-          static_cast<double>(s.pool.held_bytes));
-  w.gauge("pool_in_use_bytes", "Receive pool: bytes of live blocks.",
-          static_cast<double>(s.pool.in_use_bytes));
-  w.counter("pool_hits_total", "Receive pool: allocations served from memory already held.",
-            static_cast<double>(s.pool.hits));
-  w.counter("pool_misses_total", "Receive pool: allocations that mapped a new region.",
-            static_cast<double>(s.pool.misses));
-  w.counter("pool_fallbacks_total", "Receive pool: allocations beyond its cap (plain memory).",
-            static_cast<double>(s.pool.fallbacks));
-  w.counter("pool_regions_trimmed_total", "Receive pool: idle regions given back.",
-            static_cast<double>(s.pool.regions_trimmed));
+  for (const auto& m : kPoolMetrics) {
+    const double value = static_cast<double>(s.pool.*m.field);
+    if (m.gauge) {
+      w.gauge(m.name, m.help, value);
+    } else {
+      w.counter(m.name, m.help, value);
+    }
+  }
   for (const auto& [transport, metrics] : s.transport_metrics) {
     for (const auto& m : metrics) {
       const auto name = metric_name(transport) + "_" + metric_name(m.name);

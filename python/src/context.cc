@@ -184,16 +184,20 @@ class PeerHandle {
   WaitMode wait_mode_;
 };
 
+// PoolStats as a dict keyed by the field names.
 py::dict pool_dict(const PoolStats& s) {
+  static constexpr std::pair<const char*, uint64_t PoolStats::*> kFields[] = {
+      {"held_bytes", &PoolStats::held_bytes},
+      {"in_use_bytes", &PoolStats::in_use_bytes},
+      {"hits", &PoolStats::hits},
+      {"misses", &PoolStats::misses},
+      {"fallbacks", &PoolStats::fallbacks},
+      {"fallback_bytes", &PoolStats::fallback_bytes},
+      {"regions_created", &PoolStats::regions_created},
+      {"regions_trimmed", &PoolStats::regions_trimmed},
+  };
   py::dict d;
-  d["held_bytes"] = s.held_bytes;
-  d["in_use_bytes"] = s.in_use_bytes;
-  d["hits"] = s.hits;
-  d["misses"] = s.misses;
-  d["fallbacks"] = s.fallbacks;
-  d["fallback_bytes"] = s.fallback_bytes;
-  d["regions_created"] = s.regions_created;
-  d["regions_trimmed"] = s.regions_trimmed;
+  for (const auto& [name, field] : kFields) d[name] = s.*field;
   return d;
 }
 
