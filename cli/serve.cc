@@ -20,7 +20,7 @@
 #include "cli/units.h"
 #include "cli/workload.h"
 #include "ferry/ferry.h"
-#include "ferry/net/system_memory.h"
+#include "ferry/net/system/system_memory.h"
 
 namespace ferry::cli {
 namespace {

@@ -344,8 +344,8 @@ std::string frame_header(uint32_t len) {
 }
 
 // Connections that have not said who they are cost the server a bounded, small amount of memory
-// whatever they announce (ferry/net/context_impl.h, Greeting; docs/security.md), and do not delay
-// an honest client: with 1,000 of them announcing 4 MiB frames and 1,000 holding half of the
+// whatever they announce (ferry/net/core/context_impl.h, Greeting; docs/security.md), and do not
+// delay an honest client: with 1,000 of them announcing 4 MiB frames and 1,000 holding half of the
 // largest handshake frame, a new client connects and fetches, and the server grows by less than
 // the documented bound. (Before, each 4 MiB announcement cost 4 MiB at once: gigabytes.)
 TEST_F(BadInput, AThousandUnauthenticatedConnectionsCostLittleAndDelayNoOne) {

@@ -1,7 +1,7 @@
 // async_dial against a loopback listener whose accepted end the test drives by hand: the first
 // frame and its answer, the stream handed over, an Error answer, an oversized answer, a silent
 // listener past the deadline, a refused port, and the caller's executor.
-#include "ferry/net/dialer.h"
+#include "ferry/net/connection/dialer.h"
 
 #include <gtest/gtest.h>
 
@@ -17,7 +17,7 @@
 
 #include "ferry/net/errors.h"
 #include "ferry/net/frame.h"
-#include "ferry/net/wire_convert.h"
+#include "ferry/net/proto/wire_convert.h"
 #include "test_util.h"
 
 namespace ferry {

@@ -5,9 +5,9 @@
 #include <gtest/gtest.h>
 
 #include "fake_session_link.h"
-#include "ferry/net/auth.h"
 #include "ferry/net/context.h"
 #include "ferry/net/errors.h"
+#include "ferry/net/security/auth.h"
 
 namespace ferry {
 namespace {

@@ -14,7 +14,7 @@
 #include "ferry/net/coverage.h"
 #include "ferry/net/frame.h"
 #include "ferry/net/proto/ferry.pb.h"
-#include "ferry/net/system_memory.h"
+#include "ferry/net/system/system_memory.h"
 #include "ferry/tcp/data_frame.h"
 #include "tests/test_util.h"
 

@@ -4,7 +4,7 @@
 
 #include "ferry/net/errors.h"
 #include "ferry/net/log.h"
-#include "ferry/net/system_memory.h"
+#include "ferry/net/system/system_memory.h"
 
 namespace ferry::collective {
 namespace {

@@ -12,18 +12,18 @@
 
 #include "ferry/net/address.h"
 #include "ferry/net/completion.h"
-#include "ferry/net/context_impl.h"
-#include "ferry/net/dialer.h"
-#include "ferry/net/env.h"
+#include "ferry/net/connection/dialer.h"
+#include "ferry/net/connection/greeter.h"
+#include "ferry/net/core/context_impl.h"
 #include "ferry/net/errors.h"
-#include "ferry/net/greeter.h"
 #include "ferry/net/log.h"
+#include "ferry/net/proto/wire_convert.h"
 #include "ferry/net/registry.h"
-#include "ferry/net/session.h"
-#include "ferry/net/socket_util.h"
-#include "ferry/net/system_memory.h"
-#include "ferry/net/tls.h"
-#include "ferry/net/wire_convert.h"
+#include "ferry/net/security/tls.h"
+#include "ferry/net/session/session.h"
+#include "ferry/net/system/env.h"
+#include "ferry/net/system/socket_util.h"
+#include "ferry/net/system/system_memory.h"
 
 namespace ferry {
 namespace asio = boost::asio;

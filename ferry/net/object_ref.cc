@@ -2,7 +2,7 @@
 
 #include "ferry/net/errors.h"
 #include "ferry/net/proto/ferry.pb.h"
-#include "ferry/net/wire_convert.h"
+#include "ferry/net/proto/wire_convert.h"
 
 namespace ferry {
 namespace {

@@ -5,8 +5,8 @@
 #include "ferry/net/completion.h"
 #include "ferry/net/errors.h"
 #include "ferry/net/proto/ferry.pb.h"
-#include "ferry/net/session.h"
-#include "ferry/net/wire_convert.h"
+#include "ferry/net/proto/wire_convert.h"
+#include "ferry/net/session/session.h"
 
 namespace ferry {
 namespace {

@@ -3,8 +3,8 @@
 #include <string>
 #include <utility>
 
-#include "ferry/net/env.h"
 #include "ferry/net/log.h"
+#include "ferry/net/system/env.h"
 
 namespace ferry::rdma {
 namespace {

@@ -8,8 +8,8 @@
 #include <cstring>
 #include <random>
 
+#include "ferry/net/core/guard.h"
 #include "ferry/net/errors.h"
-#include "ferry/net/guard.h"
 #include "ferry/net/log.h"
 
 namespace ferry::rdma {

@@ -79,7 +79,7 @@ class RdmaChannel final : public TransportChannel,
   // set up a new pair). Any thread: it runs on the strand. For fault injection.
   void post_inject_error();
 
-  // The callback guard's view (ferry/net/guard.h). Strand.
+  // The callback guard's view (ferry/net/core/guard.h). Strand.
   PeerStrand& strand() { return strand_; }
   std::shared_ptr<void> keep_alive() { return shared_from_this(); }
   bool closed() const { return closed_; }

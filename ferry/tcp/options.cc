@@ -1,6 +1,6 @@
 #include "ferry/tcp/options.h"
 
-#include "ferry/net/env.h"
+#include "ferry/net/system/env.h"
 
 namespace ferry::tcp {
 

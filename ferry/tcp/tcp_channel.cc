@@ -10,8 +10,8 @@
 #include <cstring>
 #include <limits>
 
+#include "ferry/net/core/guard.h"
 #include "ferry/net/errors.h"
-#include "ferry/net/guard.h"
 #include "ferry/net/log.h"
 #include "ferry/tcp/tcp_transport.h"
 

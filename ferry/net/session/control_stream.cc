@@ -2,10 +2,10 @@
 
 #include <algorithm>
 
+#include "ferry/net/core/guard.h"
 #include "ferry/net/errors.h"
-#include "ferry/net/guard.h"
 #include "ferry/net/log.h"
-#include "ferry/net/wire_convert.h"
+#include "ferry/net/proto/wire_convert.h"
 
 namespace ferry {
 namespace asio = boost::asio;

@@ -18,8 +18,8 @@
 #include <system_error>
 #include <vector>
 
+#include "ferry/net/connection/meta_stream.h"
 #include "ferry/net/frame.h"
-#include "ferry/net/meta_stream.h"
 #include "ferry/net/proto/ferry.pb.h"
 #include "ferry/net/transport.h"
 
@@ -88,7 +88,7 @@ class ControlStream {
   // `ec`) once it is written, or after a second if the peer does not read it.
   void send_error(uint64_t rid, std::error_code ec, const std::string& message, bool fatal);
 
-  // The callback guard's view (ferry/net/guard.h): the owner's strand and keep-alive, and
+  // The callback guard's view (ferry/net/core/guard.h): the owner's strand and keep-alive, and
   // whether close() ran.
   PeerStrand& strand() { return strand_; }
   std::shared_ptr<void> keep_alive() { return owner_.keep_alive(); }

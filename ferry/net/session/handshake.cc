@@ -2,11 +2,11 @@
 
 #include <random>
 
-#include "ferry/net/auth.h"
 #include "ferry/net/context.h"
 #include "ferry/net/errors.h"
 #include "ferry/net/log.h"
-#include "ferry/net/wire_convert.h"
+#include "ferry/net/proto/wire_convert.h"
+#include "ferry/net/security/auth.h"
 
 namespace ferry {
 

@@ -1,4 +1,4 @@
-#include "ferry/net/greeter.h"
+#include "ferry/net/connection/greeter.h"
 
 #include <algorithm>
 #include <boost/asio/as_tuple.hpp>
@@ -10,9 +10,9 @@
 #include "ferry/net/errors.h"
 #include "ferry/net/frame.h"
 #include "ferry/net/log.h"
-#include "ferry/net/socket_util.h"
-#include "ferry/net/tls.h"
-#include "ferry/net/wire_convert.h"
+#include "ferry/net/proto/wire_convert.h"
+#include "ferry/net/security/tls.h"
+#include "ferry/net/system/socket_util.h"
 
 namespace ferry {
 namespace asio = boost::asio;

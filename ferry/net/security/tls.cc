@@ -1,4 +1,4 @@
-#include "ferry/net/tls.h"
+#include "ferry/net/security/tls.h"
 
 #include <cerrno>
 #include <cstdio>
@@ -7,8 +7,8 @@
 #include <string>
 #include <system_error>
 
-#include "ferry/net/env.h"
 #include "ferry/net/errors.h"
+#include "ferry/net/system/env.h"
 
 namespace ferry {
 namespace ssl = boost::asio::ssl;

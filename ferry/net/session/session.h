@@ -22,9 +22,9 @@
 #include <unordered_map>
 #include <vector>
 
-#include "ferry/net/context_impl.h"
+#include "ferry/net/connection/meta_stream.h"
+#include "ferry/net/core/context_impl.h"
 #include "ferry/net/fetch.h"
-#include "ferry/net/meta_stream.h"
 #include "ferry/net/proto/ferry.pb.h"
 #include "ferry/net/session/channels.h"
 #include "ferry/net/session/control_stream.h"
@@ -86,7 +86,7 @@ class Session final : public PeerLink,
   // Whether the chosen transport streams FetchOptions::combine (TransportManager::combines()).
   bool chosen_combines() const;
 
-  // The callback guard's view (ferry/net/guard.h; strand() is PeerLink's).
+  // The callback guard's view (ferry/net/core/guard.h; strand() is PeerLink's).
   std::shared_ptr<void> keep_alive() override { return shared_from_this(); }
   bool closed() const { return state_.load() == State::closed; }
 

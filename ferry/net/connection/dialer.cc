@@ -1,4 +1,4 @@
-#include "ferry/net/dialer.h"
+#include "ferry/net/connection/dialer.h"
 
 #include <array>
 #include <boost/asio/as_tuple.hpp>
@@ -18,8 +18,8 @@
 #include "ferry/net/errors.h"
 #include "ferry/net/frame.h"
 #include "ferry/net/log.h"
-#include "ferry/net/socket_util.h"
-#include "ferry/net/wire_convert.h"
+#include "ferry/net/proto/wire_convert.h"
+#include "ferry/net/system/socket_util.h"
 
 namespace ferry {
 namespace asio = boost::asio;

@@ -1,7 +1,7 @@
 // The dialer: every outgoing connection of the core, from the address to the first answer
 // (internal). The metadata connection to a peer (Context::connect) and a session's side
 // connections for a transport's data channel (PeerLink::async_open_side_connection) both go
-// through async_dial; the accept side's mirror is ferry/net/greeter.h.
+// through async_dial; the accept side's mirror is ferry/net/connection/greeter.h.
 #pragma once
 
 #include <boost/asio/any_io_executor.hpp>
@@ -11,7 +11,7 @@
 #include <string>
 
 #include "ferry/net/address.h"
-#include "ferry/net/meta_stream.h"
+#include "ferry/net/connection/meta_stream.h"
 #include "ferry/net/proto/ferry.pb.h"
 #include "ferry/net/result.h"
 

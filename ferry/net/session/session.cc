@@ -1,14 +1,14 @@
-#include "ferry/net/session.h"
+#include "ferry/net/session/session.h"
 
 #include <algorithm>
 #include <boost/asio/post.hpp>
 
-#include "ferry/net/dialer.h"
+#include "ferry/net/connection/dialer.h"
+#include "ferry/net/core/guard.h"
 #include "ferry/net/errors.h"
-#include "ferry/net/guard.h"
 #include "ferry/net/log.h"
-#include "ferry/net/socket_util.h"
-#include "ferry/net/wire_convert.h"
+#include "ferry/net/proto/wire_convert.h"
+#include "ferry/net/system/socket_util.h"
 
 namespace ferry {
 namespace asio = boost::asio;

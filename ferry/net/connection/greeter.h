@@ -1,8 +1,8 @@
 // The greeter: every incoming connection of the core, from accept to its first frame
-// (internal); the mirror of the dialer (ferry/net/dialer.h). A connection that starts with a TLS
-// ClientHello gets the TLS handshake first; then exactly one frame is read, under a deadline and
-// within a memory budget, and handed to the context, which accepts the connection (a Hello: a
-// peer; an AttachChannel: a session's data channel) or rejects it with an Error frame.
+// (internal); the mirror of the dialer (ferry/net/connection/dialer.h). A connection that starts
+// with a TLS ClientHello gets the TLS handshake first; then exactly one frame is read, under a
+// deadline and within a memory budget, and handed to the context, which accepts the connection (a
+// Hello: a peer; an AttachChannel: a session's data channel) or rejects it with an Error frame.
 //
 // Before it has said who it is, a connection costs a bounded, small amount of memory whatever it
 // announces: its first frame may be at most GreetOptions::max_frame_bytes, and the body is
@@ -27,7 +27,7 @@
 #include <string>
 #include <system_error>
 
-#include "ferry/net/meta_stream.h"
+#include "ferry/net/connection/meta_stream.h"
 #include "ferry/net/proto/ferry.pb.h"
 
 namespace ferry {

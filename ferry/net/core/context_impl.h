@@ -20,11 +20,11 @@
 #include <boost/asio/steady_timer.hpp>
 
 #include "ferry/mem/pool.h"
+#include "ferry/net/connection/greeter.h"
+#include "ferry/net/connection/meta_stream.h"
 #include "ferry/net/context.h"
-#include "ferry/net/greeter.h"
-#include "ferry/net/meta_stream.h"
+#include "ferry/net/security/tls.h"
 #include "ferry/net/stats.h"
-#include "ferry/net/tls.h"
 
 namespace ferry {
 
@@ -121,7 +121,8 @@ struct Context::Impl : std::enable_shared_from_this<Context::Impl> {
   // Every session still alive (a snapshot, taken under mu).
   std::vector<std::shared_ptr<Session>> live_sessions();
 
-  // What the connections that have not said who they are yet may buffer (ferry/net/greeter.h).
+  // What the connections that have not said who they are yet may buffer
+  // (ferry/net/connection/greeter.h).
   std::shared_ptr<GreetingBudget> greeting_budget = std::make_shared<GreetingBudget>();
   // Accepts the next connection. After a failed accept (out of file descriptors: EMFILE, ENFILE,
   // ENOBUFS) it waits kAcceptRetry before trying again, instead of spinning on a listen queue it
@@ -130,8 +131,8 @@ struct Context::Impl : std::enable_shared_from_this<Context::Impl> {
   static constexpr std::chrono::milliseconds kAcceptRetry{50};
   boost::asio::steady_timer accept_retry{io};  // under mu
   uint64_t accept_failures = 0;                // in a row; under mu
-  // Greets a new connection (ferry/net/greeter.h); its first frame says what it is: a Hello (a
-  // peer) or an AttachChannel (a data channel of an existing session).
+  // Greets a new connection (ferry/net/connection/greeter.h); its first frame says what it is: a
+  // Hello (a peer) or an AttachChannel (a data channel of an existing session).
   void on_accepted(boost::asio::ip::tcp::socket socket);
   void on_first_frame(const std::shared_ptr<Greeting>& g);
 };

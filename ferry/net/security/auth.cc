@@ -1,4 +1,4 @@
-#include "ferry/net/auth.h"
+#include "ferry/net/security/auth.h"
 
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
