@@ -5,14 +5,12 @@
 // loss, but the common defaults still act as if there were:
 // - BBR paces: the kernel spreads each chunk over its bandwidth estimate with high-resolution
 //   timers, and a fetch pattern (a burst, then idle until the next request) keeps that estimate
-//   low. On the 2-core development VM, loopback fetches of 1 MiB moved 5.6-6.1 GB/s under BBR
-//   and 10.0-11.1 GB/s under cubic.
+//   low, so loopback fetches move a fraction of what the memory bus allows.
 // - cubic's HyStart leaves slow start when round trips grow, and on a busy host they grow with
-//   CPU scheduling, not queues: the allreduce's data channels left slow start at 17-33 segments
-//   and then gained about one per round trip, so each new, larger size was window-bound for its
-//   first ~30 calls (4 MiB: 3.5-5.0 ms a call, then 2.6-2.9).
+//   CPU scheduling, not queues: a new connection's window stays small for its first calls.
 // Reno has neither: slow start lasts until a loss, which one host does not have, so the window
-// follows what the transfers need (bench/README.md, "TCP congestion control on one host").
+// follows what the transfers need. The measurements behind this: bench/README.md, "TCP
+// congestion control on one host".
 #pragma once
 
 #include <boost/asio/ip/address.hpp>
