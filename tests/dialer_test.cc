@@ -44,7 +44,7 @@ struct DialerTest : ::testing::Test {
   }
   // Dials `to` from the io thread; outcome() waits for the result.
   void dial(DialOptions options, HostPort to) {
-    async_dial(io.get_executor(), std::move(to), std::move(options),
+    async_dial(io, io.get_executor(), std::move(to), std::move(options),
                [this](Result<Dialed> r) { promise.set_value(std::move(r)); });
   }
   // The dial's result, once it completed within `limit` (scaled); fails the test otherwise.
@@ -171,10 +171,11 @@ TEST_F(DialerTest, TheHandlerRunsOnTheCallersExecutor) {
   bool on_strand = false;
   const auto port = acceptor.local_endpoint().port();
   acceptor.close();
-  async_dial(strand, {"127.0.0.1", std::to_string(port)}, attach_options(), [&](Result<Dialed> r) {
-    on_strand = strand.running_in_this_thread();
-    promise.set_value(std::move(r));
-  });
+  async_dial(io, strand, {"127.0.0.1", std::to_string(port)}, attach_options(),
+             [&](Result<Dialed> r) {
+               on_strand = strand.running_in_this_thread();
+               promise.set_value(std::move(r));
+             });
   EXPECT_FALSE(outcome().ok());
   EXPECT_TRUE(on_strand);
 }

@@ -604,7 +604,7 @@ void Context::start_connect(std::shared_ptr<Impl> impl, std::string address,
   DialOptions dial;
   dial.deadline = impl->options.connect_timeout;
   dial.tls = impl->options.tls.enabled() ? impl->tls.client.get() : nullptr;
-  async_dial(io_ex, std::move(*hp), std::move(dial),
+  async_dial(impl->io, io_ex, std::move(*hp), std::move(dial),
              [impl, pending, deliver, address](Result<Dialed> dialed) {
                if (!dialed) return deliver(std::move(*pending), dialed.error(), {});
                auto session =

@@ -2,6 +2,7 @@
 
 #include <array>
 #include <boost/asio/as_tuple.hpp>
+#include <boost/asio/bind_executor.hpp>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/connect.hpp>
 #include <boost/asio/ip/tcp.hpp>
@@ -34,21 +35,23 @@ constexpr auto kAwait = asio::as_tuple(asio::use_awaitable);
 // errc::timed_out.
 class Dial : public std::enable_shared_from_this<Dial> {
  public:
-  Dial(asio::any_io_executor caller, HostPort target, DialOptions options, DialHandler done)
+  Dial(asio::io_context& io, asio::any_io_executor caller, HostPort target, DialOptions options,
+       DialHandler done)
       : caller_(std::move(caller)),
-        strand_(asio::make_strand(caller_)),
+        strand_(asio::make_strand(io)),
         target_(std::move(target)),
         options_(std::move(options)),
         done_(std::move(done)),
-        resolver_(strand_),
-        socket_(strand_),
-        timer_(strand_) {}
+        resolver_(io),
+        socket_(io),
+        timer_(io) {}
 
   void start() {
     timer_.expires_after(options_.deadline);
-    timer_.async_wait([self = shared_from_this()](boost::system::error_code ec) {
-      if (!ec && !self->finished_) self->expire();
-    });
+    timer_.async_wait(
+        asio::bind_executor(strand_, [self = shared_from_this()](boost::system::error_code ec) {
+          if (!ec && !self->finished_) self->expire();
+        }));
     asio::co_spawn(strand_, run(), [self = shared_from_this()](std::exception_ptr e) {
       if (!e) return;
       try {
@@ -158,7 +161,7 @@ class Dial : public std::enable_shared_from_this<Dial> {
   }
 
   asio::any_io_executor caller_;
-  asio::strand<asio::any_io_executor> strand_;
+  asio::strand<asio::io_context::executor_type> strand_;
   HostPort target_;
   DialOptions options_;
   DialHandler done_;
@@ -173,11 +176,11 @@ class Dial : public std::enable_shared_from_this<Dial> {
 
 }  // namespace
 
-void async_dial(asio::any_io_executor executor, HostPort target, DialOptions options,
-                DialHandler done) {
+void async_dial(asio::io_context& io, asio::any_io_executor executor, HostPort target,
+                DialOptions options, DialHandler done) {
   std::shared_ptr<Dial> dial;
   try {
-    dial = std::make_shared<Dial>(executor, std::move(target), std::move(options), done);
+    dial = std::make_shared<Dial>(io, executor, std::move(target), std::move(options), done);
   } catch (const std::bad_alloc&) {
     asio::post(executor, [done = std::move(done)] { done(errc::resource_exhausted); });
     return;

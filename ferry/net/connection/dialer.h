@@ -5,6 +5,7 @@
 #pragma once
 
 #include <boost/asio/any_io_executor.hpp>
+#include <boost/asio/io_context.hpp>
 #include <boost/asio/ssl/context.hpp>
 #include <chrono>
 #include <functional>
@@ -39,13 +40,14 @@ using DialHandler = std::function<void(Result<Dialed>)>;
 
 // Connects to `target` (an IP address is used as it is, a name is resolved), with
 // TCP_NODELAY and close-on-exec, runs the TLS handshake when options.tls is set, writes
-// options.first_frame and reads one answer frame, all under options.deadline. `done` runs exactly
-// once, on `executor` (a session's strand, or the io_context), also when an allocation fails;
-// the dial's own steps run on a strand of their own. Errors: errc::host_unresolved,
+// options.first_frame and reads one answer frame, all under options.deadline. The connection's
+// socket belongs to `io`; the dial's steps run on a strand of `io` of their own; `done` runs
+// exactly once, on `executor` (a session's strand, or the io_context's), also when an
+// allocation fails. Errors: errc::host_unresolved,
 // connection_refused, connection_failed, timed_out (the deadline), tls_failed, handshake_failed
 // (the connection ended before its answer), protocol_error (an answer that is not a frame or
 // larger than max_answer_bytes), or the code of an Error frame the peer answered with.
-void async_dial(boost::asio::any_io_executor executor, HostPort target, DialOptions options,
-                DialHandler done);
+void async_dial(boost::asio::io_context& io, boost::asio::any_io_executor executor, HostPort target,
+                DialOptions options, DialHandler done);
 
 }  // namespace ferry
