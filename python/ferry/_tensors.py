@@ -6,6 +6,7 @@ it was: numpy or torch, the exact dtype, the shape), which travels inside ferry.
 a fetch hands back the same kind of object.
 """
 
+import functools
 import math
 import sys
 from typing import NamedTuple, Tuple
@@ -43,7 +44,7 @@ class TensorSpec(NamedTuple):
 
                 size = torch.empty((), dtype=_torch_dtype(self.dtype)).element_size()
             return size
-        return np.dtype(self.dtype).itemsize
+        return _numpy_itemsize(self.dtype)
 
     @property
     def nbytes(self):
@@ -101,6 +102,11 @@ def _torch_dtype(name):
     if not isinstance(dtype, torch.dtype):
         raise ValueError(f"this torch has no dtype {name!r}")
     return dtype
+
+
+@functools.lru_cache(maxsize=256)  # dtype strings come from refs: bounded
+def _numpy_itemsize(text):
+    return np.dtype(text).itemsize
 
 
 def _numpy_dtype(text):
