@@ -1369,9 +1369,10 @@ def main():
                     default="tcp,receive,rdma,registration,scale,misc,allreduce,python")
     ap.add_argument("--sizes", default=None,
                     help="comma-separated sizes in bytes (tcp, rdma and python suites)")
-    ap.add_argument("--python", default=sys.executable,
-                    help="python suite: the interpreter that runs bench/python_bench.py (the "
-                         "one the ferry package was built for; default: this one)")
+    ap.add_argument("--python", default=None,
+                    help="python suite: the interpreter that runs bench/python_bench.py (default: "
+                         "the one the ferry package was built for, named in --python-path's "
+                         "interpreter.txt; else this one)")
     ap.add_argument("--python-path", default=None,
                     help="python suite: the folder holding the ferry package (default: "
                          "BUILD/python, beside ferry-bench's build folder)")
@@ -1433,6 +1434,10 @@ def main():
         args.python_path = os.path.join(os.path.dirname(os.path.dirname(
             os.path.abspath(args.ferry_bench))), "python")
     args.python_path = os.path.abspath(args.python_path)
+    if args.python is None:
+        built_for = os.path.join(args.python_path, "interpreter.txt")
+        args.python = (open(built_for).read().strip() if os.path.exists(built_for)
+                       else sys.executable)
     out_dir = os.path.abspath(args.out or os.path.join(os.path.dirname(
         os.path.abspath(args.ferry_bench)), "results"))
     os.makedirs(out_dir, exist_ok=True)
