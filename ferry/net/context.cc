@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <boost/asio/ip/host_name.hpp>
 #include <boost/asio/post.hpp>
-#include <boost/asio/steady_timer.hpp>
 #include <boost/asio/write.hpp>
 #include <cctype>
 #include <cstdlib>
@@ -293,16 +292,16 @@ void Context::Impl::on_first_frame(const std::shared_ptr<Greeting>& g) {
     }
     // On the session's strand, the Ack and then the attach: the peer fetches as soon as it
     // reads the Ack, and its Fetch, handled on the same strand, must find the channel.
-    asio::post(session->strand(), [session, stream = std::make_shared<MetaStream>(g->take()),
-                                   transport = a.transport()] {
-      wire::Envelope ack;
-      ack.mutable_ack();
-      // The socket is fresh and the frame tiny: this write completes at once.
-      boost::system::error_code wec;
-      asio::write(stream->socket(), asio::buffer(encode_frame(ack)), wec);
-      if (wec) return stream->close();
-      session->attach_side_connection(transport, stream->release_plain());
-    });
+    asio::post(session->strand(),
+               [session, stream = g->take(), transport = a.transport()]() mutable {
+                 wire::Envelope ack;
+                 ack.mutable_ack();
+                 // The socket is fresh and the frame tiny: this write completes at once.
+                 boost::system::error_code wec;
+                 asio::write(stream.socket(), asio::buffer(encode_frame(ack)), wec);
+                 if (wec) return stream.close();
+                 session->attach_side_connection(transport, stream.release_plain());
+               });
     return;
   }
   g->reject(errc::protocol_error, "expected Hello or AttachChannel as the first frame");

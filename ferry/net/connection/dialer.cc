@@ -74,12 +74,13 @@ class Dial : public std::enable_shared_from_this<Dial> {
   }
 
   asio::awaitable<std::error_code> steps() {
-    const std::string where = format_host_port(target_.host, port_number());
+    const unsigned port = port_number();
+    const std::string where = format_host_port(target_.host, port);
     boost::system::error_code not_ip;
     const auto ip = asio::ip::make_address(target_.host, not_ip);
     std::vector<tcp::endpoint> endpoints;
     if (!not_ip) {
-      endpoints.emplace_back(ip, port_number());
+      endpoints.emplace_back(ip, port);
     } else {
       auto [ec, results] = co_await resolver_.async_resolve(target_.host, target_.port, kAwait);
       if (ec) {

@@ -140,11 +140,7 @@ MetaStream Greeting::take() {
 
 void Greeting::reject(std::error_code ec, const std::string& why) {
   FERRY_LOG_WARN("connection from {} rejected: {}", peer_, why);
-  wire::Envelope env;
-  env.mutable_error()->set_code(static_cast<uint32_t>(ec.value()));
-  env.mutable_error()->set_message(why);
-  env.mutable_error()->set_fatal(true);
-  auto frame = std::make_shared<std::string>(encode_frame(env));
+  auto frame = std::make_shared<std::string>(encode_frame(error_envelope(0, ec, why, true)));
   stream_.async_write(
       asio::buffer(*frame),
       asio::bind_executor(strand_, [self = shared_from_this(), frame](boost::system::error_code,

@@ -75,7 +75,6 @@ class Greeting : public std::enable_shared_from_this<Greeting> {
   // The connection's remote address, host:port, for logs.
   const std::string& peer() const { return peer_; }
   bool is_tls() const { return stream_.is_tls(); }
-  MetaStream& stream() { return stream_; }
   // Takes the connection: the deadline ends, and the stream is the caller's (moved out).
   MetaStream take();
   // Logs `why`, writes an Error frame (fatal, `ec`, `why`) and closes the connection once it is

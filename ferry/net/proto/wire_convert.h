@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <system_error>
 
 #include "ferry/net/errors.h"
@@ -23,6 +24,18 @@ bool within_wire_limits(const google::protobuf::RepeatedPtrField<wire::Transport
 inline uint32_t error_to_wire(std::error_code ec) {
   if (ec.category() == ferry_category()) return static_cast<uint32_t>(ec.value());
   return static_cast<uint32_t>(errc::peer_closed);
+}
+// An Error frame for request `rid` (0: none) carrying `ec` (as error_to_wire), `message` and
+// whether the sender ends the connection after it.
+inline wire::Envelope error_envelope(uint64_t rid, std::error_code ec, const std::string& message,
+                                     bool fatal) {
+  wire::Envelope env;
+  env.set_request_id(rid);
+  auto* err = env.mutable_error();
+  err->set_code(error_to_wire(ec));
+  err->set_message(message);
+  err->set_fatal(fatal);
+  return env;
 }
 // The error an Error frame's code stands for; protocol_error for a code that is no ferry error.
 inline std::error_code error_from_wire(uint32_t code) {

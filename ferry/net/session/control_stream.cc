@@ -109,13 +109,7 @@ void ControlStream::send(const wire::Envelope& env) {
 
 void ControlStream::send_error(uint64_t rid, std::error_code ec, const std::string& message,
                                bool fatal) {
-  wire::Envelope env;
-  env.set_request_id(rid);
-  auto* err = env.mutable_error();
-  err->set_code(error_to_wire(ec));
-  err->set_message(message);
-  err->set_fatal(fatal);
-  send(env);
+  send(error_envelope(rid, ec, message, fatal));
   if (!fatal) return;
   write_more();  // now: the connection ends once this frame is out
   close_after_write_ = true;
