@@ -8,8 +8,8 @@
 
 # The installed libraries; the umbrella ferry::ferry is not among them: ferryConfig.cmake makes
 # it from the components the consumer asks for.
-set(FERRY_LIBRARIES ferry_store ferry_mem ferry_proto ferry_net ferry_tcp ferry_rdma
-  ferry_collective)
+set(FERRY_LIBRARIES ferry_store ferry_mem ferry_proto ferry_net ferry_tcp ferry_cma
+  ferry_rdma ferry_collective)
 
 # SONAME libferry_net.so.0.1 while the major version is 0: a 0.x minor release may change the
 # ABI (ferryConfigVersion.cmake accepts the same minor version only), a patch release does not.
@@ -55,7 +55,7 @@ file(RELATIVE_PATH FERRY_PC_TO_PREFIX ${CMAKE_INSTALL_FULL_LIBDIR}/pkgconfig
   ${CMAKE_INSTALL_PREFIX})
 string(REGEX REPLACE "/$" "" FERRY_PC_TO_PREFIX "${FERRY_PC_TO_PREFIX}")
 # ferry_rdma is always there (the transport, or its stand-in without RDMA): ferry.h calls it.
-set(FERRY_PC_LIBS "-lferry_collective -lferry_rdma -lferry_tcp -lferry_net -lferry_store -lferry_mem")
+set(FERRY_PC_LIBS "-lferry_collective -lferry_rdma -lferry_cma -lferry_tcp -lferry_net -lferry_store -lferry_mem")
 if(BUILD_SHARED_LIBS)
   set(FERRY_PC_REQUIRES_PRIVATE "")
   set(FERRY_PC_LIBS_PRIVATE "")

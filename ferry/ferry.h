@@ -4,6 +4,8 @@
 /// registered before main() runs.
 #pragma once
 
+#include "ferry/cma/cma_transport.h"
+#include "ferry/cma/options.h"
 #include "ferry/collective/group.h"
 #include "ferry/collective/reduce.h"
 #include "ferry/collective/service.h"
@@ -27,14 +29,15 @@
 /// interface and registry (the main page says where to start).
 namespace ferry {
 
-/// Registers the transports built into this ferry (TCP; RDMA when built with rdma-core) through
-/// the public registry, exactly as a user's transport would register. Idempotent.
+/// Registers the transports built into this ferry (TCP, CMA; RDMA when built with rdma-core)
+/// through the public registry, exactly as a user's transport would register. Idempotent.
 inline bool register_builtin_transports() {
   // FERRY_NO_RDMA_TRANSPORT: set for a consumer that found ferry with COMPONENTS tcp only
   // (ferryConfig.cmake), which does not link the RDMA library.
 #ifndef FERRY_NO_RDMA_TRANSPORT
   rdma::register_rdma_transport();
 #endif
+  cma::register_cma_transport();
   return tcp::register_tcp_transport();
 }
 

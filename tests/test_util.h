@@ -96,11 +96,17 @@ inline std::string test_host() {
     }                                                                       \
   } while (0)
 
-// Options for a client in this suite: it asks for the suite's transport.
+// Options for a client in this suite: it asks for the suite's transport (CMA: preferred, so
+// that every fetch picks it and falls back to TCP where it cannot be had, as an application
+// that prefers it would).
 inline ContextOptions client_options(std::string name) {
   ContextOptions o;
   o.name = std::move(name);
   o.transport = test_transport();
+  if (o.transport == cma::kTransportName) {
+    o.transport = "auto";
+    o.transport_options_for<cma::CmaOptions>(cma::kTransportName).preferred = true;
+  }
   if (o.transport == "RDMA") {
     // Emulated RDMA (QEMU TCG) can be slow to set up queue pairs under load: no tight deadlines.
     o.connect_timeout = std::chrono::seconds(30);

@@ -315,14 +315,14 @@ size_t ContextOptions::default_pool_bytes() {
 
 namespace {
 
-// $FERRY_TRANSPORT: "auto" when unset; "rdma" and "tcp" in any case name the built-ins.
+// $FERRY_TRANSPORT: "auto" when unset; "rdma", "tcp" and "cma" in any case name the built-ins.
 std::string transport_from_environment() {
   const std::string v = env_text("FERRY_TRANSPORT");
   if (v.empty()) return "auto";
   std::string upper;
   for (char c : v) upper.push_back(static_cast<char>(std::toupper(static_cast<unsigned char>(c))));
   if (upper == "AUTO") return "auto";
-  if (upper == "RDMA" || upper == "TCP") return upper;
+  if (upper == "RDMA" || upper == "TCP" || upper == "CMA") return upper;
   return v;
 }
 

@@ -52,7 +52,8 @@ struct ContextOptions {
   int threads = 1;                      ///< threads running the io_context
   std::vector<std::string> transports;  ///< registered transports to use; empty = all
   /// For connections we make: "auto" or a registered transport's name; from_environment() takes
-  /// $FERRY_TRANSPORT (where "rdma" and "tcp" in any case mean the built-in "RDMA" and "TCP").
+  /// $FERRY_TRANSPORT (where "rdma", "tcp" and "cma" in any case mean the built-in "RDMA", "TCP"
+  /// and "CMA").
   std::string transport = "auto";
   uint32_t max_frame_bytes = 4u << 20;          ///< metadata frames above this end the connection
   size_t max_queued_control_bytes = 64u << 20;  ///< a peer that does not read its control frames

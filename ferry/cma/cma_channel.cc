@@ -1,0 +1,204 @@
+#include "ferry/cma/cma_channel.h"
+
+#include <boost/asio/post.hpp>
+#include <cstring>
+#include <utility>
+
+#include "ferry/net/core/guard.h"
+#include "ferry/net/errors.h"
+#include "ferry/net/log.h"
+
+namespace ferry::cma {
+
+CmaChannel::CmaChannel(std::shared_ptr<PeerLink> link, pid_t peer_pid, Config config)
+    : link_(link), strand_(link->strand()), peer_pid_(peer_pid), config_(std::move(config)) {}
+
+void CmaChannel::send(uint64_t request_id, const wire::Message& m) {
+  if (auto link = link_.lock()) {
+    link->send_transport_message(kTransportName, request_id, m.SerializeAsString());
+  }
+}
+
+void CmaChannel::send_release(uint64_t request_id, bool copied) {
+  wire::Message m;
+  m.set_release(copied);
+  send(request_id, m);
+}
+
+void CmaChannel::complete(uint64_t request_id, std::error_code ec) {
+  if (auto link = link_.lock()) link->complete_fetch(request_id, ec);
+}
+
+// ---------------------------------------------------------------- fetcher side
+
+Result<FetchRequest> CmaChannel::fetch_multiple(const FetchOp& op) {
+  waiting_.emplace(op.request_id, op);  // the owner's grant starts the copy
+  return op.request;
+}
+
+void CmaChannel::on_grant(uint64_t request_id, const wire::Grant& grant) {
+  auto w = waiting_.find(request_id);
+  if (w == waiting_.end()) return send_release(request_id, false);  // aborted meanwhile
+  Copy c{std::move(w->second), {grant.segments().begin(), grant.segments().end()}};
+  waiting_.erase(w);
+  bool ok = c.segments.size() == c.op.targets.size();
+  for (size_t i = 0; ok && i < c.segments.size(); ++i) {
+    ok = c.segments[i].length() == c.op.targets[i].size();
+  }
+  for (size_t i = 0; ok && grant.with_bytes() && i < c.segments.size(); ++i) {
+    ok = c.segments[i].data().size() == c.segments[i].length();
+  }
+  if (!ok) {  // the grant does not describe the object the ref did
+    FERRY_LOG_WARN("CMA: a grant for fetch {} does not match its targets", request_id);
+    send_release(request_id, false);
+    return complete(request_id, errc::protocol_error);
+  }
+  if (grant.with_bytes()) return take_bytes(request_id, std::move(c.op), grant);
+  copying_.emplace(request_id, std::move(c));
+  copy_step(request_id);
+}
+
+void CmaChannel::take_bytes(uint64_t request_id, FetchOp op, const wire::Grant& grant) {
+  for (size_t i = 0; i < op.targets.size(); ++i) {
+    const auto& data = grant.segments(static_cast<int>(i)).data();
+    std::memcpy(op.targets[i].data(), data.data(), data.size());
+    config_.counters->bytes += data.size();
+    op.request.report_landed(data.size());
+  }
+  ++config_.counters->fetches;
+  send_release(request_id, true);
+  complete(request_id, {});
+}
+
+void CmaChannel::copy_step(uint64_t request_id) {
+  auto it = copying_.find(request_id);
+  if (it == copying_.end()) return;  // aborted meanwhile
+  auto& c = it->second;
+  size_t budget = config_.copy_step;
+  std::error_code ec;
+  while (!ec && c.tensor < c.op.targets.size() && budget > 0) {
+    auto target = c.op.targets[c.tensor];
+    const size_t n = std::min<size_t>(budget, target.size() - c.done);
+    // Returns once every thread is done with the target: an abort after this step is immediate.
+    ec = config_.copier->read(peer_pid_, target.data() + c.done,
+                              c.segments[c.tensor].addr() + c.done, n);
+    if (!ec) {
+      c.done += n;
+      budget -= n;
+      config_.counters->bytes += n;
+      c.op.request.report_landed(n);
+    }
+    if (c.done == target.size()) {
+      ++c.tensor;
+      c.done = 0;
+    }
+  }
+  if (ec) {
+    // ESRCH: the owner is gone (its session ends too); EFAULT: the granted range is not mapped
+    // there; EPERM: the kernel stopped letting us read it.
+    FERRY_LOG_WARN("CMA: fetch {}: reading the owner's memory failed: {}", request_id,
+                   ec.message());
+    copying_.erase(it);
+    send_release(request_id, false);
+    return complete(request_id, ec.value() == ESRCH ? errc::peer_closed : errc::protocol_error);
+  }
+  if (c.tensor < c.op.targets.size()) {
+    boost::asio::post(guarded(*this, [this, request_id] { copy_step(request_id); }));
+    return;
+  }
+  confirming_.insert(request_id);
+  copying_.erase(it);
+  send_release(request_id, true);
+}
+
+void CmaChannel::on_kept(uint64_t request_id, bool kept) {
+  auto it = confirming_.find(request_id);
+  if (it == confirming_.end()) return;  // aborted meanwhile
+  confirming_.erase(it);
+  if (kept) ++config_.counters->fetches;
+  // Not kept: the owner let the object go while we copied (it aborted the serve), so the bytes
+  // are not the object's; the owner's own error for the request may come first.
+  complete(request_id, kept ? std::error_code() : std::error_code(errc::aborted));
+}
+
+// ---------------------------------------------------------------- owner side
+
+void CmaChannel::send_multiple(uint64_t request_id, ObjectStore::Pin object, SendDone done) {
+  wire::Message m;
+  auto* grant = m.mutable_grant();
+  grant->set_with_bytes(object.object().total_bytes() <= config_.inline_bytes);
+  for (const auto& t : object.object().tensors) {
+    auto* s = grant->add_segments();
+    s->set_addr(reinterpret_cast<uint64_t>(t.data.data()));
+    s->set_length(t.data.size());
+    if (grant->with_bytes()) s->set_data(t.data.data(), t.data.size());
+  }
+  leases_.insert_or_assign(request_id,
+                           Lease{std::move(object), std::move(done), grant->with_bytes()});
+  send(request_id, m);
+}
+
+void CmaChannel::on_release(uint64_t request_id, bool copied) {
+  auto it = leases_.find(request_id);
+  const bool kept = it != leases_.end();
+  if (copied && !(kept && it->second.with_bytes)) {
+    wire::Message m;
+    m.set_kept(kept);
+    send(request_id, m);
+  }
+  if (!kept) return;
+  auto done = std::move(it->second.done);
+  leases_.erase(it);  // unpins the object
+  done(copied ? std::error_code() : std::error_code(errc::aborted));
+}
+
+// ---------------------------------------------------------------- either side
+
+bool CmaChannel::on_message(uint64_t request_id, std::string_view payload) {
+  wire::Message m;
+  if (!m.ParseFromArray(payload.data(), static_cast<int>(payload.size()))) {
+    if (auto link = link_.lock()) link->fail(errc::protocol_error);
+    return true;
+  }
+  switch (m.body_case()) {
+    case wire::Message::kGrant:
+      on_grant(request_id, m.grant());
+      return true;
+    case wire::Message::kRelease:
+      on_release(request_id, m.release());
+      return true;
+    case wire::Message::kKept:
+      on_kept(request_id, m.kept());
+      return true;
+    default:
+      return false;  // channel set-up: the transport's
+  }
+}
+
+bool CmaChannel::abort(uint64_t request_id) {
+  waiting_.erase(request_id);  // a grant that still comes is released unread
+  confirming_.erase(request_id);
+  if (copying_.erase(request_id) > 0) {
+    // Copies run in steps on this strand, so none is running now: stopping is immediate.
+    send_release(request_id, false);
+  }
+  if (auto l = leases_.find(request_id); l != leases_.end()) {  // owner side
+    auto done = std::move(l->second.done);
+    leases_.erase(l);
+    done(errc::aborted);
+  }
+  return true;  // nothing of ours touches the request's buffers any more
+}
+
+void CmaChannel::close(std::error_code ec) {
+  if (closed_) return;
+  closed_ = true;
+  waiting_.clear();  // the session completes the fetches
+  copying_.clear();
+  confirming_.clear();
+  auto ending = std::move(leases_);
+  leases_.clear();
+  for (auto& [id, lease] : ending) lease.done(ec);
+}
+
+}  // namespace ferry::cma

@@ -1,0 +1,187 @@
+#include "ferry/cma/cma_transport.h"
+
+#include <unistd.h>
+
+#include <boost/asio/bind_executor.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <charconv>
+#include <limits>
+#include <optional>
+#include <random>
+
+#include "ferry/cma/cma_channel.h"
+#include "ferry/cma/copier.h"
+#include "ferry/cma/process_memory.h"
+#include "ferry/net/context.h"
+#include "ferry/net/errors.h"
+#include "ferry/net/log.h"
+
+namespace ferry::cma {
+namespace {
+
+// A descriptor is "<host identity> <pid>"; the pid, when `descriptor` is from `host`.
+std::optional<pid_t> pid_on(std::string_view host, std::string_view descriptor) {
+  const size_t space = descriptor.rfind(' ');
+  if (space == std::string_view::npos || descriptor.substr(0, space) != host) return std::nullopt;
+  const std::string_view digits = descriptor.substr(space + 1);
+  pid_t pid = 0;
+  auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), pid);
+  if (ec != std::errc() || end != digits.data() + digits.size() || pid <= 0) return std::nullopt;
+  return pid;
+}
+
+}  // namespace
+
+struct CmaTransport::Opening {
+  ChannelOpenHandler done;
+  std::unique_ptr<boost::asio::steady_timer> timer;  // bounds the wait for the answer
+};
+
+CmaTransport::CmaTransport(const TransportEnv& env, const CmaOptions& options)
+    : host_(host_identity()),
+      open_timeout_(env.options.handshake_timeout),
+      copy_step_(options.copy_step ? options.copy_step : CmaOptions{}.copy_step),
+      inline_bytes_(options.inline_bytes),
+      copy_threads_(options.copy_threads ? options.copy_threads : default_copy_threads()),
+      counters_(std::make_shared<Counters>()),
+      probe_value_(std::random_device{}() | 1) {
+  info_.name = kTransportName;
+  info_.devices = {"cpu"};
+  info_.descriptor = host_ + " " + std::to_string(getpid());
+  info_.priority = options.preferred ? 50 : 1;  // RDMA 100 > CMA preferred > TCP 10 > CMA
+}
+
+CmaTransport::~CmaTransport() = default;
+
+TransportInfo CmaTransport::local_info() const { return info_; }
+
+bool CmaTransport::peer_has_transport(const PeerInfo& peer) const {
+  const TransportInfo* theirs = peer.find_transport(kTransportName);
+  if (!theirs || !pid_on(host_, theirs->descriptor)) return false;
+  std::lock_guard lock(mu_);
+  return unreadable_.count(peer.session_id) == 0;
+}
+
+void CmaTransport::async_open_channel(std::shared_ptr<PeerLink> link, ChannelOpenHandler done) {
+  auto opening = std::make_shared<Opening>();
+  opening->done = std::move(done);
+  opening->timer = std::make_unique<boost::asio::steady_timer>(link->strand(), open_timeout_);
+  {
+    std::lock_guard lock(mu_);
+    opening_[link.get()] = opening;
+  }
+  opening->timer->async_wait(boost::asio::bind_executor(
+      link->strand(), [this, weak = std::weak_ptr(link), opening](boost::system::error_code ec) {
+        auto l = weak.lock();
+        if (ec || !l) return;
+        {
+          std::lock_guard lock(mu_);
+          auto it = opening_.find(l.get());
+          if (it == opening_.end() || it->second != opening) return;  // answered in time
+          opening_.erase(it);
+        }
+        opening->done(make_error_code(errc::handshake_failed), nullptr);
+      }));
+  wire::Message m;
+  m.mutable_open()->set_host(host_);
+  m.mutable_open()->set_pid(static_cast<uint64_t>(getpid()));
+  link->send_transport_message(kTransportName, 0, m.SerializeAsString());
+}
+
+void CmaTransport::on_transport_message(PeerLink& link, uint64_t, std::string_view payload) {
+  wire::Message m;
+  if (!m.ParseFromArray(payload.data(), static_cast<int>(payload.size()))) {
+    return link.fail(errc::protocol_error);
+  }
+  if (m.has_open()) {  // acceptor: our side of the channel
+    wire::Message answer;
+    if (m.open().host() != host_ || m.open().pid() == 0 ||
+        m.open().pid() > static_cast<uint64_t>(std::numeric_limits<pid_t>::max())) {
+      answer.set_refuse("not on this host");
+    } else {
+      link.install_channel(kTransportName, make_channel(link, static_cast<pid_t>(m.open().pid())));
+      auto* w = answer.mutable_welcome();
+      w->set_host(host_);
+      w->set_pid(static_cast<uint64_t>(getpid()));
+      w->set_probe(reinterpret_cast<uint64_t>(&probe_value_));
+      w->set_probe_value(probe_value_);
+    }
+    return link.send_transport_message(kTransportName, 0, answer.SerializeAsString());
+  }
+  if (!m.has_welcome() && !m.has_refuse()) return;  // for a channel that is gone
+  std::shared_ptr<Opening> opening;                 // initiator: the answer to our open
+  {
+    std::lock_guard lock(mu_);
+    auto it = opening_.find(&link);
+    if (it == opening_.end()) return;
+    opening = std::move(it->second);
+    opening_.erase(it);
+  }
+  opening->timer->cancel();
+  if (m.has_refuse()) {
+    FERRY_LOG_WARN("CMA: peer '{}' refused a channel: {}", link.info().name, m.refuse());
+    return opening->done(make_error_code(errc::transport_unavailable), nullptr);
+  }
+  const auto& w = m.welcome();
+  const auto pid = static_cast<pid_t>(w.pid());
+  uint64_t seen = 0;
+  std::error_code ec =
+      w.host() != host_ || w.pid() == 0 ||
+              w.pid() > static_cast<uint64_t>(std::numeric_limits<pid_t>::max())
+          ? std::error_code(errc::protocol_error)
+          : read_process_memory(pid, reinterpret_cast<std::byte*>(&seen), w.probe(), sizeof seen);
+  if (!ec && seen != w.probe_value()) ec = errc::protocol_error;
+  if (ec) {
+    ++counters_->refused;
+    {
+      std::lock_guard lock(mu_);
+      unreadable_.insert(link.info().session_id);
+    }
+    FERRY_LOG_WARN(
+        "CMA: cannot read the memory of peer '{}' (pid {}): {}; its fetches use another transport "
+        "(reading another process needs the same user and kernel.yama.ptrace_scope 0, or root)",
+        link.info().name, w.pid(), ec.message());
+    return opening->done(make_error_code(errc::transport_unavailable), nullptr);
+  }
+  opening->done({}, make_channel(link, pid));
+}
+
+std::shared_ptr<CmaChannel> CmaTransport::make_channel(PeerLink& link, pid_t pid) {
+  CmaChannel::Config config{copy_step_, inline_bytes_, nullptr, counters_};
+  {
+    std::lock_guard lock(mu_);
+    if (!copier_) copier_ = std::make_shared<Copier>(copy_threads_);
+    config.copier = copier_;
+  }
+  return std::make_shared<CmaChannel>(link.shared_link(), pid, std::move(config));
+}
+
+std::vector<TransportMetric> CmaTransport::metrics() const {
+  return {
+      {"bytes_copied_total", "Bytes copied out of owners' memory into fetch targets.", false,
+       static_cast<double>(counters_->bytes.load())},
+      {"fetches_total", "Fetches whose every byte the owner confirmed it had kept.", false,
+       static_cast<double>(counters_->fetches.load())},
+      {"channels_refused_total",
+       "Channels not opened because the kernel did not let this process read the peer's memory.",
+       false, static_cast<double>(counters_->refused.load())},
+  };
+}
+
+void CmaTransport::garbage_collect(const StoredObject&) {}
+
+bool register_cma_transport() {
+  static const bool registered = [] {
+    auto ec = register_transport<CmaOptions>(
+        kTransportName, {"cpu"},
+        [](const TransportEnv& env,
+           const CmaOptions& options) -> Result<std::shared_ptr<TransportManager>> {
+          return std::shared_ptr<TransportManager>(std::make_shared<CmaTransport>(env, options));
+        },
+        &CmaOptions::from_environment);
+    return !ec || ec == errc::transport_duplicate;
+  }();
+  return registered;
+}
+
+}  // namespace ferry::cma

@@ -1,0 +1,201 @@
+// The same-host transport (CMA) with real processes: byte-exact fetches of every shape out of
+// another process's memory, selection, aborts mid-copy, an owner killed mid-copy, and a fetcher
+// the kernel does not let read its owner (it falls back to TCP).
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "tests/child_process.h"
+#include "tests/test_util.h"
+
+namespace ferry::test {
+namespace {
+
+FetchOptions over_cma() {
+  FetchOptions o;
+  o.transport = cma::kTransportName;
+  return o;
+}
+
+// A client whose CMA copies in small steps with several threads, so that objects of a few MiB
+// take several steps and every step several shares.
+ContextOptions stepping_client(std::string name, bool preferred = false) {
+  ContextOptions o = client_options(std::move(name));
+  auto& cma = o.transport_options_for<cma::CmaOptions>(cma::kTransportName);
+  cma.copy_step = 1u << 20;
+  cma.copy_threads = 3;
+  cma.preferred = preferred;
+  return o;
+}
+
+double metric(const Context& ctx, const std::string& name) {
+  const auto stats = ctx.stats();
+  auto it = stats.transport_metrics.find(cma::kTransportName);
+  if (it == stats.transport_metrics.end()) return -1;
+  for (const auto& m : it->second) {
+    if (m.name == name) return m.value;
+  }
+  return -1;
+}
+
+TEST(Cma, FetchesEverySizeByteExactIntoTargetsAndIntoFerrysMemory) {
+  Server server;
+  Context client(stepping_client("cma-client"));
+  auto peer = connect_or_fail(client, server.address());
+  PutPatterns objects;
+  // Inside a grant (up to 64 KiB), just above it, one share, several steps of several shares.
+  const std::vector<size_t> sizes = {1,          4096,     64u << 10,      (64u << 10) + 1,
+                                     600u << 10, 3u << 20, (20u << 20) + 7};
+  for (size_t i = 0; i < sizes.size(); ++i) objects.put(server, sizes[i], i + 1);
+  uint64_t moved = 0;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    auto req = peer.fetch(objects.refs[i], {}, over_cma());
+    ASSERT_FALSE(req.wait(scaled(20s))) << sizes[i];
+    EXPECT_EQ(req.result().transport, cma::kTransportName);
+    EXPECT_TRUE(same_bytes(req.result().tensors.at(0), *objects.data[i])) << sizes[i];
+    EXPECT_EQ(req.bytes_landed(), sizes[i]);
+    std::vector<std::byte> into(sizes[i]);
+    auto req2 = peer.fetch(objects.refs[i], {MutableBuffer(into)}, over_cma());
+    ASSERT_FALSE(req2.wait(scaled(20s))) << sizes[i];
+    EXPECT_TRUE(same_bytes(into, *objects.data[i])) << sizes[i];
+    moved += 2 * sizes[i];
+  }
+  EXPECT_EQ(metric(client, "bytes_copied_total"), static_cast<double>(moved));
+  EXPECT_EQ(metric(client, "fetches_total"), 2.0 * sizes.size());
+  EXPECT_TRUE(eventually(
+      [&] { return server.ctx.stats().bytes_served_by_transport[cma::kTransportName] == moved; }));
+}
+
+TEST(Cma, FetchesAnObjectOfSeveralTensorsIncludingAnEmptyOne) {
+  Server server;
+  Context client(stepping_client("cma-client"));
+  auto peer = connect_or_fail(client, server.address());
+  auto a = make_pattern(5u << 20, 1), b = make_pattern(300, 2);
+  auto keep =
+      std::make_shared<std::vector<std::shared_ptr<std::vector<std::byte>>>>(std::vector{a, b});
+  auto ref = server.ctx.put({Tensor::bytes(*a), Tensor::bytes({}), Tensor::bytes(*b)}, keep);
+  ASSERT_TRUE(ref.ok());
+  auto req = peer.fetch(*ref, {}, over_cma());
+  ASSERT_FALSE(req.wait(scaled(20s)));
+  const auto& got = req.result().tensors;
+  ASSERT_EQ(got.size(), 3u);
+  EXPECT_TRUE(same_bytes(got[0], *a));
+  EXPECT_EQ(got[1].size(), 0u);
+  EXPECT_TRUE(same_bytes(got[2], *b));
+}
+
+TEST(Cma, AutoPicksTcpOnThisHostUnlessCmaIsPreferred) {
+  Server server;
+  PutPatterns objects;
+  objects.put(server, 1u << 20, 1);
+  Context plain(client_options("plain"));
+  {
+    auto peer = connect_or_fail(plain, server.address());
+    auto req = peer.fetch(objects.refs[0]);
+    ASSERT_FALSE(req.wait(scaled(20s)));
+    EXPECT_EQ(req.result().transport, tcp::kTransportName);
+  }
+  Context preferring(stepping_client("preferring", /*preferred=*/true));
+  auto peer = connect_or_fail(preferring, server.address());
+  auto req = peer.fetch(objects.refs[0]);
+  ASSERT_FALSE(req.wait(scaled(20s)));
+  EXPECT_EQ(req.result().transport, cma::kTransportName);
+  EXPECT_TRUE(same_bytes(req.result().tensors.at(0), *objects.data[0]));
+}
+
+TEST(Cma, AnAbortMidCopyStopsItAndTheObjectServesAgain) {
+  Server server;
+  PutPatterns objects;
+  objects.put(server, 256u << 20, 1);
+  ContextOptions o = stepping_client("aborting");
+  o.transport_options_for<cma::CmaOptions>(cma::kTransportName).copy_step = 256u << 10;
+  Context client(o);
+  auto peer = connect_or_fail(client, server.address());
+  std::vector<std::byte> into(256u << 20);
+  auto req = peer.fetch(objects.refs[0], {MutableBuffer(into)}, over_cma());
+  ASSERT_TRUE(eventually([&] { return req.bytes_landed() > 0 || req.done(); }, 20s));
+  req.abort();
+  const auto ec = req.wait(scaled(20s));
+  ASSERT_NE(ec, errc::timed_out);
+  if (!ec) GTEST_SKIP() << "SKIPPED: the whole copy finished before the abort (a fast machine)";
+  EXPECT_EQ(ec, errc::aborted) << ec.message();
+  EXPECT_LT(req.bytes_landed(), 256u << 20);
+  auto again = peer.fetch(objects.refs[0], {MutableBuffer(into)}, over_cma());
+  ASSERT_FALSE(again.wait(scaled(30s)));
+  EXPECT_TRUE(same_bytes(into, *objects.data[0]));
+}
+
+TEST(Cma, FetchesFromAnotherProcess) {
+  ChildProcess owner({std::to_string(64u << 20), "1000"});
+  ASSERT_EQ(owner.refs.size(), 2u);
+  Context client(stepping_client("cma-client"));
+  auto peer = connect_or_fail(client, owner.address);
+  for (size_t i = 0; i < 2; ++i) {
+    auto req = peer.fetch(owner.refs[i], {}, over_cma());
+    ASSERT_FALSE(req.wait(scaled(20s)));
+    EXPECT_EQ(req.result().transport, cma::kTransportName);
+    EXPECT_TRUE(
+        same_bytes(req.result().tensors.at(0), *make_pattern(i == 0 ? 64u << 20 : 1000, i + 1)));
+  }
+}
+
+TEST(Cma, AnOwnerKilledMidCopyFailsEveryFetchPromptly) {
+  constexpr size_t kBig = 256u << 20;
+  ChildProcess owner({std::to_string(kBig)});
+  ASSERT_EQ(owner.refs.size(), 1u);
+  ContextOptions o = stepping_client("survivor");
+  o.transport_options_for<cma::CmaOptions>(cma::kTransportName).copy_step = 256u << 10;
+  o.transport_options_for<cma::CmaOptions>(cma::kTransportName).copy_threads = 1;
+  Context client(o);
+  auto peer = connect_or_fail(client, owner.address);
+  std::vector<FetchRequest> reqs;
+  for (int i = 0; i < 4; ++i) reqs.push_back(peer.fetch(owner.refs[0], {}, over_cma()));
+  ASSERT_TRUE(eventually([&] { return reqs[0].bytes_landed() > 0 || reqs[0].done(); }, 20s));
+  int pending = 0;
+  for (auto& r : reqs) pending += !r.done();
+  if (pending == 0) GTEST_SKIP() << "SKIPPED: every fetch finished before the kill (fast machine)";
+  owner.kill(SIGKILL);
+  for (auto& r : reqs) {
+    const auto ec = r.wait(scaled(10s));
+    ASSERT_NE(ec, errc::timed_out) << "a fetch did not complete after its owner died";
+    if (ec) {
+      EXPECT_EQ(scope_of(ec), Scope::peer) << ec.message();
+    }
+  }
+}
+
+// The fetcher runs as another user without privileges: the kernel refuses it the owner's memory
+// (process_vm_readv: EPERM), so its CMA channel is refused and its fetches, which prefer CMA,
+// go over TCP instead.
+TEST(Cma, AFetcherTheKernelDoesNotLetReadFallsBackToTcp) {
+  if (::geteuid() != 0) GTEST_SKIP() << "SKIPPED: needs root to start a fetcher as another user";
+  if (!std::filesystem::exists("/usr/bin/setpriv")) {
+    GTEST_SKIP() << "SKIPPED: needs setpriv (util-linux) to start a fetcher as another user";
+  }
+  Server server;
+  PutPatterns objects;
+  objects.put(server, 2u << 20, 7);
+  ChildProcess fetcher({"fetch", server.address(),
+                        "7@" + std::to_string(2u << 20) + "@" + objects.refs[0].to_string()},
+                       "fetching",
+                       {"setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "env",
+                        "FERRY_TEST_TRANSPORT=CMA"});
+  ASSERT_TRUE(fetcher.ready);
+  int ok = 0;
+  for (std::string line; ok < 16 && fetcher.read_line(line, scaled(20s));) {
+    ASSERT_EQ(line.rfind("ok ", 0), 0u) << "the unprivileged fetcher said: " << line;
+    ++ok;
+  }
+  EXPECT_EQ(ok, 16);
+  // The owner served every one of them over TCP, none over CMA.
+  EXPECT_TRUE(eventually(
+      [&] { return server.ctx.stats().bytes_served_by_transport["TCP"] >= 16 * (2u << 20); }, 5s));
+  EXPECT_EQ(server.ctx.stats().bytes_served_by_transport.count(cma::kTransportName), 0u);
+}
+
+}  // namespace
+}  // namespace ferry::test
