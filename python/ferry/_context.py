@@ -51,7 +51,9 @@ class Context:
     See ferry::ContextOptions (ferry/net/context.h) for each; ``tcp_chunk_bytes`` and
     ``tcp_congestion`` set the TCP transport's options (ferry::tcp::TcpOptions, ``chunk_bytes``
     and ``congestion``), ``busy_poll`` and ``rdma_grants`` the RDMA transport's
-    (ferry::rdma::RdmaOptions, ``busy_poll`` and ``grants``).
+    (ferry::rdma::RdmaOptions, ``busy_poll`` and ``grants``), ``cma_preferred`` and
+    ``cma_copy_threads`` the same-host CMA transport's (ferry::cma::CmaOptions, ``preferred``:
+    "auto" picks CMA for peers on this host; ``copy_threads``).
 
     ``wait_runs_loop`` (default True): a thread blocked in a fetch's ``result()`` /
     ``exception()`` (and ferry.rdt's ``wait_fetch_complete``) runs the context's event loop
@@ -73,8 +75,8 @@ class Context:
                  peer_timeout=None, lease_timeout=None, pool_idle_trim=None,
                  max_frame_bytes=None, max_queued_control_bytes=None,
                  max_requests_per_peer=None, tcp_chunk_bytes=None, tcp_congestion=None,
-                 busy_poll=None, rdma_grants=None, pool_bytes=None,
-                 wait_runs_loop: bool = True, wait_linger: float = 500e-6):
+                 busy_poll=None, rdma_grants=None, cma_preferred=None, cma_copy_threads=None,
+                 pool_bytes=None, wait_runs_loop: bool = True, wait_linger: float = 500e-6):
         if not isinstance(threads, int) or threads < 1:
             raise ValueError(f"threads must be an int >= 1, got {threads!r}")
         if not isinstance(wait_linger, (int, float)) or not 0 <= wait_linger <= 1:
@@ -85,7 +87,8 @@ class Context:
                      max_queued_control_bytes=max_queued_control_bytes,
                      max_requests_per_peer=max_requests_per_peer,
                      tcp_chunk_bytes=tcp_chunk_bytes, tcp_congestion=tcp_congestion,
-                     busy_poll=busy_poll, rdma_grants=rdma_grants, pool_bytes=pool_bytes)
+                     busy_poll=busy_poll, rdma_grants=rdma_grants, cma_preferred=cma_preferred,
+                     cma_copy_threads=cma_copy_threads, pool_bytes=pool_bytes)
         options.update({k: v for k, v in given.items() if v is not None})
         durations = dict(connect_timeout=connect_timeout, handshake_timeout=handshake_timeout,
                          heartbeat_interval=heartbeat_interval, peer_timeout=peer_timeout,

@@ -13,6 +13,8 @@
 #include <utility>
 #include <vector>
 
+#include "ferry/cma/cma_transport.h"
+#include "ferry/cma/options.h"
 #include "ferry/net/context.h"
 #include "ferry/net/errors.h"
 #include "ferry/net/stats.h"
@@ -44,6 +46,9 @@ tcp::TcpOptions& tcp_options(ContextOptions& o) {
 rdma::RdmaOptions& rdma_options(ContextOptions& o) {
   return o.transport_options_for<rdma::RdmaOptions>(rdma::kRdmaTransportName);
 }
+cma::CmaOptions& cma_options(ContextOptions& o) {
+  return o.transport_options_for<cma::CmaOptions>(cma::kTransportName);
+}
 ContextOptions& core_options(ContextOptions& o) { return o; }
 
 // Sets the field `Field` of what `Options` picks out of `o` (ContextOptions itself, or a
@@ -74,7 +79,7 @@ void set_tls(ContextOptions& o, const py::handle& v) {
 }
 
 // Each keyword ferry.Context passes on, and what sets it: ContextOptions' own fields in their
-// order there, then the TCP and RDMA transports' options.
+// order there, then the TCP, RDMA and CMA transports' options.
 using OptionSetter = void (*)(ContextOptions&, const py::handle&);
 constexpr std::pair<std::string_view, OptionSetter> kOptionSetters[] = {
     {"name", set_option<&ContextOptions::name>},
@@ -97,11 +102,13 @@ constexpr std::pair<std::string_view, OptionSetter> kOptionSetters[] = {
     {"tcp_congestion", set_option<&tcp::TcpOptions::congestion, tcp_options>},
     {"busy_poll", set_option<&rdma::RdmaOptions::busy_poll, rdma_options>},
     {"rdma_grants", set_rdma_grants},
+    {"cma_preferred", set_option<&cma::CmaOptions::preferred, cma_options>},
+    {"cma_copy_threads", set_option<&cma::CmaOptions::copy_threads, cma_options>},
 };
 
 // ContextOptions from the keyword arguments ferry.Context passed on (durations already in ms);
 // an option left out keeps what the environment gives it (ContextOptions::from_environment). The
-// TCP and RDMA ones go to those transports' options.
+// TCP, RDMA and CMA ones go to those transports' options.
 ContextOptions options_from(const py::dict& given) {
   ContextOptions o = ContextOptions::from_environment();
   for (const auto& [k, v] : given) {

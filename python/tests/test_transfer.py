@@ -23,6 +23,40 @@ def test_fetch_every_kind_from_another_process(owner, ctx):
     assert ctx.inflight == 0
 
 
+def test_fetch_over_the_same_host_transport(owner, local_owner):
+    """CMA: small objects travel in the owner's grant, large ones are copied straight out of
+    the owner's memory (here the owner is this process, the fetching context another one in it;
+    the child's objects are small)."""
+    want = objects(have_torch())
+    with ferry.Context(name="cma-fetcher") as c:
+        peer = c.connect(next(iter(owner.refs.values())))
+        for name, ref in owner.refs.items():
+            future = peer.fetch(ref, timeout=30, transport="CMA")
+            same(want[name], future.result(timeout=60))
+            assert future.transport == "CMA"
+    big = np.arange(3 << 18, dtype=np.float32).reshape(3, -1)  # 3 MiB: several copy shares
+    refs = [local_owner.put(big)]
+    if have_torch():
+        import torch
+        refs.append(local_owner.put(torch.arange(1 << 20, dtype=torch.bfloat16)))
+    with ferry.Context(name="cma-preferring", cma_preferred=True, cma_copy_threads=2) as c:
+        peer = c.connect(refs[0])
+        got = peer.fetch(refs[0], timeout=30, transport="CMA").result(60)
+        assert np.array_equal(got, big) and got.dtype == big.dtype and got.shape == big.shape
+        into = np.empty_like(big)
+        future = peer.fetch(refs[0], into=into, transport="CMA")
+        assert future.result(60) is into and np.array_equal(into, big)
+        assert future.transport == "CMA" and future.bytes_landed == big.nbytes
+        if len(refs) > 1:
+            t = peer.fetch(refs[1], timeout=30, transport="CMA").result(60)
+            assert t.dtype == torch.bfloat16 and torch.equal(t, torch.arange(1 << 20,
+                                                                           dtype=torch.bfloat16))
+        if not RDMA:  # preferred: "auto" picks it for this host (RDMA, where there, ranks above)
+            future = peer.fetch(refs[0], timeout=30)
+            future.result(60)
+            assert future.transport == "CMA"
+
+
 def test_dtypes_shapes_survive_the_ref(owner):
     refs = owner.refs
     assert refs["np_float16"].tensors[0] == ferry.TensorSpec("numpy", "<f2", (17,))
