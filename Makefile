@@ -50,8 +50,9 @@ test: build
 
 # The suite under AddressSanitizer + UBSan, and under ThreadSanitizer (Debug builds of their own;
 # the soft-RoCE tier is left out: emulated RDMA under a sanitizer is too slow to be useful; so is
-# the .deb's test, which builds its own plain Release package whatever the flags).
-SAN_TESTS = -LE '^(rdma|softroce|package)$$'
+# the .deb's test, which builds its own plain Release package whatever the flags; and the suites'
+# second run over CMA, whose own tests, Cma.*, run there with the process tests).
+SAN_TESTS = -LE '^(rdma|softroce|package|cma)$$'
 test-asan: deps
 	cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DFERRY_BUILD_EXAMPLES=OFF -DFERRY_BUILD_PYTHON=OFF \
 	  -DCMAKE_CXX_FLAGS="-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer"

@@ -92,7 +92,7 @@ TEST(Cma, AutoPicksTcpOnThisHostUnlessCmaIsPreferred) {
   Server server;
   PutPatterns objects;
   objects.put(server, 1u << 20, 1);
-  Context plain(client_options("plain"));
+  Context plain(ContextOptions{.name = "plain"});
   {
     auto peer = connect_or_fail(plain, server.address());
     auto req = peer.fetch(objects.refs[0]);

@@ -183,6 +183,45 @@ TEST_F(FetchTableTest, AnAbortBeforeTheChannelOpensCompletesAtOnce) {
   EXPECT_EQ(table.size(), 0u);
 }
 
+TEST_F(FetchTableTest, TheDeadlineRunsWhileTheChannelOpens) {
+  link.add_transport(one_sided, false);
+  link.hold_channel_opens = true;
+  auto s = state();
+  FetchOptions options;
+  options.timeout = 100ms;
+  start(s, target, options);
+  ASSERT_EQ(link.opening.size(), 1u);
+  EXPECT_EQ(link.armed, link.clock + 100ms);
+  EXPECT_EQ(table.next_deadline(), link.clock + 100ms);
+  table.expire(link.clock + 99ms);
+  EXPECT_FALSE(s->done());
+  table.expire(link.clock + 100ms);
+  EXPECT_EQ(s->outcome(), std::error_code(errc::timed_out));
+  EXPECT_EQ(link.sent.size(), 0u);  // nothing was asked of the peer
+  EXPECT_EQ(table.next_deadline(), SessionLink::Clock::time_point::max());
+  link.channels["ONE"] = std::make_shared<fakes::FakeChannel>(one_sided.get());
+  link.opening[0].done({});  // the channel opens after all: nothing is launched
+  EXPECT_TRUE(one_sided->fetches.empty());
+  EXPECT_EQ(table.size(), 0u);
+}
+
+TEST_F(FetchTableTest, AFetchLaunchedAfterItsChannelOpenedKeepsTheDeadlineFromItsStart) {
+  link.add_transport(one_sided, false);
+  link.hold_channel_opens = true;
+  auto s = state();
+  FetchOptions options;
+  options.timeout = 100ms;
+  const auto started = link.clock;
+  start(s, target, options);
+  link.clock += 60ms;  // the channel takes 60 ms to open
+  link.channels["ONE"] = std::make_shared<fakes::FakeChannel>(one_sided.get());
+  link.opening[0].done({});
+  ASSERT_EQ(one_sided->fetches.size(), 1u);
+  EXPECT_EQ(table.next_deadline(), started + 100ms);
+  table.expire(started + 100ms);
+  EXPECT_EQ(s->outcome(), std::error_code(errc::timed_out));
+}
+
 TEST_F(FetchTableTest, ARestartRelaunchesUnderANewRequestIdOnceTheChannelIsBack) {
   auto s = launch_then_restart([] {});
   ASSERT_EQ(one_sided->fetches.size(), 2u);

@@ -53,6 +53,13 @@ struct FakeHandshakeLink : Handshake::Link {
     ec = errc::transport_unavailable;
     return nullptr;
   }
+  std::shared_ptr<TransportManager> fallback_transport(
+      const TransportManager& failed) const override {
+    for (const auto& t : transports) {
+      if (t.get() != &failed && info.find_transport(t->name())) return t;
+    }
+    return nullptr;
+  }
   void ensure_channel(const std::shared_ptr<TransportManager>& transport,
                       std::function<void(std::error_code)> done) override {
     channel_for = transport->name();
@@ -151,6 +158,39 @@ TEST_F(HandshakeTest, AChannelThatCannotBeOpenedFailsTheInitiator) {
   a.channel_done(errc::connection_failed);
   EXPECT_EQ(initiator->step(), Step::failed);
   EXPECT_EQ(a.opened_with, std::error_code(errc::connection_failed));
+}
+
+TEST_F(HandshakeTest, AnUnopenableChoiceFallsBackOnceToTheNextTransportBothHave) {
+  for (auto* side : {&a, &b}) {
+    side->transports.insert(side->transports.begin(),
+                            std::make_shared<FakeTransport>("SAME", true));
+  }
+  make();
+  a.sent.push_back(initiator->hello("auto"));
+  exchange();
+  EXPECT_EQ(acceptor->chosen(), "SAME");
+  EXPECT_EQ(a.channel_for, "SAME");
+  a.channel_done(errc::transport_unavailable);  // e.g. the kernel refuses the same-host reads
+  EXPECT_EQ(initiator->step(), Step::opening_channel);
+  EXPECT_EQ(a.channel_for, "TCP");
+  EXPECT_EQ(initiator->chosen(), "TCP");
+  EXPECT_FALSE(a.opened_with);
+  a.channel_done(errc::connection_failed);  // the second failure ends it: no third try
+  EXPECT_EQ(initiator->step(), Step::failed);
+  EXPECT_EQ(a.opened_with, std::error_code(errc::connection_failed));
+}
+
+TEST_F(HandshakeTest, ATransportAskedForByNameDoesNotFallBack) {
+  for (auto* side : {&a, &b}) {
+    side->transports.insert(side->transports.begin(),
+                            std::make_shared<FakeTransport>("SAME", true));
+  }
+  make();
+  a.sent.push_back(initiator->hello("SAME"));
+  exchange();
+  a.channel_done(errc::transport_unavailable);
+  EXPECT_EQ(initiator->step(), Step::failed);
+  EXPECT_EQ(a.opened_with, std::error_code(errc::transport_unavailable));
 }
 
 TEST_F(HandshakeTest, WithTheSameSecretBothSidesProveItAndOpen) {

@@ -116,9 +116,17 @@ inline ContextOptions client_options(std::string name) {
   return o;
 }
 
+// `options`, preferring CMA when the suite runs over it (so connections negotiate it).
+inline ContextOptions server_options(ContextOptions options) {
+  if (test_transport() == cma::kTransportName) {
+    options.transport_options_for<cma::CmaOptions>(cma::kTransportName).preferred = true;
+  }
+  return options;
+}
+
 // A server Context listening on the suite's host with a port chosen by the kernel.
 struct Server {
-  explicit Server(ContextOptions options = {}) : ctx(std::move(options)) {
+  explicit Server(ContextOptions options = {}) : ctx(server_options(std::move(options))) {
     auto p = ctx.listen(test_host() + ":0");
     EXPECT_TRUE(p.ok()) << p.error().message();
     port = p.ok() ? *p : 0;

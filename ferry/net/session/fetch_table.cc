@@ -98,6 +98,11 @@ void FetchTable::start(std::shared_ptr<detail::FetchState> state, ObjectRef ref,
   result.transport = transport->name();
   result.bytes = result.ref.metadata.total_bytes();
   const bool forced = !options.transport.empty() && options.transport != "auto";
+  if (options.timeout.count() > 0) {
+    const auto now = link_.now();
+    waiting_[state->id()] = Waiting{state, now, now + options.timeout};
+    link_.arm_deadline(now + options.timeout);
+  }
   link_.ensure_channel(transport, [this, state, transport, forced, targets = std::move(targets),
                                    options = std::move(options)](std::error_code ec) mutable {
     if (!ec) {
@@ -130,14 +135,18 @@ void FetchTable::start(std::shared_ptr<detail::FetchState> state, ObjectRef ref,
 void FetchTable::start_transfer(std::shared_ptr<detail::FetchState> state,
                                 std::shared_ptr<TransportManager> transport,
                                 std::vector<MutableBuffer> targets, FetchOptions options) {
-  if (state->done()) return;  // aborted while the channel was opening
+  PendingFetch pending{state, transport, link_.now()};
+  if (auto w = waiting_.find(state->id()); w != waiting_.end()) {
+    pending.started = w->second.started;
+    pending.deadline = w->second.deadline;
+    waiting_.erase(w);
+  }
+  if (state->done()) return;  // aborted or timed out while the channel was opening
   if (!link_.is_open()) {
     const auto reason = link_.close_reason();
     state->complete(reason ? reason : std::error_code(errc::peer_closed));
     return;
   }
-  PendingFetch pending{state, transport, link_.now()};
-  if (options.timeout.count() > 0) pending.deadline = pending.started + options.timeout;
   CombineFn stream;
   if (options.combine && transport->combines()) {
     stream = std::move(options.combine);
@@ -231,11 +240,14 @@ void FetchTable::restart(uint64_t request_id, std::error_code ec) {
     return complete(request_id, ec);
   }
   // The transport has let go of the targets: the fetch waits for a new channel, outside fetches_
-  // (an abort completes it at once; a deadline is looked at again when it is launched).
+  // (an abort completes it at once; its deadline goes on running in waiting_).
   ++restarts;
   auto pending = std::move(p);
   fetches_.erase(it);
   const uint64_t original = pending.state->id();
+  if (pending.deadline != Clock::time_point::max()) {
+    waiting_[original] = Waiting{pending.state, pending.started, pending.deadline};
+  }
   const uint64_t id = link_.next_request_id();
   restarted_[original] = id;
   FERRY_LOG_INFO(
@@ -258,6 +270,7 @@ void FetchTable::restart(uint64_t request_id, std::error_code ec) {
 void FetchTable::relaunch(uint64_t id, PendingFetch pending, std::error_code ec,
                           std::error_code open_ec) {
   auto state = pending.state;
+  waiting_.erase(state->id());
   std::error_code failed;
   if (!link_.is_open()) {
     const auto reason = link_.close_reason();
@@ -330,15 +343,29 @@ void FetchTable::expire(Clock::time_point now) {
     if (f.deadline <= now) due.push_back(id);
   }
   for (uint64_t id : due) complete(id, errc::timed_out);
+  for (auto it = waiting_.begin(); it != waiting_.end();) {
+    if (it->second.deadline > now) {
+      ++it;
+      continue;
+    }
+    // Nothing of it was started: no transport or peer to tell.
+    if (auto state = it->second.state.lock(); state && !state->done()) {
+      state->result().elapsed = now - it->second.started;
+      state->complete(errc::timed_out);
+    }
+    it = waiting_.erase(it);
+  }
 }
 
 FetchTable::Clock::time_point FetchTable::next_deadline() const {
   auto next = Clock::time_point::max();
   for (const auto& [id, f] : fetches_) next = std::min(next, f.deadline);
+  for (const auto& [id, w] : waiting_) next = std::min(next, w.deadline);
   return next;
 }
 
 void FetchTable::close(std::error_code reason) {
+  waiting_.clear();  // their channels' ends complete them
   auto fetches = std::move(fetches_);
   fetches_.clear();
   for (auto& [id, pending] : fetches) {

@@ -63,9 +63,10 @@ class FetchTable {
   // two-sided transport).
   bool awaits_peer_bytes() const;
 
-  // Completes every launched fetch whose deadline is at or before `now` with errc::timed_out.
+  // Completes every fetch whose deadline is at or before `now` with errc::timed_out: launched
+  // ones, and those waiting for their channel to open.
   void expire(Clock::time_point now);
-  // The earliest deadline of a launched fetch; Clock::time_point::max() when none has one.
+  // The earliest deadline of a fetch; Clock::time_point::max() when none has one.
   Clock::time_point next_deadline() const;
   // The session ended: completes every launched fetch with `reason`, without telling the
   // transports (their channels are closed by then) or the peer.
@@ -106,6 +107,13 @@ class FetchTable {
   SessionLink& link_;
   mem::Pool& pool_;
   std::unordered_map<uint64_t, PendingFetch> fetches_;
+  // Fetches with a deadline that wait for their transport's channel (a first open, or a new one
+  // after a restart), by FetchRequest::id: their deadline runs from their start all the same.
+  struct Waiting {
+    std::weak_ptr<detail::FetchState> state;
+    Clock::time_point started, deadline;
+  };
+  std::unordered_map<uint64_t, Waiting> waiting_;
   // Fetches started again (restart()): FetchRequest::id -> the request id they run under.
   std::unordered_map<uint64_t, uint64_t> restarted_;
 };

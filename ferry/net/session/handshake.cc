@@ -31,6 +31,7 @@ wire::Envelope Handshake::hello(const std::string& requested_transport) {
   hello->set_protocol_version(kProtocolVersion);
   hello->set_name(options_.name);
   hello->set_instance(options_.instance);
+  requested_ = requested_transport;
   if (requested_transport != "auto") hello->set_requested_transport(requested_transport);
   if (!options_.secret.empty()) {
     nonce_ours_ = auth::nonce();
@@ -74,7 +75,18 @@ std::error_code Handshake::on_hello_answer(const wire::HelloAnswer& answer) {
 
 void Handshake::open_channel(std::shared_ptr<TransportManager> transport) {
   step_ = Step::opening_channel;
-  link_.ensure_channel(transport, [this](std::error_code ec) {
+  link_.ensure_channel(transport, [this, transport](std::error_code ec) {
+    // The acceptor's choice cannot carry bytes from here (a same-host transport the kernel does
+    // not let us use, say): unless this side asked for it, once, the next one both sides have.
+    std::shared_ptr<TransportManager> next;
+    if (ec && requested_ == "auto" && !fell_back_) next = link_.fallback_transport(*transport);
+    if (next) {
+      FERRY_LOG_WARN("peer '{}': no {} channel ({}); the connection uses {}",
+                     link_.peer_info().name, transport->name(), ec.message(), next->name());
+      fell_back_ = true;
+      chosen_ = next->name();
+      return open_channel(std::move(next));
+    }
     step_ = ec ? Step::failed : Step::open;
     link_.opened(ec);
   });

@@ -71,6 +71,9 @@ class Handshake {
     virtual std::shared_ptr<TransportManager> pick_transport(const std::string& requested,
                                                              const std::string& ref_transport,
                                                              std::error_code& ec) const = 0;
+    // As SessionLink::fallback_transport: the next transport both sides have after `failed`.
+    virtual std::shared_ptr<TransportManager> fallback_transport(
+        const TransportManager& failed) const = 0;
     // As SessionLink::ensure_channel.
     virtual void ensure_channel(const std::shared_ptr<TransportManager>& transport,
                                 std::function<void(std::error_code)> done) = 0;
@@ -114,8 +117,10 @@ class Handshake {
   const Options options_;
   Step step_ = Step::start;
   std::string chosen_;
-  std::string nonce_ours_;                       // our nonce in the shared-secret handshake
-  std::string nonce_theirs_;                     // the peer's
+  std::string requested_;     // the initiator's Hello asked for it ("auto": any)
+  bool fell_back_ = false;    // the initiator's chosen transport's channel could not be opened
+  std::string nonce_ours_;    // our nonce in the shared-secret handshake
+  std::string nonce_theirs_;  // the peer's
   std::shared_ptr<TransportManager> proof_for_;  // initiator: proof sent, Ack awaited
 };
 
