@@ -226,19 +226,25 @@ class Bench:
 
     def python(self, metric, tool, size, rep, inflight):
         """One sample of bench/python_bench.py: tool "ferry" (ferry-py into numpy buffers),
-        "ferry-py-alloc" (into ferry's memory) or a peer. A tool that cannot run here (exit 77:
+        "ferry-py-alloc" (into ferry's memory), "ferry-cma" (into numpy buffers, both processes
+        preferring the same-host CMA transport) or a peer. A tool that cannot run here (exit 77:
         ferry or torch.distributed's gloo missing) is recorded once as skipped, then left out."""
         if tool in self.python_skipped:
             return
-        sub = "ferry-py" if tool in ("ferry", "ferry-py-alloc", "ferry-wait") else tool
+        ours = ("ferry", "ferry-py-alloc", "ferry-wait", "ferry-cma")
+        sub = "ferry-py" if tool in ours else tool
         argv = [self.args.python, os.path.join(HERE, "python_bench.py"), sub, "--size",
                 str(size), "--inflight", str(inflight), "--seconds", str(self.secs)]
-        if tool in ("ferry", "ferry-wait"):
+        if tool in ("ferry", "ferry-wait", "ferry-cma"):
             argv.append("--into")
         if tool == "ferry-wait":
             argv.append("--wait")
         path = [self.args.python_path] + [x for x in [os.environ.get("PYTHONPATH")] if x]
-        p = Proc(argv, env={"PYTHONPATH": os.pathsep.join(path)})
+        env = {"PYTHONPATH": os.pathsep.join(path)}
+        if tool == "ferry-cma":
+            env["FERRY_CMA_PREFERRED"] = "1"
+            argv += ["--tool-name", "ferry-cma"]
+        p = Proc(argv, env=env)
         # Bound: start-up (torch imports in a few seconds), the window, and the drain of the
         # slowest peer (64 MiB pickled: about a second a transfer on the 2-core VM, 4 queued).
         rc, out, err, _ = p.wait(180 + 4 * self.secs)
@@ -466,9 +472,12 @@ def suite_python(b, sizes, reps):
             bw = [("ferry-cpp", lambda: b.ferry("python", "bw", size, rep, k, tool="ferry-cpp")),
                   ("ferry-cpp-alloc", lambda: b.ferry("python", "bw", size, rep, k,
                                                       tool="ferry-cpp-alloc",
-                                                      fetch_extra=["--ferry-allocates"]))]
+                                                      fetch_extra=["--ferry-allocates"])),
+                  ("ferry-cpp-cma", lambda: b.ferry("python", "bw", size, rep, k,
+                                                    tool="ferry-cpp-cma",
+                                                    env={"FERRY_CMA_PREFERRED": "1"}))]
             bw += [(f"python {t}", lambda t=t: b.python("bw", t, size, rep, k))
-                   for t in ["ferry", "ferry-py-alloc"] + PYTHON_PEERS]
+                   for t in ["ferry", "ferry-py-alloc", "ferry-cma"] + PYTHON_PEERS]
             lat = []
             if size in PYTHON_LAT_SIZES:
                 lat = [("ferry-cpp lat", lambda: b.ferry("python", "lat", size, rep, 1,
@@ -793,6 +802,9 @@ PYTHON_BW_COLUMNS = [  # (heading, tool), and the ratio heading beside it, (num,
     ("shm-pickle", "shm-pickle", ("ferry/shm", "ferry", "shm-pickle")),
     ("torch-gloo", "torch-gloo", ("ferry/gloo", "ferry", "torch-gloo")),
     ("pickle-socket", "pickle-socket", ("ferry/pickle", "ferry", "pickle-socket")),
+    # The same-host transport: both processes prefer CMA (FERRY_CMA_PREFERRED=1).
+    ("ferry-py-cma", "ferry-cma", ("cma/gloo", "ferry-cma", "torch-gloo")),
+    ("ferry-cpp-cma", "ferry-cpp-cma", ("py/cpp cma", "ferry-cma", "ferry-cpp-cma")),
 ]
 
 
@@ -1023,6 +1035,11 @@ def targets(samples):
                        "(neither measured: SKIPPED or failed, see above)")
         target(f"Python {human(size)}: ferry / shm-pickle",
                ratio("python", "bw", "shm-pickle", size, "gbps"), 1.0)
+        if best_bw and med("python", "bw", "ferry-cma", size, "gbps"):
+            target(f"Python {human(size)}: ferry over CMA (one host) / better of torch-gloo and "
+                   f"pickle-socket ({best})",
+                   (paired(samples, "python", "bw", "ferry-cma", best, "gbps", size) or
+                    {}).get("median"), 1.5)
     for size in sorted({s["size"] for s in samples if s.get("suite") == "python" and
                         s.get("metric") == "lat" and "p50_us" in s}):
         for tool, how in (("ferry", "reissued from callbacks"), ("ferry-wait", "result() loop")):

@@ -5,7 +5,9 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <boost/asio/post.hpp>
 #include <filesystem>
+#include <future>
 #include <string>
 #include <vector>
 
@@ -32,6 +34,17 @@ ContextOptions stepping_client(std::string name, bool preferred = false) {
   return o;
 }
 
+// CMA's own tests: on the host, plain or as the cma.* variant; the rdma.* variant in the guest
+// skips them (they are about CMA, not about the suite's transport).
+struct Cma : ::testing::Test {
+  void SetUp() override {
+    if (test_transport() != "TCP" && test_transport() != cma::kTransportName) {
+      GTEST_SKIP() << "SKIPPED: CMA's own tests do not run over " << test_transport()
+                   << " (they run on the host)";
+    }
+  }
+};
+
 double metric(const Context& ctx, const std::string& name) {
   const auto stats = ctx.stats();
   auto it = stats.transport_metrics.find(cma::kTransportName);
@@ -42,7 +55,7 @@ double metric(const Context& ctx, const std::string& name) {
   return -1;
 }
 
-TEST(Cma, FetchesEverySizeByteExactIntoTargetsAndIntoFerrysMemory) {
+TEST_F(Cma, FetchesEverySizeByteExactIntoTargetsAndIntoFerrysMemory) {
   Server server;
   Context client(stepping_client("cma-client"));
   auto peer = connect_or_fail(client, server.address());
@@ -70,7 +83,7 @@ TEST(Cma, FetchesEverySizeByteExactIntoTargetsAndIntoFerrysMemory) {
       [&] { return server.ctx.stats().bytes_served_by_transport[cma::kTransportName] == moved; }));
 }
 
-TEST(Cma, FetchesAnObjectOfSeveralTensorsIncludingAnEmptyOne) {
+TEST_F(Cma, FetchesAnObjectOfSeveralTensorsIncludingAnEmptyOne) {
   Server server;
   Context client(stepping_client("cma-client"));
   auto peer = connect_or_fail(client, server.address());
@@ -88,7 +101,7 @@ TEST(Cma, FetchesAnObjectOfSeveralTensorsIncludingAnEmptyOne) {
   EXPECT_TRUE(same_bytes(got[2], *b));
 }
 
-TEST(Cma, AutoPicksTcpOnThisHostUnlessCmaIsPreferred) {
+TEST_F(Cma, AutoPicksTcpOnThisHostUnlessCmaIsPreferred) {
   Server server;
   PutPatterns objects;
   objects.put(server, 1u << 20, 1);
@@ -107,7 +120,7 @@ TEST(Cma, AutoPicksTcpOnThisHostUnlessCmaIsPreferred) {
   EXPECT_TRUE(same_bytes(req.result().tensors.at(0), *objects.data[0]));
 }
 
-TEST(Cma, AnAbortMidCopyStopsItAndTheObjectServesAgain) {
+TEST_F(Cma, AnAbortMidCopyStopsItAndTheObjectServesAgain) {
   Server server;
   PutPatterns objects;
   objects.put(server, 256u << 20, 1);
@@ -129,7 +142,7 @@ TEST(Cma, AnAbortMidCopyStopsItAndTheObjectServesAgain) {
   EXPECT_TRUE(same_bytes(into, *objects.data[0]));
 }
 
-TEST(Cma, FetchesFromAnotherProcess) {
+TEST_F(Cma, FetchesFromAnotherProcess) {
   ChildProcess owner({std::to_string(64u << 20), "1000"});
   ASSERT_EQ(owner.refs.size(), 2u);
   Context client(stepping_client("cma-client"));
@@ -143,7 +156,7 @@ TEST(Cma, FetchesFromAnotherProcess) {
   }
 }
 
-TEST(Cma, AnOwnerKilledMidCopyFailsEveryFetchPromptly) {
+TEST_F(Cma, AnOwnerKilledMidCopyFailsEveryFetchPromptly) {
   constexpr size_t kBig = 256u << 20;
   ChildProcess owner({std::to_string(kBig)});
   ASSERT_EQ(owner.refs.size(), 1u);
@@ -168,10 +181,49 @@ TEST(Cma, AnOwnerKilledMidCopyFailsEveryFetchPromptly) {
   }
 }
 
+// A fetcher that stops mid-copy (its io thread blocked here) holds its grant no longer than the
+// owner's lease timeout; when it runs again, the bytes it copied are refused (the owner no longer
+// held the object) and the fetch fails; the next one succeeds.
+TEST_F(Cma, AGrantEndsAtTheLeaseTimeoutAndALateCopyIsRefused) {
+  ContextOptions o;
+  o.lease_timeout = 300ms;
+  Server server(o);
+  PutPatterns objects;
+  objects.put(server, 256u << 20, 7);
+  ContextOptions c = stepping_client("stalled");
+  c.transport_options_for<cma::CmaOptions>(cma::kTransportName).copy_step = 256u << 10;
+  c.transport_options_for<cma::CmaOptions>(cma::kTransportName).copy_threads = 1;
+  Context client(c);
+  auto peer = connect_or_fail(client, server.address());
+  auto req = peer.fetch(objects.refs[0], {}, over_cma());
+  ASSERT_TRUE(eventually([&] { return req.bytes_landed() > 0 || req.done(); }, 20s));
+  std::promise<void> gate;  // the copy's next step waits behind this
+  boost::asio::post(client.io_context(), [f = gate.get_future().share()] { f.wait_for(30s); });
+  if (req.done()) {
+    gate.set_value();
+    GTEST_SKIP() << "SKIPPED: the whole copy finished before the stall (a fast machine)";
+  }
+  const bool expired = eventually(
+      [&] {
+        const auto errors = server.ctx.stats().serve_errors;
+        auto it = errors.find("timed_out");
+        return it != errors.end() && it->second > 0;
+      },
+      10s);
+  gate.set_value();
+  EXPECT_TRUE(expired) << "the grant did not end at the lease timeout";
+  const auto ec = req.wait(scaled(20s));
+  ASSERT_TRUE(req.done()) << "the fetch did not complete after its grant ended";
+  // The owner's word for the request (timed_out) or its answer to the release (not kept: aborted),
+  // whichever comes first; never success.
+  EXPECT_TRUE(ec == errc::timed_out || ec == errc::aborted) << ec.message();
+  ASSERT_TRUE(fetch_completes(peer, objects.refs[0], *objects.data[0], 20s));
+}
+
 // The fetcher runs as another user without privileges: the kernel refuses it the owner's memory
 // (process_vm_readv: EPERM), so its CMA channel is refused and its fetches, which prefer CMA,
 // go over TCP instead.
-TEST(Cma, AFetcherTheKernelDoesNotLetReadFallsBackToTcp) {
+TEST_F(Cma, AFetcherTheKernelDoesNotLetReadFallsBackToTcp) {
   if (::geteuid() != 0) GTEST_SKIP() << "SKIPPED: needs root to start a fetcher as another user";
   if (!std::filesystem::exists("/usr/bin/setpriv")) {
     GTEST_SKIP() << "SKIPPED: needs setpriv (util-linux) to start a fetcher as another user";

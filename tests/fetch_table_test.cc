@@ -44,6 +44,21 @@ struct FetchTableTest : ::testing::Test {
     options.transport = name;
     start(s, into, std::move(options));
   }
+  // Starts fetch 1 into `target` over the one-sided transport, whose channel does not exist yet:
+  // its opening waits in link.opening (open_channel() ends it).
+  std::shared_ptr<detail::FetchState> start_while_channel_opens(FetchOptions options = {}) {
+    link.add_transport(one_sided, false);
+    link.hold_channel_opens = true;
+    auto s = state();
+    start(s, target, std::move(options));
+    EXPECT_EQ(link.opening.size(), 1u);
+    return s;
+  }
+  // The channel start_while_channel_opens() waits for opens.
+  void open_channel() {
+    link.channels["ONE"] = std::make_shared<fakes::FakeChannel>(one_sided.get());
+    link.opening.at(0).done({});
+  }
   // Launches fetch 1 into `target` over the one-sided transport, then its channel breaks: the
   // restart runs once `meanwhile` has changed what the link answers.
   std::shared_ptr<detail::FetchState> launch_then_restart(const std::function<void()>& meanwhile) {
@@ -170,27 +185,18 @@ TEST_F(FetchTableTest, AnAbortWaitsUntilTheTransportHasLetGoOfTheTargets) {
 }
 
 TEST_F(FetchTableTest, AnAbortBeforeTheChannelOpensCompletesAtOnce) {
-  link.add_transport(one_sided, false);
-  link.hold_channel_opens = true;
-  auto s = state();
-  start(s, target);
-  ASSERT_EQ(link.opening.size(), 1u);
+  auto s = start_while_channel_opens();
   table.abort(1, s);
   EXPECT_EQ(s->outcome(), std::error_code(errc::aborted));
-  link.channels["ONE"] = std::make_shared<fakes::FakeChannel>(one_sided.get());
-  link.opening[0].done({});  // the channel opens after all: nothing is launched
+  open_channel();  // after all: nothing is launched
   EXPECT_TRUE(one_sided->fetches.empty());
   EXPECT_EQ(table.size(), 0u);
 }
 
 TEST_F(FetchTableTest, TheDeadlineRunsWhileTheChannelOpens) {
-  link.add_transport(one_sided, false);
-  link.hold_channel_opens = true;
-  auto s = state();
   FetchOptions options;
   options.timeout = 100ms;
-  start(s, target, options);
-  ASSERT_EQ(link.opening.size(), 1u);
+  auto s = start_while_channel_opens(options);
   EXPECT_EQ(link.armed, link.clock + 100ms);
   EXPECT_EQ(table.next_deadline(), link.clock + 100ms);
   table.expire(link.clock + 99ms);
@@ -199,23 +205,18 @@ TEST_F(FetchTableTest, TheDeadlineRunsWhileTheChannelOpens) {
   EXPECT_EQ(s->outcome(), std::error_code(errc::timed_out));
   EXPECT_EQ(link.sent.size(), 0u);  // nothing was asked of the peer
   EXPECT_EQ(table.next_deadline(), SessionLink::Clock::time_point::max());
-  link.channels["ONE"] = std::make_shared<fakes::FakeChannel>(one_sided.get());
-  link.opening[0].done({});  // the channel opens after all: nothing is launched
+  open_channel();  // after all: nothing is launched
   EXPECT_TRUE(one_sided->fetches.empty());
   EXPECT_EQ(table.size(), 0u);
 }
 
 TEST_F(FetchTableTest, AFetchLaunchedAfterItsChannelOpenedKeepsTheDeadlineFromItsStart) {
-  link.add_transport(one_sided, false);
-  link.hold_channel_opens = true;
-  auto s = state();
   FetchOptions options;
   options.timeout = 100ms;
   const auto started = link.clock;
-  start(s, target, options);
+  auto s = start_while_channel_opens(options);
   link.clock += 60ms;  // the channel takes 60 ms to open
-  link.channels["ONE"] = std::make_shared<fakes::FakeChannel>(one_sided.get());
-  link.opening[0].done({});
+  open_channel();
   ASSERT_EQ(one_sided->fetches.size(), 1u);
   EXPECT_EQ(table.next_deadline(), started + 100ms);
   table.expire(started + 100ms);

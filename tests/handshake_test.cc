@@ -95,6 +95,14 @@ struct HandshakeTest : ::testing::Test {
     initiator.emplace(a, Handshake::Options{true, "alice", secret, 11, 0});
     acceptor.emplace(b, Handshake::Options{false, "bob", acceptor_secret.value_or(secret), 22, 5});
   }
+  // make(), both sides having a transport "SAME" that they prefer to TCP.
+  void make_with_same_first() {
+    for (auto* side : {&a, &b}) {
+      side->transports.insert(side->transports.begin(),
+                              std::make_shared<FakeTransport>("SAME", true));
+    }
+    make();
+  }
   // Hands every frame one side sent and the other has not seen yet to the other side: the
   // Hello through on_hello, the rest through on_envelope. Stops when nothing is left.
   void exchange() {
@@ -161,11 +169,7 @@ TEST_F(HandshakeTest, AChannelThatCannotBeOpenedFailsTheInitiator) {
 }
 
 TEST_F(HandshakeTest, AnUnopenableChoiceFallsBackOnceToTheNextTransportBothHave) {
-  for (auto* side : {&a, &b}) {
-    side->transports.insert(side->transports.begin(),
-                            std::make_shared<FakeTransport>("SAME", true));
-  }
-  make();
+  make_with_same_first();
   a.sent.push_back(initiator->hello("auto"));
   exchange();
   EXPECT_EQ(acceptor->chosen(), "SAME");
@@ -181,11 +185,7 @@ TEST_F(HandshakeTest, AnUnopenableChoiceFallsBackOnceToTheNextTransportBothHave)
 }
 
 TEST_F(HandshakeTest, ATransportAskedForByNameDoesNotFallBack) {
-  for (auto* side : {&a, &b}) {
-    side->transports.insert(side->transports.begin(),
-                            std::make_shared<FakeTransport>("SAME", true));
-  }
-  make();
+  make_with_same_first();
   a.sent.push_back(initiator->hello("SAME"));
   exchange();
   a.channel_done(errc::transport_unavailable);

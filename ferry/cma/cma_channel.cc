@@ -11,7 +11,11 @@
 namespace ferry::cma {
 
 CmaChannel::CmaChannel(std::shared_ptr<PeerLink> link, pid_t peer_pid, Config config)
-    : link_(link), strand_(link->strand()), peer_pid_(peer_pid), config_(std::move(config)) {}
+    : link_(link),
+      strand_(link->strand()),
+      peer_pid_(peer_pid),
+      config_(std::move(config)),
+      lease_timer_(strand_.get_inner_executor()) {}
 
 void CmaChannel::send(uint64_t request_id, const wire::Message& m) {
   if (auto link = link_.lock()) {
@@ -39,28 +43,28 @@ Result<FetchRequest> CmaChannel::fetch_multiple(const FetchOp& op) {
 void CmaChannel::on_grant(uint64_t request_id, const wire::Grant& grant) {
   auto w = waiting_.find(request_id);
   if (w == waiting_.end()) return send_release(request_id, false);  // aborted meanwhile
-  Copy c{std::move(w->second), {grant.segments().begin(), grant.segments().end()}};
+  FetchOp op = std::move(w->second);
   waiting_.erase(w);
-  bool ok = c.segments.size() == c.op.targets.size();
-  for (size_t i = 0; ok && i < c.segments.size(); ++i) {
-    ok = c.segments[i].length() == c.op.targets[i].size();
-  }
-  for (size_t i = 0; ok && grant.with_bytes() && i < c.segments.size(); ++i) {
-    ok = c.segments[i].data().size() == c.segments[i].length();
+  const auto& segments = grant.segments();
+  bool ok = static_cast<size_t>(segments.size()) == op.targets.size();
+  for (int i = 0; ok && i < segments.size(); ++i) {
+    ok = segments[i].length() == op.targets[static_cast<size_t>(i)].size() &&
+         (!grant.with_bytes() || segments[i].data().size() == segments[i].length());
   }
   if (!ok) {  // the grant does not describe the object the ref did
     FERRY_LOG_WARN("CMA: a grant for fetch {} does not match its targets", request_id);
     send_release(request_id, false);
     return complete(request_id, errc::protocol_error);
   }
-  if (grant.with_bytes()) return take_bytes(request_id, std::move(c.op), grant);
-  copying_.emplace(request_id, std::move(c));
+  if (grant.with_bytes()) return take_bytes(request_id, op, grant);
+  copying_.emplace(request_id, Copy{std::move(op), {segments.begin(), segments.end()}});
   copy_step(request_id);
 }
 
-void CmaChannel::take_bytes(uint64_t request_id, FetchOp op, const wire::Grant& grant) {
+void CmaChannel::take_bytes(uint64_t request_id, const FetchOp& op, const wire::Grant& grant) {
   for (size_t i = 0; i < op.targets.size(); ++i) {
     const auto& data = grant.segments(static_cast<int>(i)).data();
+    if (data.empty()) continue;
     std::memcpy(op.targets[i].data(), data.data(), data.size());
     config_.counters->bytes += data.size();
     op.request.report_landed(data.size());
@@ -116,8 +120,8 @@ void CmaChannel::on_kept(uint64_t request_id, bool kept) {
   if (it == confirming_.end()) return;  // aborted meanwhile
   confirming_.erase(it);
   if (kept) ++config_.counters->fetches;
-  // Not kept: the owner let the object go while we copied (it aborted the serve), so the bytes
-  // are not the object's; the owner's own error for the request may come first.
+  // Not kept: the owner let the object go while we copied (an abort, the lease timeout), so the
+  // bytes are not the object's; the owner's own error for the request may come first.
   complete(request_id, kept ? std::error_code() : std::error_code(errc::aborted));
 }
 
@@ -134,8 +138,38 @@ void CmaChannel::send_multiple(uint64_t request_id, ObjectStore::Pin object, Sen
     if (grant->with_bytes()) s->set_data(t.data.data(), t.data.size());
   }
   leases_.insert_or_assign(request_id,
-                           Lease{std::move(object), std::move(done), grant->with_bytes()});
+                           Lease{std::move(object), std::move(done), grant->with_bytes(),
+                                 std::chrono::steady_clock::now()});
+  arm_lease_timer();
   send(request_id, m);
+}
+
+void CmaChannel::arm_lease_timer() {
+  if (lease_timer_armed_ || leases_.empty()) return;
+  auto oldest = std::chrono::steady_clock::time_point::max();
+  for (const auto& [id, lease] : leases_) oldest = std::min(oldest, lease.granted);
+  lease_timer_armed_ = true;
+  lease_timer_.expires_at(oldest + config_.lease_timeout);
+  lease_timer_.async_wait(on_expiry(*this, [this] {
+    lease_timer_armed_ = false;
+    expire_leases();
+  }));
+}
+
+void CmaChannel::expire_leases() {
+  const auto now = std::chrono::steady_clock::now();
+  std::vector<uint64_t> due;
+  for (const auto& [id, lease] : leases_) {
+    if (lease.granted + config_.lease_timeout <= now) due.push_back(id);
+  }
+  for (uint64_t id : due) {
+    // The fetcher's release, if it still comes, hears that the object was not kept.
+    auto it = leases_.find(id);
+    auto done = std::move(it->second.done);
+    leases_.erase(it);
+    done(errc::timed_out);
+  }
+  arm_lease_timer();
 }
 
 void CmaChannel::on_release(uint64_t request_id, bool copied) {
@@ -193,6 +227,7 @@ bool CmaChannel::abort(uint64_t request_id) {
 void CmaChannel::close(std::error_code ec) {
   if (closed_) return;
   closed_ = true;
+  lease_timer_.cancel();
   waiting_.clear();  // the session completes the fetches
   copying_.clear();
   confirming_.clear();

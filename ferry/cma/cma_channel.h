@@ -3,14 +3,16 @@
 // Fetcher side: a fetch waits for the owner's grant (the address and length of each tensor),
 // then copies them into its targets with process_vm_readv, a step per turn of the strand, and
 // sends a release; the owner answers whether its lease still held the object, and only then is
-// the fetch complete: bytes copied after an owner let the object go (an abort, the channel's
-// end) are never reported as the object's. Owner side: a lease pins the object from the grant
-// until the release, an abort or the channel's end.
+// the fetch complete: bytes copied after an owner let the object go (an abort, the lease
+// timeout, the channel's end) are never reported as the object's. Owner side: a lease pins the
+// object from the grant until the release, an abort, the lease timeout or the channel's end.
 #pragma once
 
 #include <sys/types.h>
 
 #include <atomic>
+#include <boost/asio/steady_timer.hpp>
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -35,8 +37,9 @@ class CmaChannel final : public TransportChannel, public std::enable_shared_from
  public:
   // What a channel is configured with (from CmaOptions) and shares with the transport.
   struct Config {
-    size_t copy_step = 0;     // bytes per step
-    size_t inline_bytes = 0;  // objects up to this size travel in the grant
+    size_t copy_step = 0;                            // bytes per step
+    size_t inline_bytes = 0;                         // objects up to this size travel in the grant
+    std::chrono::milliseconds lease_timeout{60000};  // ContextOptions::lease_timeout
     std::shared_ptr<Copier> copier;
     std::shared_ptr<CmaTransport::Counters> counters;
   };
@@ -68,6 +71,7 @@ class CmaChannel final : public TransportChannel, public std::enable_shared_from
     ObjectStore::Pin pin;
     SendDone done;
     bool with_bytes = false;  // the grant carried the bytes: the release needs no answer
+    std::chrono::steady_clock::time_point granted;
   };
 
   void on_grant(uint64_t request_id, const wire::Grant& grant);
@@ -76,9 +80,12 @@ class CmaChannel final : public TransportChannel, public std::enable_shared_from
   // Owner: the fetcher's release; answers release(true) with whether the lease held.
   void on_release(uint64_t request_id, bool copied);
   // Fetcher: a grant that carries the bytes: copies them and releases.
-  void take_bytes(uint64_t request_id, FetchOp op, const wire::Grant& grant);
+  void take_bytes(uint64_t request_id, const FetchOp& op, const wire::Grant& grant);
   // Fetcher: the owner's answer to our release(true).
   void on_kept(uint64_t request_id, bool kept);
+  // Owner: ends the leases older than the lease timeout (timed_out) and waits for the next.
+  void arm_lease_timer();
+  void expire_leases();
   void send(uint64_t request_id, const wire::Message& m);
   void send_release(uint64_t request_id, bool copied);
   void complete(uint64_t request_id, std::error_code ec);
@@ -88,6 +95,8 @@ class CmaChannel final : public TransportChannel, public std::enable_shared_from
   pid_t peer_pid_;
   Config config_;
   bool closed_ = false;
+  boost::asio::steady_timer lease_timer_;
+  bool lease_timer_armed_ = false;
   std::map<uint64_t, FetchOp> waiting_;  // fetches waiting for their grant
   std::map<uint64_t, Copy> copying_;     // fetches copying
   std::set<uint64_t> confirming_;        // copied, waiting for the owner's answer

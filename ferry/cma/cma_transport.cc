@@ -41,7 +41,9 @@ CmaTransport::CmaTransport(const TransportEnv& env, const CmaOptions& options)
     : host_(host_identity()),
       open_timeout_(env.options.handshake_timeout),
       copy_step_(options.copy_step ? options.copy_step : CmaOptions{}.copy_step),
-      inline_bytes_(options.inline_bytes),
+      // A grant that carries bytes is a metadata frame: well inside the frame limit.
+      inline_bytes_(std::min<size_t>(options.inline_bytes, env.options.max_frame_bytes / 4)),
+      lease_timeout_(env.options.lease_timeout),
       copy_threads_(options.copy_threads ? options.copy_threads : default_copy_threads()),
       counters_(std::make_shared<Counters>()),
       probe_value_(std::random_device{}() | 1) {
@@ -147,7 +149,7 @@ void CmaTransport::on_transport_message(PeerLink& link, uint64_t, std::string_vi
 }
 
 std::shared_ptr<CmaChannel> CmaTransport::make_channel(PeerLink& link, pid_t pid) {
-  CmaChannel::Config config{copy_step_, inline_bytes_, nullptr, counters_};
+  CmaChannel::Config config{copy_step_, inline_bytes_, lease_timeout_, nullptr, counters_};
   {
     std::lock_guard lock(mu_);
     if (!copier_) copier_ = std::make_shared<Copier>(copy_threads_);

@@ -76,6 +76,7 @@ class CmaTransport final : public TransportManager {
   std::chrono::milliseconds open_timeout_;
   size_t copy_step_;
   size_t inline_bytes_;
+  std::chrono::milliseconds lease_timeout_;
   unsigned copy_threads_;
   std::shared_ptr<Counters> counters_;
   // The word a peer reads to prove it may (its address and value go in the welcome).
