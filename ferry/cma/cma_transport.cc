@@ -30,6 +30,14 @@ std::optional<pid_t> pid_on(std::string_view host, std::string_view descriptor) 
   return pid;
 }
 
+// A process id from the wire, if it can be one.
+std::optional<pid_t> wire_pid(uint64_t pid) {
+  if (pid == 0 || pid > static_cast<uint64_t>(std::numeric_limits<pid_t>::max())) {
+    return std::nullopt;
+  }
+  return static_cast<pid_t>(pid);
+}
+
 }  // namespace
 
 struct CmaTransport::Opening {
@@ -73,20 +81,18 @@ void CmaTransport::async_open_channel(std::shared_ptr<PeerLink> link, ChannelOpe
     opening_[link.get()] = opening;
   }
   opening->timer->async_wait(boost::asio::bind_executor(
-      link->strand(), [this, weak = std::weak_ptr(link), opening](boost::system::error_code ec) {
-        auto l = weak.lock();
-        if (ec || !l) return;
+      link->strand(), [this, key = link.get(), opening](boost::system::error_code ec) {
+        if (ec) return;  // answered in time (the timer was cancelled)
         {
           std::lock_guard lock(mu_);
-          auto it = opening_.find(l.get());
+          auto it = opening_.find(key);
           if (it == opening_.end() || it->second != opening) return;  // answered in time
           opening_.erase(it);
         }
         opening->done(make_error_code(errc::handshake_failed), nullptr);
       }));
   wire::Message m;
-  m.mutable_open()->set_host(host_);
-  m.mutable_open()->set_pid(static_cast<uint64_t>(getpid()));
+  describe(*m.mutable_open());
   link->send_transport_message(kTransportName, 0, m.SerializeAsString());
 }
 
@@ -97,16 +103,20 @@ void CmaTransport::on_transport_message(PeerLink& link, uint64_t, std::string_vi
   }
   if (m.has_open()) {  // acceptor: our side of the channel
     wire::Message answer;
-    if (m.open().host() != host_ || m.open().pid() == 0 ||
-        m.open().pid() > static_cast<uint64_t>(std::numeric_limits<pid_t>::max())) {
+    const auto pid = wire_pid(m.open().pid());
+    if (m.open().host() != host_ || !pid) {
       answer.set_refuse("not on this host");
     } else {
-      link.install_channel(kTransportName, make_channel(link, static_cast<pid_t>(m.open().pid())));
-      auto* w = answer.mutable_welcome();
-      w->set_host(host_);
-      w->set_pid(static_cast<uint64_t>(getpid()));
-      w->set_probe(reinterpret_cast<uint64_t>(&probe_value_));
-      w->set_probe_value(probe_value_);
+      // Serving needs nothing of the kernel; fetching from the peer over this channel needs
+      // its memory: where that is refused, this side's fetches from it use another transport.
+      if (auto ec = probe(link, *pid, m.open())) {
+        FERRY_LOG_WARN(
+            "CMA: cannot read the memory of peer '{}' (pid {}): {}; fetches from it "
+            "use another transport",
+            link.info().name, *pid, ec.message());
+      }
+      link.install_channel(kTransportName, make_channel(link, *pid));
+      describe(*answer.mutable_welcome());
     }
     return link.send_transport_message(kTransportName, 0, answer.SerializeAsString());
   }
@@ -125,27 +135,37 @@ void CmaTransport::on_transport_message(PeerLink& link, uint64_t, std::string_vi
     return opening->done(make_error_code(errc::transport_unavailable), nullptr);
   }
   const auto& w = m.welcome();
-  const auto pid = static_cast<pid_t>(w.pid());
-  uint64_t seen = 0;
+  const auto pid = wire_pid(w.pid());
   std::error_code ec =
-      w.host() != host_ || w.pid() == 0 ||
-              w.pid() > static_cast<uint64_t>(std::numeric_limits<pid_t>::max())
-          ? std::error_code(errc::protocol_error)
-          : read_process_memory(pid, reinterpret_cast<std::byte*>(&seen), w.probe(), sizeof seen);
-  if (!ec && seen != w.probe_value()) ec = errc::protocol_error;
+      w.host() != host_ || !pid ? std::error_code(errc::protocol_error) : probe(link, *pid, w);
   if (ec) {
-    ++counters_->refused;
-    {
-      std::lock_guard lock(mu_);
-      unreadable_.insert(link.info().session_id);
-    }
     FERRY_LOG_WARN(
         "CMA: cannot read the memory of peer '{}' (pid {}): {}; its fetches use another transport "
         "(reading another process needs the same user and kernel.yama.ptrace_scope 0, or root)",
         link.info().name, w.pid(), ec.message());
     return opening->done(make_error_code(errc::transport_unavailable), nullptr);
   }
-  opening->done({}, make_channel(link, pid));
+  opening->done({}, make_channel(link, *pid));
+}
+
+void CmaTransport::describe(wire::Open& open) const {
+  open.set_host(host_);
+  open.set_pid(static_cast<uint64_t>(getpid()));
+  open.set_probe(reinterpret_cast<uint64_t>(&probe_value_));
+  open.set_probe_value(probe_value_);
+}
+
+std::error_code CmaTransport::probe(PeerLink& link, pid_t pid, const wire::Open& theirs) {
+  uint64_t seen = 0;
+  auto ec =
+      read_process_memory(pid, reinterpret_cast<std::byte*>(&seen), theirs.probe(), sizeof seen);
+  if (!ec && seen != theirs.probe_value()) ec = errc::protocol_error;
+  if (ec) {
+    ++counters_->refused;
+    std::lock_guard lock(mu_);
+    unreadable_.insert(link.info().session_id);
+  }
+  return ec;
 }
 
 std::shared_ptr<CmaChannel> CmaTransport::make_channel(PeerLink& link, pid_t pid) {

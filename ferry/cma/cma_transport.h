@@ -29,6 +29,9 @@ inline constexpr const char* kTransportName = "CMA";
 
 class Copier;
 class CmaChannel;
+namespace wire {
+class Open;
+}
 
 /// The CMA transport (see this file's comment): one-sided, aborts between copy steps, chosen by
 /// "auto" only when CmaOptions::preferred. Contexts make one each through the registry
@@ -53,7 +56,8 @@ class CmaTransport final : public TransportManager {
 
   /// Asks the peer for a channel and reads one word of its memory to prove that the kernel lets
   /// this process do so: transport_unavailable (logged) when it does not or the peer refuses,
-  /// handshake_failed when no answer comes within the handshake timeout.
+  /// handshake_failed when no answer comes within the handshake timeout. (The peer reads one of
+  /// ours likewise, for its own fetches from this side.)
   void async_open_channel(std::shared_ptr<PeerLink> link, ChannelOpenHandler done) override;
   /// The channel set-up messages: a peer's request (acceptor side: installs the channel) and the
   /// answer to ours. Malformed input fails the peer with protocol_error.
@@ -70,6 +74,12 @@ class CmaTransport final : public TransportManager {
   struct Opening;
   // A channel to the process `pid` (the copier is made with the first).
   std::shared_ptr<CmaChannel> make_channel(PeerLink& link, pid_t pid);
+  // This side as an open or welcome message describes it (host, pid, the probe word).
+  void describe(wire::Open& open) const;
+  // Reads the probe word `theirs` names in process `pid`: the kernel's refusal (then counted,
+  // and this session's peer is no longer offered CMA by peer_has_transport), a word that is not
+  // the one announced (protocol_error), or success.
+  std::error_code probe(PeerLink& link, pid_t pid, const wire::Open& theirs);
 
   TransportInfo info_;
   std::string host_;
