@@ -47,6 +47,7 @@ std::string join(const std::vector<std::string>& items) {
 std::vector<Setting> settings_of(const ContextOptions& o) {
   const auto rdma_options = o.transport_options_for<rdma::RdmaOptions>(rdma::kRdmaTransportName);
   const auto tcp_options = o.transport_options_for<tcp::TcpOptions>(tcp::kTransportName);
+  const auto cma_options = o.transport_options_for<cma::CmaOptions>(cma::kTransportName);
   const auto or_none = [](const std::string& v, const char* none) { return v.empty() ? none : v; };
   std::vector<Setting> out = {
       {"FERRY_TRANSPORT", "transport", o.transport, ""},
@@ -58,6 +59,10 @@ std::vector<Setting> settings_of(const ContextOptions& o) {
       {"FERRY_RDMA_GRANTS", "rdma_grants", rdma::rdma_grants_name(rdma_options.grants), ""},
       {"FERRY_TCP_CONGESTION", "tcp_congestion",
        or_none(tcp_options.congestion, "automatic (reno within one host, else the system's)"), ""},
+      {"FERRY_CMA_PREFERRED", "cma_preferred",
+       cma_options.preferred ? "yes (auto picks CMA for peers on this host)"
+                             : "no (CMA only when asked for by name)",
+       ""},
       {"FERRY_POOL_BYTES", "pool_bytes",
        o.pool_bytes ? bytes_text(o.pool_bytes) : std::string("0 (receive pool off)"), ""},
       {"FERRY_LOG", "log level", std::string(log::level_name(log::current_level())), ""},

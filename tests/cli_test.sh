@@ -15,10 +15,13 @@ trap cleanup EXIT
 "$ferry" info | tee "$tmp/info.txt"
 grep -qE '^  FERRY_POOL_BYTES +pool_bytes +default ' "$tmp/info.txt" || { echo "ferry info: no pool setting"; exit 1; }
 grep -q '^build: ' "$tmp/info.txt" && grep -qE '^  TCP +memory: cpu +on$' "$tmp/info.txt" &&
+  grep -qE '^  CMA +memory: cpu +on$' "$tmp/info.txt" &&
   grep -qE '^  RDMA +memory: cpu +(on|off: .+)$' "$tmp/info.txt" ||
   { echo "ferry info: no build line or no transport states"; exit 1; }
 FERRY_POOL_BYTES=512M "$ferry" info | grep -qE '^  FERRY_POOL_BYTES +pool_bytes +environment +0.50 GiB \(536870912\)' ||
   { echo "ferry info: FERRY_POOL_BYTES=512M not shown as the effective setting"; exit 1; }
+FERRY_CMA_PREFERRED=1 "$ferry" info | grep -qE '^  FERRY_CMA_PREFERRED +cma_preferred +environment +yes' ||
+  { echo "ferry info: FERRY_CMA_PREFERRED=1 not shown as the effective setting"; exit 1; }
 FERRY_TRANSPORT=tcp "$ferry" info --json >"$tmp/info.json"
 grep -q '"variable": "FERRY_TRANSPORT"' "$tmp/info.json" && grep -q '"source": "environment"' "$tmp/info.json" ||
   { echo "ferry info --json: no settings with their source"; cat "$tmp/info.json"; exit 1; }

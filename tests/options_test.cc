@@ -50,7 +50,8 @@ TEST(ContextOptions, FromEnvironmentReadsEveryVariable) {
   ScopedEnv transport("FERRY_TRANSPORT", "tcp"), secret("FERRY_SECRET", "s3cret"),
       cert("FERRY_TLS_CERT", "/certs/server.pem"), key("FERRY_TLS_KEY", "/certs/server.key"),
       ca("FERRY_TLS_CA", "/certs/ca.pem"), pool("FERRY_POOL_BYTES", "512M"),
-      congestion("FERRY_TCP_CONGESTION", "cubic"), grants("FERRY_RDMA_GRANTS", "registrations");
+      congestion("FERRY_TCP_CONGESTION", "cubic"), grants("FERRY_RDMA_GRANTS", "registrations"),
+      cma("FERRY_CMA_PREFERRED", "1");
   const ContextOptions o = ContextOptions::from_environment();
   EXPECT_EQ(o.transport, "TCP");
   EXPECT_EQ(o.secret, "s3cret");
@@ -61,6 +62,7 @@ TEST(ContextOptions, FromEnvironmentReadsEveryVariable) {
   // The transports' variables, read by the transports' own from_environment().
   EXPECT_EQ(o.transport_options_for<tcp::TcpOptions>(tcp::kTransportName).congestion, "cubic");
   EXPECT_EQ(tcp::TcpOptions::from_environment().congestion, "cubic");
+  EXPECT_TRUE(o.transport_options_for<cma::CmaOptions>(cma::kTransportName).preferred);
   EXPECT_EQ(rdma::RdmaOptions::from_environment().grants, rdma::RdmaGrants::registrations);
   if (registered(rdma::kRdmaTransportName)) {  // a build with RDMA support
     EXPECT_EQ(o.transport_options_for<rdma::RdmaOptions>(rdma::kRdmaTransportName).grants,
@@ -86,15 +88,16 @@ TEST(ContextOptions, TheDefaultsReadNothingFromTheEnvironment) {
 TEST(ContextOptions, FromEnvironmentKeepsTheDefaultForWhatItCannotUse) {
   {
     ScopedEnv transport("FERRY_TRANSPORT", nullptr), pool("FERRY_POOL_BYTES", "lots"),
-        grants("FERRY_RDMA_GRANTS", "sometimes");
+        grants("FERRY_RDMA_GRANTS", "sometimes"), cma("FERRY_CMA_PREFERRED", "perhaps");
     const ContextOptions o = ContextOptions::from_environment();
+    EXPECT_FALSE(o.transport_options_for<cma::CmaOptions>(cma::kTransportName).preferred);
     EXPECT_EQ(o.transport, "auto");
     EXPECT_EQ(o.pool_bytes, ContextOptions::default_pool_bytes());
     EXPECT_EQ(rdma::RdmaOptions::from_environment().grants, rdma::RdmaGrants::automatic);
   }
   // Transport names: the built-ins in any case, any other name as it is.
   for (const auto& [text, want] : std::vector<std::pair<const char*, const char*>>{
-           {"AUTO", "auto"}, {"Rdma", "RDMA"}, {"tcp", "TCP"}, {"SHM", "SHM"}}) {
+           {"AUTO", "auto"}, {"Rdma", "RDMA"}, {"tcp", "TCP"}, {"cma", "CMA"}, {"SHM", "SHM"}}) {
     ScopedEnv transport("FERRY_TRANSPORT", text);
     EXPECT_EQ(ContextOptions::from_environment().transport, want) << text;
   }
