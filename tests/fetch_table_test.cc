@@ -59,6 +59,28 @@ struct FetchTableTest : ::testing::Test {
     link.channels["ONE"] = std::make_shared<fakes::FakeChannel>(one_sided.get());
     link.opening.at(0).done({});
   }
+  // The channel opens after the fetch completed: nothing is launched.
+  void opens_too_late() {
+    open_channel();
+    EXPECT_TRUE(one_sided->fetches.empty());
+    EXPECT_EQ(table.size(), 0u);
+  }
+  // Fetch `s` times out at `at`: armed and announced as the next deadline, not over a moment
+  // before it, timed out at it.
+  void expect_times_out_at(const std::shared_ptr<detail::FetchState>& s,
+                           SessionLink::Clock::time_point at) {
+    EXPECT_EQ(link.armed, at);
+    EXPECT_EQ(table.next_deadline(), at);
+    table.expire(at - 1ms);
+    EXPECT_FALSE(s->done());
+    table.expire(at);
+    EXPECT_EQ(s->outcome(), std::error_code(errc::timed_out));
+  }
+  static FetchOptions within(std::chrono::milliseconds timeout) {
+    FetchOptions options;
+    options.timeout = timeout;
+    return options;
+  }
   // Launches fetch 1 into `target` over the one-sided transport, then its channel breaks: the
   // restart runs once `meanwhile` has changed what the link answers.
   std::shared_ptr<detail::FetchState> launch_then_restart(const std::function<void()>& meanwhile) {
@@ -149,16 +171,8 @@ TEST_F(FetchTableTest, ALaunchTheTransportRefusesCompletesWithItsError) {
 TEST_F(FetchTableTest, TheDeadlineEndsTheFetchWithTimedOutAndACancel) {
   link.add_transport(one_sided, true);
   auto s = state();
-  FetchOptions options;
-  options.timeout = 100ms;
-  start(s, target, options);
-  EXPECT_EQ(link.armed, link.clock + 100ms);
-  EXPECT_EQ(table.next_deadline(), link.clock + 100ms);
-
-  table.expire(link.clock + 99ms);
-  EXPECT_FALSE(s->done());
-  table.expire(link.clock + 100ms);
-  EXPECT_EQ(s->outcome(), std::error_code(errc::timed_out));
+  start(s, target, within(100ms));
+  expect_times_out_at(s, link.clock + 100ms);
   EXPECT_EQ(one_sided->aborts, std::vector<uint64_t>{1});  // the transport let go first
   ASSERT_EQ(link.sent.size(), 2u);
   EXPECT_TRUE(link.sent[1].has_cancel());
@@ -188,39 +202,24 @@ TEST_F(FetchTableTest, AnAbortBeforeTheChannelOpensCompletesAtOnce) {
   auto s = start_while_channel_opens();
   table.abort(1, s);
   EXPECT_EQ(s->outcome(), std::error_code(errc::aborted));
-  open_channel();  // after all: nothing is launched
-  EXPECT_TRUE(one_sided->fetches.empty());
-  EXPECT_EQ(table.size(), 0u);
+  opens_too_late();
 }
 
 TEST_F(FetchTableTest, TheDeadlineRunsWhileTheChannelOpens) {
-  FetchOptions options;
-  options.timeout = 100ms;
-  auto s = start_while_channel_opens(options);
-  EXPECT_EQ(link.armed, link.clock + 100ms);
-  EXPECT_EQ(table.next_deadline(), link.clock + 100ms);
-  table.expire(link.clock + 99ms);
-  EXPECT_FALSE(s->done());
-  table.expire(link.clock + 100ms);
-  EXPECT_EQ(s->outcome(), std::error_code(errc::timed_out));
+  auto s = start_while_channel_opens(within(100ms));
+  expect_times_out_at(s, link.clock + 100ms);
   EXPECT_EQ(link.sent.size(), 0u);  // nothing was asked of the peer
   EXPECT_EQ(table.next_deadline(), SessionLink::Clock::time_point::max());
-  open_channel();  // after all: nothing is launched
-  EXPECT_TRUE(one_sided->fetches.empty());
-  EXPECT_EQ(table.size(), 0u);
+  opens_too_late();
 }
 
 TEST_F(FetchTableTest, AFetchLaunchedAfterItsChannelOpenedKeepsTheDeadlineFromItsStart) {
-  FetchOptions options;
-  options.timeout = 100ms;
   const auto started = link.clock;
-  auto s = start_while_channel_opens(options);
+  auto s = start_while_channel_opens(within(100ms));
   link.clock += 60ms;  // the channel takes 60 ms to open
   open_channel();
   ASSERT_EQ(one_sided->fetches.size(), 1u);
-  EXPECT_EQ(table.next_deadline(), started + 100ms);
-  table.expire(started + 100ms);
-  EXPECT_EQ(s->outcome(), std::error_code(errc::timed_out));
+  expect_times_out_at(s, started + 100ms);
 }
 
 TEST_F(FetchTableTest, ARestartRelaunchesUnderANewRequestIdOnceTheChannelIsBack) {

@@ -11,8 +11,8 @@
 namespace ferry::cma {
 
 CmaChannel::CmaChannel(std::shared_ptr<PeerLink> link, pid_t peer_pid, Config config)
-    : link_(link),
-      strand_(link->strand()),
+    : StrandGuarded(link->strand()),
+      link_(link),
       peer_pid_(peer_pid),
       config_(std::move(config)),
       lease_timer_(strand_.get_inner_executor()) {}
@@ -45,25 +45,28 @@ void CmaChannel::on_grant(uint64_t request_id, const wire::Grant& grant) {
   if (w == waiting_.end()) return send_release(request_id, false);  // aborted meanwhile
   FetchOp op = std::move(w->second);
   waiting_.erase(w);
-  const auto& segments = grant.segments();
-  bool ok = static_cast<size_t>(segments.size()) == op.targets.size();
-  for (int i = 0; ok && i < segments.size(); ++i) {
-    ok = segments[i].length() == op.targets[static_cast<size_t>(i)].size() &&
-         (!grant.with_bytes() || segments[i].data().size() == segments[i].length());
+  // Either the bytes themselves or where they are, one entry per target, of its size.
+  const bool with_bytes = grant.data_size() > 0;
+  const auto n = static_cast<int>(op.targets.size());
+  bool ok = grant.lengths_size() == n && grant.addrs_size() == (with_bytes ? 0 : n) &&
+            grant.data_size() == (with_bytes ? n : 0);
+  for (int i = 0; ok && i < n; ++i) {
+    ok = grant.lengths(i) == op.targets[static_cast<size_t>(i)].size() &&
+         (!with_bytes || grant.data(i).size() == grant.lengths(i));
   }
   if (!ok) {  // the grant does not describe the object the ref did
     FERRY_LOG_WARN("CMA: a grant for fetch {} does not match its targets", request_id);
     send_release(request_id, false);
     return complete(request_id, errc::protocol_error);
   }
-  if (grant.with_bytes()) return take_bytes(request_id, op, grant);
-  copying_.emplace(request_id, Copy{std::move(op), {segments.begin(), segments.end()}});
+  if (with_bytes) return take_bytes(request_id, op, grant);
+  copying_.emplace(request_id, Copy{std::move(op), {grant.addrs().begin(), grant.addrs().end()}});
   copy_step(request_id);
 }
 
 void CmaChannel::take_bytes(uint64_t request_id, const FetchOp& op, const wire::Grant& grant) {
   for (size_t i = 0; i < op.targets.size(); ++i) {
-    const auto& data = grant.segments(static_cast<int>(i)).data();
+    const auto& data = grant.data(static_cast<int>(i));
     if (data.empty()) continue;
     std::memcpy(op.targets[i].data(), data.data(), data.size());
     config_.counters->bytes += data.size();
@@ -84,8 +87,7 @@ void CmaChannel::copy_step(uint64_t request_id) {
     auto target = c.op.targets[c.tensor];
     const size_t n = std::min<size_t>(budget, target.size() - c.done);
     // Returns once every thread is done with the target: an abort after this step is immediate.
-    ec = config_.copier->read(peer_pid_, target.data() + c.done,
-                              c.segments[c.tensor].addr() + c.done, n);
+    ec = config_.copier->read(peer_pid_, target.data() + c.done, c.addrs[c.tensor] + c.done, n);
     if (!ec) {
       c.done += n;
       budget -= n;
@@ -130,16 +132,20 @@ void CmaChannel::on_kept(uint64_t request_id, bool kept) {
 void CmaChannel::send_multiple(uint64_t request_id, ObjectStore::Pin object, SendDone done) {
   wire::Message m;
   auto* grant = m.mutable_grant();
-  grant->set_with_bytes(object.object().total_bytes() <= config_.inline_bytes);
-  for (const auto& t : object.object().tensors) {
-    auto* s = grant->add_segments();
-    s->set_addr(reinterpret_cast<uint64_t>(t.data.data()));
-    s->set_length(t.data.size());
-    if (grant->with_bytes()) s->set_data(t.data.data(), t.data.size());
+  const auto& tensors = object.object().tensors;
+  // An object of no bytes goes by address: a grant with bytes needs an entry per tensor.
+  const bool with_bytes =
+      object.object().total_bytes() <= config_.inline_bytes && object.object().total_bytes() > 0;
+  for (const auto& t : tensors) {
+    grant->add_lengths(t.data.size());
+    if (with_bytes) {
+      grant->add_data(t.data.data(), t.data.size());
+    } else {
+      grant->add_addrs(reinterpret_cast<uint64_t>(t.data.data()));
+    }
   }
-  leases_.insert_or_assign(request_id,
-                           Lease{std::move(object), std::move(done), grant->with_bytes(),
-                                 std::chrono::steady_clock::now()});
+  leases_.insert_or_assign(request_id, Lease{std::move(object), std::move(done), with_bytes,
+                                             std::chrono::steady_clock::now()});
   arm_lease_timer();
   send(request_id, m);
 }

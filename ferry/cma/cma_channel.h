@@ -23,6 +23,7 @@
 #include "ferry/cma/cma_transport.h"
 #include "ferry/cma/copier.h"
 #include "ferry/cma/proto/cma.pb.h"
+#include "ferry/net/core/guard.h"
 #include "ferry/net/transport.h"
 
 namespace ferry::cma {
@@ -33,7 +34,7 @@ struct CmaTransport::Counters {
   std::atomic<uint64_t> refused{0};  // channels not opened: the kernel refused the probe read
 };
 
-class CmaChannel final : public TransportChannel, public std::enable_shared_from_this<CmaChannel> {
+class CmaChannel final : public TransportChannel, public StrandGuarded<CmaChannel, PeerStrand> {
  public:
   // What a channel is configured with (from CmaOptions) and shares with the transport.
   struct Config {
@@ -55,17 +56,12 @@ class CmaChannel final : public TransportChannel, public std::enable_shared_from
   bool on_message(uint64_t request_id, std::string_view payload) override;
   void close(std::error_code ec) override;
 
-  // The callback guard's view (ferry/net/core/guard.h). Strand.
-  PeerStrand& strand() { return strand_; }
-  std::shared_ptr<void> keep_alive() { return shared_from_this(); }
-  bool closed() const { return closed_; }
-
  private:
   struct Copy {
     FetchOp op;
-    std::vector<wire::Segment> segments;  // the owner's, one per target
-    size_t tensor = 0;                    // the target being copied
-    uint64_t done = 0;                    // bytes of it copied
+    std::vector<uint64_t> addrs;  // in the owner, one per target
+    size_t tensor = 0;            // the target being copied
+    uint64_t done = 0;            // bytes of it copied
   };
   struct Lease {
     ObjectStore::Pin pin;
@@ -91,10 +87,8 @@ class CmaChannel final : public TransportChannel, public std::enable_shared_from
   void complete(uint64_t request_id, std::error_code ec);
 
   std::weak_ptr<PeerLink> link_;
-  PeerStrand strand_;
   pid_t peer_pid_;
   Config config_;
-  bool closed_ = false;
   boost::asio::steady_timer lease_timer_;
   bool lease_timer_armed_ = false;
   std::map<uint64_t, FetchOp> waiting_;  // fetches waiting for their grant

@@ -30,6 +30,12 @@ std::optional<pid_t> pid_on(std::string_view host, std::string_view descriptor) 
   return pid;
 }
 
+// The registry's factory: every context on this host can use CMA (whether a peer can is found
+// per channel).
+Result<std::shared_ptr<TransportManager>> make(const TransportEnv& env, const CmaOptions& options) {
+  return std::shared_ptr<TransportManager>(std::make_shared<CmaTransport>(env, options));
+}
+
 // A process id from the wire, if it can be one.
 std::optional<pid_t> wire_pid(uint64_t pid) {
   if (pid == 0 || pid > static_cast<uint64_t>(std::numeric_limits<pid_t>::max())) {
@@ -193,17 +199,10 @@ std::vector<TransportMetric> CmaTransport::metrics() const {
 void CmaTransport::garbage_collect(const StoredObject&) {}
 
 bool register_cma_transport() {
-  static const bool registered = [] {
-    auto ec = register_transport<CmaOptions>(
-        kTransportName, {"cpu"},
-        [](const TransportEnv& env,
-           const CmaOptions& options) -> Result<std::shared_ptr<TransportManager>> {
-          return std::shared_ptr<TransportManager>(std::make_shared<CmaTransport>(env, options));
-        },
-        &CmaOptions::from_environment);
-    return !ec || ec == errc::transport_duplicate;
-  }();
-  return registered;
+  // Once per process; a second call finds it registered.
+  static const std::error_code ec =
+      register_transport<CmaOptions>(kTransportName, {"cpu"}, &make, &CmaOptions::from_environment);
+  return !ec || ec == errc::transport_duplicate;
 }
 
 }  // namespace ferry::cma

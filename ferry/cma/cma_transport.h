@@ -44,9 +44,6 @@ class CmaTransport final : public TransportManager {
   CmaTransport(const TransportEnv& env, const CmaOptions& options);
   ~CmaTransport() override;
 
-  std::string name() const override { return kTransportName; }
-  bool is_one_sided() const override { return true; }
-  bool can_abort() const override { return true; }
   /// Advertises this host's identity and this process's id; priority 50 (between RDMA and TCP)
   /// when preferred, else 1 (below TCP: used when asked for by name).
   TransportInfo local_info() const override;
@@ -66,6 +63,10 @@ class CmaTransport final : public TransportManager {
   std::vector<TransportMetric> metrics() const override;
   /// CMA holds nothing per object: the pin of each grant is what keeps its memory.
   void garbage_collect(const StoredObject& object) override;
+
+  std::string name() const override { return kTransportName; }
+  bool is_one_sided() const override { return true; }  ///< the fetcher reads
+  bool can_abort() const override { return true; }     ///< between copy steps
 
   /// Shared with the channels: what metrics() reports.
   struct Counters;

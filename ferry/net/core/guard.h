@@ -5,6 +5,7 @@
 #include <boost/asio/bind_executor.hpp>
 #include <boost/system/error_code.hpp>
 #include <concepts>
+#include <memory>
 #include <utility>
 
 namespace ferry {
@@ -16,6 +17,21 @@ concept Guardable = requires(Owner& owner) {
   owner.strand();
   owner.keep_alive();
   { owner.closed() } -> std::convertible_to<bool>;
+};
+
+// What Guardable asks, for a class held by shared_ptr that lives on a strand of type `Strand`:
+// derive from it, construct it with the strand, set closed_ once it has closed.
+template <typename Derived, typename Strand>
+class StrandGuarded : public std::enable_shared_from_this<Derived> {
+ public:
+  Strand& strand() { return strand_; }
+  std::shared_ptr<void> keep_alive() { return this->shared_from_this(); }
+  bool closed() const { return closed_; }
+
+ protected:
+  explicit StrandGuarded(Strand strand) : strand_(std::move(strand)) {}
+  Strand strand_;
+  bool closed_ = false;
 };
 
 // A completion handler that runs `fn` on `owner`'s strand, keeps `owner` alive until it has run,

@@ -71,12 +71,13 @@ class Handshake {
     virtual std::shared_ptr<TransportManager> pick_transport(const std::string& requested,
                                                              const std::string& ref_transport,
                                                              std::error_code& ec) const = 0;
-    // As SessionLink::fallback_transport: the next transport both sides have after `failed`.
-    virtual std::shared_ptr<TransportManager> fallback_transport(
-        const TransportManager& failed) const = 0;
     // As SessionLink::ensure_channel.
     virtual void ensure_channel(const std::shared_ptr<TransportManager>& transport,
                                 std::function<void(std::error_code)> done) = 0;
+    // Where the initiator's chosen transport's channel could not be opened: as
+    // SessionLink::fallback_transport, the next transport both sides have after `failed`.
+    virtual std::shared_ptr<TransportManager> fallback_transport(
+        const TransportManager& failed) const = 0;
     // The peer described itself; the session records it before anything else happens.
     virtual void set_peer(Peer peer) = 0;
     // The handshake ended: success opens the session (before the message that tells the peer
