@@ -12,7 +12,9 @@
 One-sided: the source actor puts the tensors in its process's ferry context
 (``extract_tensor_transport_metadata``) and the metadata Ray ships carries the ferry ref; the
 destination reads them (``fetch_multiple_tensors`` / ``wait_fetch_complete``, or
-``recv_multiple_tensors``) over RDMA where both sides have it, else over TCP. Ray never calls
+``recv_multiple_tensors``) over RDMA where both sides have it, between actors of one node with one
+copy straight out of the source's memory (CMA; ``FERRY_CMA_PREFERRED=0`` turns that off), else over
+TCP. Ray never calls
 ``send_multiple_tensors`` for a one-sided transport. ``garbage_collect`` lets the object go on
 its owner; ``abort_transport`` aborts the fetches in flight for an object.
 
@@ -87,7 +89,11 @@ class _Process:
         with self.lock:
             if self.context is None or self.context.closed:
                 host = os.environ.get("FERRY_RDT_HOST") or _node_ip()
-                self.context = Context(listen=f"{host}:0", name=f"ray-rdt-{os.getpid()}")
+                # Actors of one node copy straight out of each other's memory (CMA) unless the
+                # environment says otherwise; other nodes' actors use RDMA or TCP.
+                prefer = None if "FERRY_CMA_PREFERRED" in os.environ else True
+                self.context = Context(listen=f"{host}:0", name=f"ray-rdt-{os.getpid()}",
+                                       cma_preferred=prefer)
                 self.peers = {}
             return self.context
 

@@ -17,6 +17,7 @@ Commands, by the part Ray's diagrams give each process:
                                             of every tensor and whether the targets were used
   ("recv", obj_id, metadata, targets)      destination: recv_multiple_tensors; answers digests
   ("has_ferry",)                           actor_has_tensor_transport's probe
+  ("transport", obj_id)                     destination: the transport its last wait's fetch used
   ("stats",)                                (RSS bytes, open fds, fetches the transport tracks)
 """
 
@@ -73,6 +74,7 @@ def main():
     transport = FerryTensorTransport()
     kept = {}      # obj_id -> tensors put (the actor's return value: Ray keeps it alive)
     fetches = {}   # obj_id -> (FetchRequest, targets)
+    fetched_over = {}  # obj_id -> the transport its last waited fetch used
     for line in sys.stdin:
         cmd = decode(line)
         try:
@@ -102,6 +104,7 @@ def main():
                 request, buffers = fetches[obj_id]
                 tensors = transport.wait_fetch_complete(request, timeout)
                 del fetches[obj_id]
+                fetched_over[obj_id] = request.future.transport
                 used = buffers is not None and all(t is b for t, b in zip(tensors, buffers))
                 value = ([digest(t) for t in tensors], used)
             elif op == "recv":
@@ -113,6 +116,8 @@ def main():
             elif op == "serving":
                 from ferry import rdt
                 value = rdt._process.context.stats()["serves_in_flight"]
+            elif op == "transport":
+                value = fetched_over.get(cmd[1])
             elif op == "has_ferry":
                 value = True
             elif op == "stats":

@@ -133,6 +133,8 @@ def test_source_to_destination_through_fetch_and_wait(actors, kind, into):
     got, used = destination.call("wait", "obj-1", -1)
     assert got == digests
     assert used == into
+    # Actors of one host: CMA (ferry.rdt prefers it), but RDMA where both have it (the guest).
+    assert destination.call("transport", "obj-1") == ("RDMA" if RDMA else "CMA")
     # Fetched again (a second consumer), then collected on the source: gone for later fetches.
     assert destination.call("recv", "obj-1", meta, None)[0] == digests
     source.call("gc", "obj-1", meta)
