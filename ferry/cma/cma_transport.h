@@ -90,7 +90,7 @@ class CmaTransport final : public TransportManager {
   std::chrono::milliseconds lease_timeout_;
   unsigned copy_threads_;
   std::shared_ptr<Counters> counters_;
-  // The word a peer reads to prove it may (its address and value go in the welcome).
+  // The word a peer reads to prove it may (its address and value go in open and welcome).
   uint64_t probe_value_;
   mutable std::mutex mu_;
   std::map<const PeerLink*, std::shared_ptr<Opening>> opening_;
