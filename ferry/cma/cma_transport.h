@@ -67,6 +67,7 @@ class CmaTransport final : public TransportManager {
   std::string name() const override { return kTransportName; }
   bool is_one_sided() const override { return true; }  ///< the fetcher reads
   bool can_abort() const override { return true; }     ///< between copy steps
+  bool reaches_other_hosts() const override { return false; }
 
   /// Shared with the channels: what metrics() reports.
   struct Counters;

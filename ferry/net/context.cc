@@ -186,13 +186,25 @@ void Context::Impl::note_negotiated(const PeerInfo& peer, const std::string& tra
     std::lock_guard lock(mu);
     ++negotiated[transport];
   }
-  auto list = transport_list();
-  const std::string best = list->empty() ? "" : list->front()->name();
-  if (transport != best) {
-    FERRY_LOG_WARN("peer '{}' ({}): using {}; {} is not available to both sides over {} -> {}",
-                   peer.name, peer.address, transport, best, peer.local_ip, peer.remote_ip);
-  } else {
+  // The best transport this side has for the peer: one that reaches only this host does not
+  // count for a peer elsewhere.
+  std::shared_ptr<TransportManager> best;
+  for (const auto& t : *transport_list()) {
+    if (t->reaches_other_hosts() || t->peer_has_transport(peer)) {
+      best = t;
+      break;
+    }
+  }
+  if (!best || transport == best->name()) {
     FERRY_LOG_INFO("peer '{}' ({}): using {}", peer.name, peer.address, transport);
+  } else if (best->peer_has_transport(peer)) {
+    // Both sides have it, and the handshake settled on another (asked for, or the acceptor's
+    // order): this side's fetches still pick their transport by its own order.
+    FERRY_LOG_INFO("peer '{}' ({}): using {} for the connection ({} is available too)", peer.name,
+                   peer.address, transport, best->name());
+  } else {
+    FERRY_LOG_WARN("peer '{}' ({}): using {}; {} is not available to both sides over {} -> {}",
+                   peer.name, peer.address, transport, best->name(), peer.local_ip, peer.remote_ip);
   }
 }
 

@@ -230,6 +230,10 @@ class TransportManager {
   /// Whether TransportChannel::abort() can stop a transfer in flight (otherwise abort waits for
   /// the transfer). Any thread.
   virtual bool can_abort() const = 0;
+  /// Whether it can reach processes on other hosts (default true). A same-host transport (CMA, a
+  /// shared-memory one) returns false: a peer elsewhere that connects over another transport is
+  /// then expected, and not logged as a fallback from it. Any thread.
+  virtual bool reaches_other_hosts() const { return true; }
 
   /// What this side advertises in Hello and Capabilities. Any thread.
   virtual TransportInfo local_info() const = 0;
