@@ -117,6 +117,7 @@ class ShmTransport final : public ferry::TransportManager {
   std::string name() const override { return kName; }
   bool is_one_sided() const override { return true; }
   bool can_abort() const override { return true; }
+  bool reaches_other_hosts() const override { return false; }  // one host's memory only
   ferry::TransportInfo local_info() const override;
   bool peer_has_transport(const ferry::PeerInfo& peer) const override;
   // [identity]
