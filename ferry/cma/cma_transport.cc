@@ -4,7 +4,6 @@
 
 #include <boost/asio/bind_executor.hpp>
 #include <boost/asio/steady_timer.hpp>
-#include <charconv>
 #include <limits>
 #include <optional>
 #include <random>
@@ -19,15 +18,11 @@
 namespace ferry::cma {
 namespace {
 
-// A descriptor is "<host identity> <pid>"; the pid, when `descriptor` is from `host`.
-std::optional<pid_t> pid_on(std::string_view host, std::string_view descriptor) {
+// A descriptor is "<host identity> <pid>" (the pid for people: the channel's messages carry the
+// one that is read); whether `descriptor` is from `host`.
+bool from_host(std::string_view host, std::string_view descriptor) {
   const size_t space = descriptor.rfind(' ');
-  if (space == std::string_view::npos || descriptor.substr(0, space) != host) return std::nullopt;
-  const std::string_view digits = descriptor.substr(space + 1);
-  pid_t pid = 0;
-  auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), pid);
-  if (ec != std::errc() || end != digits.data() + digits.size() || pid <= 0) return std::nullopt;
-  return pid;
+  return space != std::string_view::npos && descriptor.substr(0, space) == host;
 }
 
 // The registry's factory: every context on this host can use CMA (whether a peer can is found
@@ -73,7 +68,7 @@ TransportInfo CmaTransport::local_info() const { return info_; }
 
 bool CmaTransport::peer_has_transport(const PeerInfo& peer) const {
   const TransportInfo* theirs = peer.find_transport(kTransportName);
-  if (!theirs || !pid_on(host_, theirs->descriptor)) return false;
+  if (!theirs || !from_host(host_, theirs->descriptor)) return false;
   std::lock_guard lock(mu_);
   return unreadable_.count(peer.session_id) == 0;
 }

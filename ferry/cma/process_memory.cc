@@ -9,12 +9,16 @@
 namespace ferry::cma {
 
 std::string host_identity() {
-  std::ifstream boot("/proc/sys/kernel/random/boot_id");
-  std::string id;
-  std::getline(boot, id);
-  char ns[64] = {};
-  const ssize_t n = readlink("/proc/self/ns/pid", ns, sizeof(ns) - 1);
-  return id + "/" + (n > 0 ? std::string(ns, static_cast<size_t>(n)) : std::string("?"));
+  // Read once per process (a context each makes a transport): neither changes while it runs.
+  static const std::string identity = [] {
+    std::ifstream boot("/proc/sys/kernel/random/boot_id");
+    std::string id;
+    std::getline(boot, id);
+    char ns[64] = {};
+    const ssize_t n = readlink("/proc/self/ns/pid", ns, sizeof(ns) - 1);
+    return id + "/" + (n > 0 ? std::string(ns, static_cast<size_t>(n)) : std::string("?"));
+  }();
+  return identity;
 }
 
 std::error_code read_process_memory(pid_t pid, std::byte* local, uint64_t remote, size_t n) {
