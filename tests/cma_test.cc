@@ -1,6 +1,7 @@
 // The same-host transport (CMA) with real processes: byte-exact fetches of every shape out of
-// another process's memory, selection, aborts mid-copy, an owner killed mid-copy, and a fetcher
-// the kernel does not let read its owner (it falls back to TCP).
+// another process's memory, selection, aborts mid-copy, an owner killed mid-copy, a late copy
+// refused by the grant's lease word, and a fetcher the kernel does not let read its owner (it
+// falls back to TCP).
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <unistd.h>
@@ -8,9 +9,11 @@
 #include <boost/asio/post.hpp>
 #include <filesystem>
 #include <future>
+#include <set>
 #include <string>
 #include <vector>
 
+#include "ferry/cma/lease_board.h"
 #include "tests/child_process.h"
 #include "tests/test_util.h"
 
@@ -247,6 +250,39 @@ TEST_F(Cma, AFetcherTheKernelDoesNotLetReadFallsBackToTcp) {
   EXPECT_TRUE(eventually(
       [&] { return server.ctx.stats().bytes_served_by_transport["TCP"] >= 16 * (2u << 20); }, 5s));
   EXPECT_EQ(server.ctx.stats().bytes_served_by_transport.count(cma::kTransportName), 0u);
+}
+
+// The lease words: a grant's token is in its word until revoked, a slot used again gets a token
+// never handed out before (a late reader of the old grant sees a mismatch), 0 is never a token.
+TEST(CmaLeaseBoard, ATokenHoldsUntilRevokedAndIsNeverHandedOutAgain) {
+  cma::LeaseBoard board;
+  std::vector<cma::LeaseBoard::Slot> slots;
+  std::set<uint64_t> tokens;
+  for (int i = 0; i < 1500; ++i) {  // several chunks
+    slots.push_back(board.acquire());
+    ASSERT_TRUE(slots.back());
+    EXPECT_NE(slots.back().token, 0u);
+    EXPECT_TRUE(tokens.insert(slots.back().token).second);
+  }
+  std::set<const void*> words;
+  for (const auto& s : slots) {
+    EXPECT_TRUE(words.insert(s.word).second) << "two live grants share a word";
+    EXPECT_TRUE(cma::LeaseBoard::holds(s.word->load(), s.token));
+  }
+  const auto old = slots[7];
+  board.revoke(old);
+  EXPECT_EQ(old.word->load(), 0u);
+  EXPECT_FALSE(cma::LeaseBoard::holds(old.word->load(), old.token));
+  const auto again = board.acquire();  // the freed word, with a new token
+  EXPECT_EQ(again.word, old.word);
+  EXPECT_TRUE(tokens.insert(again.token).second);
+  EXPECT_FALSE(cma::LeaseBoard::holds(again.word->load(), old.token));
+  EXPECT_TRUE(cma::LeaseBoard::holds(again.word->load(), again.token));
+  EXPECT_FALSE(cma::LeaseBoard::holds(0, 0));
+  for (size_t i = 0; i < slots.size(); ++i) {
+    if (i != 7) board.revoke(slots[i]);
+  }
+  board.revoke(again);
 }
 
 }  // namespace

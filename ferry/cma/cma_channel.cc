@@ -1,9 +1,11 @@
 #include "ferry/cma/cma_channel.h"
 
+#include <atomic>
 #include <boost/asio/post.hpp>
 #include <cstring>
 #include <utility>
 
+#include "ferry/cma/process_memory.h"
 #include "ferry/net/core/guard.h"
 #include "ferry/net/errors.h"
 #include "ferry/net/log.h"
@@ -49,7 +51,8 @@ void CmaChannel::on_grant(uint64_t request_id, const wire::Grant& grant) {
   const bool with_bytes = grant.data_size() > 0;
   const auto n = static_cast<int>(op.targets.size());
   bool ok = grant.lengths_size() == n && grant.addrs_size() == (with_bytes ? 0 : n) &&
-            grant.data_size() == (with_bytes ? n : 0);
+            grant.data_size() == (with_bytes ? n : 0) &&
+            (with_bytes || (grant.lease() != 0 && grant.token() != 0));
   for (int i = 0; ok && i < n; ++i) {
     ok = grant.lengths(i) == op.targets[static_cast<size_t>(i)].size() &&
          (!with_bytes || grant.data(i).size() == grant.lengths(i));
@@ -60,7 +63,10 @@ void CmaChannel::on_grant(uint64_t request_id, const wire::Grant& grant) {
     return complete(request_id, errc::protocol_error);
   }
   if (with_bytes) return take_bytes(request_id, op, grant);
-  copying_.emplace(request_id, Copy{std::move(op), {grant.addrs().begin(), grant.addrs().end()}});
+  copying_.emplace(request_id, Copy{std::move(op),
+                                    {grant.addrs().begin(), grant.addrs().end()},
+                                    grant.lease(),
+                                    grant.token()});
   copy_step(request_id);
 }
 
@@ -112,19 +118,31 @@ void CmaChannel::copy_step(uint64_t request_id) {
     boost::asio::post(guarded(*this, [this, request_id] { copy_step(request_id); }));
     return;
   }
-  confirming_.insert(request_id);
+  const Copy done = std::move(c);
   copying_.erase(it);
-  send_release(request_id, true);
+  confirm(request_id, done);
 }
 
-void CmaChannel::on_kept(uint64_t request_id, bool kept) {
-  auto it = confirming_.find(request_id);
-  if (it == confirming_.end()) return;  // aborted meanwhile
-  confirming_.erase(it);
-  if (kept) ++config_.counters->fetches;
-  // Not kept: the owner let the object go while we copied (an abort, the lease timeout), so the
+void CmaChannel::confirm(uint64_t request_id, const Copy& c) {
+  // Every read of the copy (Copier::read returned: its helpers too) comes before this one: an
+  // owner that changed the object after clearing the word cannot have changed what we copied and
+  // still show the token here.
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  uint64_t word = 0;
+  const auto ec =
+      read_process_memory(peer_pid_, reinterpret_cast<std::byte*>(&word), c.lease, sizeof word);
+  if (ec) {
+    FERRY_LOG_WARN("CMA: fetch {}: reading the owner's lease word failed: {}", request_id,
+                   ec.message());
+    send_release(request_id, false);
+    return complete(request_id, ec.value() == ESRCH ? errc::peer_closed : errc::protocol_error);
+  }
+  const bool held = LeaseBoard::holds(word, c.token);
+  send_release(request_id, held);
+  if (held) ++config_.counters->fetches;
+  // Not held: the owner let the object go while we copied (an abort, the lease timeout), so the
   // bytes are not the object's; the owner's own error for the request may come first.
-  complete(request_id, kept ? std::error_code() : std::error_code(errc::aborted));
+  complete(request_id, held ? std::error_code() : std::error_code(errc::aborted));
 }
 
 // ---------------------------------------------------------------- owner side
@@ -136,6 +154,12 @@ void CmaChannel::send_multiple(uint64_t request_id, ObjectStore::Pin object, Sen
   // An object of no bytes goes by address: a grant with bytes needs an entry per tensor.
   const bool with_bytes =
       object.object().total_bytes() <= config_.inline_bytes && object.object().total_bytes() > 0;
+  LeaseBoard::Slot slot;
+  if (!with_bytes) {
+    slot = config_.board->acquire();
+    grant->set_lease(reinterpret_cast<uint64_t>(slot.word));
+    grant->set_token(slot.token);
+  }
   for (const auto& t : tensors) {
     grant->add_lengths(t.data.size());
     if (with_bytes) {
@@ -144,8 +168,9 @@ void CmaChannel::send_multiple(uint64_t request_id, ObjectStore::Pin object, Sen
       grant->add_addrs(reinterpret_cast<uint64_t>(t.data.data()));
     }
   }
-  leases_.insert_or_assign(request_id, Lease{std::move(object), std::move(done), with_bytes,
-                                             std::chrono::steady_clock::now()});
+  // The session serves a request id once at a time: no lease of it is here.
+  leases_.emplace(request_id, Lease{std::move(object), std::move(done), slot,
+                                    std::chrono::steady_clock::now()});
   arm_lease_timer();
   send(request_id, m);
 }
@@ -168,28 +193,21 @@ void CmaChannel::expire_leases() {
   for (const auto& [id, lease] : leases_) {
     if (lease.granted + config_.lease_timeout <= now) due.push_back(id);
   }
-  for (uint64_t id : due) {
-    // The fetcher's release, if it still comes, hears that the object was not kept.
-    auto it = leases_.find(id);
-    auto done = std::move(it->second.done);
-    leases_.erase(it);
-    done(errc::timed_out);
-  }
+  for (uint64_t id : due) end_lease(leases_.find(id), errc::timed_out);
   arm_lease_timer();
 }
 
 void CmaChannel::on_release(uint64_t request_id, bool copied) {
   auto it = leases_.find(request_id);
-  const bool kept = it != leases_.end();
-  if (copied && !(kept && it->second.with_bytes)) {
-    wire::Message m;
-    m.set_kept(kept);
-    send(request_id, m);
-  }
-  if (!kept) return;
+  if (it == leases_.end()) return;  // ended already (an abort, the lease timeout)
+  end_lease(it, copied ? std::error_code() : std::error_code(errc::aborted));
+}
+
+void CmaChannel::end_lease(std::map<uint64_t, Lease>::iterator it, std::error_code ec) {
+  config_.board->revoke(it->second.slot);  // before the object may go
   auto done = std::move(it->second.done);
   leases_.erase(it);  // unpins the object
-  done(copied ? std::error_code() : std::error_code(errc::aborted));
+  done(ec);
 }
 
 // ---------------------------------------------------------------- either side
@@ -207,9 +225,6 @@ bool CmaChannel::on_message(uint64_t request_id, std::string_view payload) {
     case wire::Message::kRelease:
       on_release(request_id, m.release());
       return true;
-    case wire::Message::kKept:
-      on_kept(request_id, m.kept());
-      return true;
     default:
       return false;  // channel set-up: the transport's
   }
@@ -217,16 +232,11 @@ bool CmaChannel::on_message(uint64_t request_id, std::string_view payload) {
 
 bool CmaChannel::abort(uint64_t request_id) {
   waiting_.erase(request_id);  // a grant that still comes is released unread
-  confirming_.erase(request_id);
   if (copying_.erase(request_id) > 0) {
     // Copies run in steps on this strand, so none is running now: stopping is immediate.
     send_release(request_id, false);
   }
-  if (auto l = leases_.find(request_id); l != leases_.end()) {  // owner side
-    auto done = std::move(l->second.done);
-    leases_.erase(l);
-    done(errc::aborted);
-  }
+  if (auto l = leases_.find(request_id); l != leases_.end()) end_lease(l, errc::aborted);
   return true;  // nothing of ours touches the request's buffers any more
 }
 
@@ -236,10 +246,12 @@ void CmaChannel::close(std::error_code ec) {
   lease_timer_.cancel();
   waiting_.clear();  // the session completes the fetches
   copying_.clear();
-  confirming_.clear();
   auto ending = std::move(leases_);
   leases_.clear();
-  for (auto& [id, lease] : ending) lease.done(ec);
+  for (auto& [id, lease] : ending) {
+    config_.board->revoke(lease.slot);
+    lease.done(ec);
+  }
 }
 
 }  // namespace ferry::cma

@@ -1,11 +1,12 @@
 // CmaChannel: one peer's CMA state (internal to the CMA transport).
 //
-// Fetcher side: a fetch waits for the owner's grant (the address and length of each tensor),
-// then copies them into its targets with process_vm_readv, a step per turn of the strand, and
-// sends a release; the owner answers whether its lease still held the object, and only then is
-// the fetch complete: bytes copied after an owner let the object go (an abort, the lease
-// timeout, the channel's end) are never reported as the object's. Owner side: a lease pins the
-// object from the grant until the release, an abort, the lease timeout or the channel's end.
+// Fetcher side: a fetch waits for the owner's grant (the address and length of each tensor, and
+// where the grant's lease word is), copies the tensors into its targets with process_vm_readv, a
+// step per turn of the strand, then reads the lease word: only when it still holds the grant's
+// token is the fetch complete, so bytes copied after an owner let the object go (an abort, the
+// lease timeout, the channel's end) are never reported as the object's. The release that follows
+// needs no answer. Owner side: a lease pins the object from the grant until the release, an
+// abort, the lease timeout or the channel's end, and clears its word before unpinning.
 #pragma once
 
 #include <sys/types.h>
@@ -16,12 +17,12 @@
 #include <cstdint>
 #include <map>
 #include <memory>
-#include <set>
 #include <string_view>
 #include <vector>
 
 #include "ferry/cma/cma_transport.h"
 #include "ferry/cma/copier.h"
+#include "ferry/cma/lease_board.h"
 #include "ferry/cma/proto/cma.pb.h"
 #include "ferry/net/core/guard.h"
 #include "ferry/net/transport.h"
@@ -30,7 +31,7 @@ namespace ferry::cma {
 
 struct CmaTransport::Counters {
   std::atomic<uint64_t> bytes{0};    // copied into targets
-  std::atomic<uint64_t> fetches{0};  // completed with every byte confirmed
+  std::atomic<uint64_t> fetches{0};  // completed, the lease word confirming the copy
   std::atomic<uint64_t> refused{0};  // channels not opened: the kernel refused the probe read
 };
 
@@ -42,6 +43,7 @@ class CmaChannel final : public TransportChannel, public StrandGuarded<CmaChanne
     size_t inline_bytes = 0;                         // objects up to this size travel in the grant
     std::chrono::milliseconds lease_timeout{60000};  // ContextOptions::lease_timeout
     std::shared_ptr<Copier> copier;
+    std::shared_ptr<LeaseBoard> board;  // the owner side's lease words
     std::shared_ptr<CmaTransport::Counters> counters;
   };
   // `peer_pid`: the process to read from.
@@ -49,7 +51,7 @@ class CmaChannel final : public TransportChannel, public StrandGuarded<CmaChanne
 
   // TransportChannel, on the strand. fetch_multiple waits for the owner's grant; send_multiple
   // grants (pins the object and sends its addresses); abort ends a fetch or a lease; on_message
-  // takes grants, releases and their answers.
+  // takes grants and releases.
   Result<FetchRequest> fetch_multiple(const FetchOp& op) override;
   void send_multiple(uint64_t request_id, ObjectStore::Pin object, SendDone done) override;
   bool abort(uint64_t request_id) override;
@@ -60,25 +62,30 @@ class CmaChannel final : public TransportChannel, public StrandGuarded<CmaChanne
   struct Copy {
     FetchOp op;
     std::vector<uint64_t> addrs;  // in the owner, one per target
+    uint64_t lease = 0;           // the lease word's address in the owner
+    uint64_t token = 0;           // what it holds while the grant does
     size_t tensor = 0;            // the target being copied
     uint64_t done = 0;            // bytes of it copied
   };
   struct Lease {
     ObjectStore::Pin pin;
     SendDone done;
-    bool with_bytes = false;  // the grant carried the bytes: the release needs no answer
+    LeaseBoard::Slot slot;  // none when the grant carried the bytes
     std::chrono::steady_clock::time_point granted;
   };
 
   void on_grant(uint64_t request_id, const wire::Grant& grant);
-  // Copies one step of `request_id` and posts the next; at the end sends the release.
+  // Copies one step of `request_id` and posts the next; at the end checks the lease word,
+  // completes the fetch and sends the release.
   void copy_step(uint64_t request_id);
-  // Owner: the fetcher's release; answers release(true) with whether the lease held.
+  // Fetcher: the copy of `c` is done: completes it when the lease word says the grant held.
+  void confirm(uint64_t request_id, const Copy& c);
+  // Owner: the fetcher's release (true: it copied every byte).
   void on_release(uint64_t request_id, bool copied);
+  // Owner: clears the lease's word, then unpins the object and reports `ec` to the session.
+  void end_lease(std::map<uint64_t, Lease>::iterator it, std::error_code ec);
   // Fetcher: a grant that carries the bytes: copies them and releases.
   void take_bytes(uint64_t request_id, const FetchOp& op, const wire::Grant& grant);
-  // Fetcher: the owner's answer to our release(true).
-  void on_kept(uint64_t request_id, bool kept);
   // Owner: ends the leases older than the lease timeout (timed_out) and waits for the next.
   void arm_lease_timer();
   void expire_leases();
@@ -93,7 +100,6 @@ class CmaChannel final : public TransportChannel, public StrandGuarded<CmaChanne
   bool lease_timer_armed_ = false;
   std::map<uint64_t, FetchOp> waiting_;  // fetches waiting for their grant
   std::map<uint64_t, Copy> copying_;     // fetches copying
-  std::set<uint64_t> confirming_;        // copied, waiting for the owner's answer
   std::map<uint64_t, Lease> leases_;     // owner side
 };
 

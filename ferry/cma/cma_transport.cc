@@ -10,6 +10,7 @@
 
 #include "ferry/cma/cma_channel.h"
 #include "ferry/cma/copier.h"
+#include "ferry/cma/lease_board.h"
 #include "ferry/cma/process_memory.h"
 #include "ferry/net/context.h"
 #include "ferry/net/errors.h"
@@ -55,6 +56,7 @@ CmaTransport::CmaTransport(const TransportEnv& env, const CmaOptions& options)
       lease_timeout_(env.options.lease_timeout),
       copy_threads_(options.copy_threads ? options.copy_threads : default_copy_threads()),
       counters_(std::make_shared<Counters>()),
+      board_(std::make_shared<LeaseBoard>()),
       probe_value_(std::random_device{}() | 1) {
   info_.name = kTransportName;
   info_.devices = {"cpu"};
@@ -170,7 +172,7 @@ std::error_code CmaTransport::probe(PeerLink& link, pid_t pid, const wire::Open&
 }
 
 std::shared_ptr<CmaChannel> CmaTransport::make_channel(PeerLink& link, pid_t pid) {
-  CmaChannel::Config config{copy_step_, inline_bytes_, lease_timeout_, nullptr, counters_};
+  CmaChannel::Config config{copy_step_, inline_bytes_, lease_timeout_, nullptr, board_, counters_};
   {
     std::lock_guard lock(mu_);
     if (!copier_) copier_ = std::make_shared<Copier>(copy_threads_);
@@ -183,8 +185,8 @@ std::vector<TransportMetric> CmaTransport::metrics() const {
   return {
       {"bytes_copied_total", "Bytes copied out of owners' memory into fetch targets.", false,
        static_cast<double>(counters_->bytes.load())},
-      {"fetches_total", "Fetches whose every byte the owner confirmed it had kept.", false,
-       static_cast<double>(counters_->fetches.load())},
+      {"fetches_total", "Fetches completed with every byte copied while the owner held the object.",
+       false, static_cast<double>(counters_->fetches.load())},
       {"channels_refused_total",
        "Channels not opened because the kernel did not let this process read the peer's memory.",
        false, static_cast<double>(counters_->refused.load())},

@@ -28,6 +28,7 @@ namespace ferry::cma {
 inline constexpr const char* kTransportName = "CMA";
 
 class Copier;
+class LeaseBoard;
 class CmaChannel;
 namespace wire {
 class Open;
@@ -91,6 +92,7 @@ class CmaTransport final : public TransportManager {
   std::chrono::milliseconds lease_timeout_;
   unsigned copy_threads_;
   std::shared_ptr<Counters> counters_;
+  std::shared_ptr<LeaseBoard> board_;  // the lease words of our grants, shared by the channels
   // The word a peer reads to prove it may (its address and value go in open and welcome).
   uint64_t probe_value_;
   mutable std::mutex mu_;
