@@ -31,12 +31,14 @@ class Future(concurrent.futures.Future):
       buffers until it has stopped; the future completes only once ferry has let them go.
     - ``result()`` / ``exception()`` wait in C++ with the GIL released; when the fetch ends
       while a thread waits there, that thread resolves the future itself (ferry's io thread
-      wakes it directly, and no other thread runs). Otherwise ferry's completion thread (one
-      per process) resolves it.
+      wakes it directly, and no other thread runs). A waiting thread that runs the context's
+      loop resolves the other fetches it finishes there too. Otherwise ferry's completion
+      thread (one per process) resolves it.
     - Done-callbacks run on the thread that resolves the future: the completion thread, or a
-      thread blocked in ``result()`` / ``exception()`` of this future. They may start other
-      fetches and call anything non-blocking; they must not wait on another ferry future
-      (``result()`` on the completion thread raises RuntimeError instead of deadlocking).
+      thread blocked in ``result()`` / ``exception()`` of this future or of another of the same
+      context. They may start other fetches and call anything non-blocking; they must not wait
+      on another ferry future (``result()`` on the completion thread raises RuntimeError
+      instead of deadlocking), nor need a lock that code waiting on a ferry future holds.
     """
 
     def __init__(self, peer, ref, into, keep):

@@ -3,6 +3,7 @@
 #include <pybind11/numpy.h>
 
 #include <algorithm>
+#include <utility>
 
 #include "ferry/net/errors.h"
 #include "ferry/net/peer.h"
@@ -23,6 +24,23 @@ py::array_t<uint8_t> view_of(const std::shared_ptr<std::byte[]>& storage, Mutabl
                               reinterpret_cast<const uint8_t*>(bytes.data()), base);
 }
 
+// Set while this thread runs a context's loop inside PendingFetch::wait(): the fetches its
+// handlers finish with no thread waiting for them are collected here.
+thread_local std::vector<Completion>* t_collecting = nullptr;
+
+// Resolves each future with its outcome (`future._ferry_complete(outcome)`). GIL held.
+void resolve(std::vector<Completion>& completions) {
+  for (auto& c : completions) {
+    auto future = py::reinterpret_steal<py::object>(c.future);
+    try {
+      future.attr("_ferry_complete")(py::cast(std::move(c.outcome)));
+    } catch (py::error_already_set& e) {
+      e.discard_as_unraisable("ferry: resolving a fetch's future");
+    }
+  }
+  completions.clear();
+}
+
 }  // namespace
 
 bool PendingFetch::finish(std::error_code ec, FetchResult result) {
@@ -39,6 +57,14 @@ bool PendingFetch::finish(std::error_code ec, FetchResult result) {
     }
   }
   if (future) {
+    if (t_collecting) {
+      try {
+        t_collecting->push_back({future, std::move(outcome)});
+        return true;
+      } catch (const std::bad_alloc&) {
+        // `outcome` is still ours (push_back left it): the queue takes it
+      }
+    }
     queue_completion(future, std::move(outcome));
   } else {
     cv_.notify_all();
@@ -47,7 +73,8 @@ bool PendingFetch::finish(std::error_code ec, FetchResult result) {
 }
 
 bool PendingFetch::run_loop_until_finished(Context& context, std::chrono::microseconds linger,
-                                           std::chrono::steady_clock::time_point deadline) {
+                                           std::chrono::steady_clock::time_point deadline,
+                                           const std::vector<Completion>& others) {
   // A slice bounds how long this thread sleeps in the reactor when another thread (a second
   // waiter, or an io thread still in its handler when the hold began) finishes this fetch.
   constexpr std::chrono::microseconds kSlice = std::chrono::milliseconds(1);
@@ -58,6 +85,7 @@ bool PendingFetch::run_loop_until_finished(Context& context, std::chrono::micros
       std::lock_guard lock(mu_);
       if (finished_) return true;
     }
+    if (!others.empty()) return true;
     const auto now = std::chrono::steady_clock::now();
     if (now >= deadline) return true;
     const auto left = std::chrono::duration_cast<std::chrono::microseconds>(deadline - now);
@@ -68,19 +96,21 @@ bool PendingFetch::run_loop_until_finished(Context& context, std::chrono::micros
   }
 }
 
-PendingFetch::WaitResult PendingFetch::wait(std::chrono::milliseconds timeout,
+PendingFetch::WaitResult PendingFetch::wait(std::chrono::steady_clock::time_point deadline,
                                             const WaitMode& mode) {
   using Clock = std::chrono::steady_clock;
-  const auto deadline = timeout.count() < 0 ? Clock::time_point::max() : Clock::now() + timeout;
+  WaitResult out;
   std::unique_lock lock(mu_);
   if (!finished_) {
     ++waiters_;
     bool waited = false;
-    // A poll (timeout 0) only looks: it parks no io thread.
-    auto context = timeout.count() != 0 ? mode.context.lock() : nullptr;
+    // A poll (deadline now or past) only looks: it parks no io thread.
+    auto context = deadline > Clock::now() ? mode.context.lock() : nullptr;
     if (context && !context->io_context().stopped()) {
       lock.unlock();
-      waited = run_loop_until_finished(*context, mode.linger, deadline);
+      auto* outer = std::exchange(t_collecting, &out.others);
+      waited = run_loop_until_finished(*context, mode.linger, deadline, out.others);
+      t_collecting = outer;
       context.reset();  // the last reference may be this one: the context ends here, unlocked
       lock.lock();
     }
@@ -94,13 +124,13 @@ PendingFetch::WaitResult PendingFetch::wait(std::chrono::milliseconds timeout,
     }
     --waiters_;
   }
-  WaitResult out;
   if (outcome_) {
     out.how = Waited::mine;
-    out.outcome = std::move(outcome_);
-    out.future = future_.release();
+    out.mine = Completion{future_.release(), std::move(outcome_)};
+  } else if (finished_) {
+    out.how = Waited::elsewhere;
   } else {
-    out.how = finished_ ? Waited::elsewhere : Waited::timed_out;
+    out.how = out.others.empty() ? Waited::timed_out : Waited::collected;
   }
   return out;
 }
@@ -174,21 +204,36 @@ void bind_fetch(py::module_& m) {
       .def(
           "wait",
           [](NativeFetch& f, int64_t timeout_ms) -> py::object {
-            PendingFetch::WaitResult r;
-            {
-              py::gil_scoped_release nogil;
-              r = f.pending->wait(std::chrono::milliseconds(timeout_ms), f.wait_mode);
+            using Clock = std::chrono::steady_clock;
+            const auto deadline = timeout_ms < 0
+                                      ? Clock::time_point::max()
+                                      : Clock::now() + std::chrono::milliseconds(timeout_ms);
+            for (;;) {
+              PendingFetch::WaitResult r;
+              {
+                py::gil_scoped_release nogil;
+                r = f.pending->wait(deadline, f.wait_mode);
+              }
+              resolve(r.others);  // other fetches' callbacks run here, on this thread
+              switch (r.how) {
+                case PendingFetch::Waited::mine:
+                  py::reinterpret_steal<py::object>(r.mine.future);  // the future's own reference
+                  return py::cast(std::move(r.mine.outcome));
+                case PendingFetch::Waited::collected:
+                  continue;  // resolved them: wait on
+                case PendingFetch::Waited::elsewhere:
+                  return py::bool_(true);
+                case PendingFetch::Waited::timed_out:
+                  return py::bool_(false);
+              }
             }
-            if (r.how == PendingFetch::Waited::mine) {
-              py::reinterpret_steal<py::object>(r.future);  // the future's own reference
-              return py::cast(std::move(r.outcome));
-            }
-            return py::bool_(r.how == PendingFetch::Waited::elsewhere);
           },
           py::arg("timeout_ms"),
           "Waits (GIL released) up to timeout_ms (negative: no limit) for the fetch to end. "
           "Returns its FetchOutcome when this thread is to resolve the future with it, True "
-          "when the completion thread (or another waiter) resolves it, False on timeout.");
+          "when the completion thread (or another waiter) resolves it, False on timeout. Other "
+          "fetches that this thread finishes meanwhile (it runs the loop) are resolved here, "
+          "their done-callbacks run on this thread.");
 
   py::class_<FetchOutcome>(m, "FetchOutcome", "What one fetch ended with")
       .def_property_readonly("error",

@@ -33,34 +33,45 @@ struct WaitMode {
   std::chrono::microseconds linger{};
 };
 
+// A fetch's outcome and its Python future (an owned reference), for a thread that will resolve
+// the future with the GIL held.
+struct Completion {
+  PyObject* future = nullptr;
+  std::unique_ptr<FetchOutcome> outcome;
+};
+
 // One fetch's Python future. finish() hands the outcome to a Python thread blocked in wait() on
-// this fetch, when there is one (no other thread wakes), else to the completion queue; the first
-// call wins.
+// this fetch, when there is one (no other thread wakes); else, when it runs on a thread that is
+// running the loop inside wait() for another fetch, to that thread (it resolves the future once
+// it holds the GIL again: the completion thread does not wake); else to the completion queue.
+// The first call wins.
 class PendingFetch {
  public:
   explicit PendingFetch(PyRef future) : future_(std::move(future)) {}
   // Any thread; never takes the GIL.
   bool finish(std::error_code ec, FetchResult result);
 
-  // What wait() found: the outcome is this thread's to resolve the future with (`outcome` and
-  // `future`, an owned reference, set), the completion queue or another waiter has it, or the
-  // time ran out first.
-  enum class Waited { mine, elsewhere, timed_out };
+  // What wait() found: the outcome is this thread's to resolve the future with (`mine` set), the
+  // completion queue or another waiter has it, the time ran out first, or (`collected`) the loop
+  // this thread ran finished other fetches, whose futures it is now to resolve (then wait again).
+  enum class Waited { mine, elsewhere, timed_out, collected };
   struct WaitResult {
     Waited how = Waited::timed_out;
-    std::unique_ptr<FetchOutcome> outcome;
-    PyObject* future = nullptr;
+    Completion mine;
+    std::vector<Completion> others;  // fetches this thread finished while it ran the loop
   };
-  // Blocks until finish() or `timeout` (negative: no limit), as `mode` says. Call without the
-  // GIL, from a thread that is not one of the context's io threads.
-  WaitResult wait(std::chrono::milliseconds timeout, const WaitMode& mode);
+  // Blocks until finish(), `deadline` (max(): no limit) or, when this thread runs the loop, until
+  // that has finished other fetches, as `mode` says. Call without the GIL, from a thread that is
+  // not one of the context's io threads.
+  WaitResult wait(std::chrono::steady_clock::time_point deadline, const WaitMode& mode);
 
  private:
-  // wait()'s part when the waiting thread runs the loop: returns with finished_ set or at
-  // `deadline`, or early (false) when the context stopped running (closed): the rest of the wait
-  // is on cv_. mu_ not held.
+  // wait()'s part when the waiting thread runs the loop: returns with finished_ set, at
+  // `deadline` or when `others` is not empty, or early (false) when the context stopped running
+  // (closed): the rest of the wait is on cv_. mu_ not held.
   bool run_loop_until_finished(Context& context, std::chrono::microseconds linger,
-                               std::chrono::steady_clock::time_point deadline);
+                               std::chrono::steady_clock::time_point deadline,
+                               const std::vector<Completion>& others);
 
   std::mutex mu_;
   std::condition_variable cv_;

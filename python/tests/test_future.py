@@ -235,6 +235,31 @@ def test_a_waiting_thread_is_handed_the_outcome_directly(owner, ctx):
     assert len(ran) == 1
 
 
+def test_a_waiting_thread_resolves_the_other_fetches_it_finishes(owner):
+    """A thread blocked in result() runs the loop; the other fetches that end there, which no
+    thread waits for, are resolved by that thread too (their callbacks run on it, once each),
+    not queued for the completion thread. A long linger keeps the io threads parked between
+    the waits, so every completion below happens inside one."""
+    from ferry import _ferry
+    ref = owner.refs["np_float32"]
+    want = objects(False)["np_float32"]
+    with ferry.Context(name="collects", wait_linger=1.0) as c:
+        peer = c.connect(ref)
+        peer.fetch(ref).result(60)  # connected, data channel up; the io threads park now
+        queued = _ferry._completion_counts()[1]
+        ran = []
+        others = [peer.fetch(ref) for _ in range(20)]
+        for f in others:
+            f.add_done_callback(lambda f: ran.append(threading.current_thread()))
+        last = peer.fetch(ref)
+        same(want, last.result(60))
+        assert _ferry._completion_counts()[1] == queued, "a completion went through the queue"
+        for f in others:
+            same(want, f.result(60))
+        assert len(ran) == len(others)
+        assert all(t is threading.current_thread() for t in ran), {t.name for t in ran}
+
+
 def test_several_threads_wait_on_one_future(owner, ctx):
     ref = owner.refs["np_float32"]
     peer = ctx.connect(ref)
