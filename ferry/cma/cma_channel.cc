@@ -44,7 +44,10 @@ Result<FetchRequest> CmaChannel::fetch_multiple(const FetchOp& op) {
 
 void CmaChannel::on_grant(uint64_t request_id, const wire::Grant& grant) {
   auto w = waiting_.find(request_id);
-  if (w == waiting_.end()) return send_release(request_id, false);  // aborted meanwhile
+  if (w == waiting_.end()) {  // aborted meanwhile: the owner lets its lease go, if it kept one
+    if (grant.data_size() == 0 || grant.confirm()) send_release(request_id, false);
+    return;
+  }
   FetchOp op = std::move(w->second);
   waiting_.erase(w);
   // Either the bytes themselves or where they are, one entry per target, of its size.
@@ -79,7 +82,7 @@ void CmaChannel::take_bytes(uint64_t request_id, const FetchOp& op, const wire::
     op.request.report_landed(data.size());
   }
   ++config_.counters->fetches;
-  send_release(request_id, true);
+  if (grant.confirm()) send_release(request_id, true);
   complete(request_id, {});
 }
 
@@ -168,6 +171,12 @@ void CmaChannel::send_multiple(uint64_t request_id, ObjectStore::Pin object, Sen
       grant->add_addrs(reinterpret_cast<uint64_t>(t.data.data()));
     }
   }
+  if (with_bytes && !object.object().on_served) {
+    // The message holds the bytes: the object is not needed any more, and no release comes.
+    send(request_id, m);
+    return done({});
+  }
+  grant->set_confirm(with_bytes);  // (a grant by address is always released)
   // The session serves a request id once at a time: no lease of it is here.
   leases_.emplace(request_id, Lease{std::move(object), std::move(done), slot,
                                     std::chrono::steady_clock::now()});
