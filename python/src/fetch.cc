@@ -28,7 +28,8 @@ py::array_t<uint8_t> view_of(const std::shared_ptr<std::byte[]>& storage, Mutabl
 // handlers finish with no thread waiting for them are collected here.
 thread_local std::vector<Completion>* t_collecting = nullptr;
 
-// Resolves each future with its outcome (`future._ferry_complete(outcome)`). GIL held.
+// Resolves each future with its outcome (`future._ferry_complete(outcome)`). GIL held. One that
+// cannot be (no memory for the outcome's Python object) goes to the completion queue instead.
 void resolve(std::vector<Completion>& completions) {
   for (auto& c : completions) {
     auto future = py::reinterpret_steal<py::object>(c.future);
@@ -36,6 +37,8 @@ void resolve(std::vector<Completion>& completions) {
       future.attr("_ferry_complete")(py::cast(std::move(c.outcome)));
     } catch (py::error_already_set& e) {
       e.discard_as_unraisable("ferry: resolving a fetch's future");
+    } catch (const std::exception&) {
+      if (c.outcome) queue_completion(future.release().ptr(), std::move(c.outcome));
     }
   }
   completions.clear();
