@@ -9,6 +9,10 @@ from . import _completion
 from ._errors import from_info
 from ._tensors import materialize
 
+# concurrent.futures' state names (module constants there, stable since Python 3.2).
+_RUNNING = concurrent.futures._base.RUNNING
+_FINISHED = concurrent.futures._base.FINISHED
+
 
 def _from_outcome(name, doc=None):
     """A read-only property: the fetch's outcome's ``name`` once it is done, None until then."""
@@ -43,7 +47,9 @@ class Future(concurrent.futures.Future):
 
     def __init__(self, peer, ref, into, keep):
         super().__init__()
-        self.set_running_or_notify_cancel()  # running from the start: cancel() cannot pre-empt
+        # Running from the start, so cancel() cannot pre-empt it. Set directly: nothing else
+        # has seen this future yet (set_running_or_notify_cancel would take its lock).
+        self._state = _RUNNING
         self._peer = peer  # keeps the connection (and its Context) open while in flight
         self._ref = ref
         self._into = into
@@ -82,10 +88,19 @@ class Future(concurrent.futures.Future):
         return super().cancel()  # False: the future is running
 
     def result(self, timeout=None):
+        if self._state == _FINISHED:  # final once set: no lock, no wait
+            if self._exception is None:
+                return self._result
+            try:
+                raise self._exception
+            finally:
+                self = None  # noqa: PLW0642 (no cycle through the traceback, as concurrent.futures)
         self._check_not_deadlocking()
         return super().result(self._wait_native(timeout))
 
     def exception(self, timeout=None):
+        if self._state == _FINISHED:
+            return self._exception
         self._check_not_deadlocking()
         return super().exception(self._wait_native(timeout))
 

@@ -131,6 +131,11 @@ def test_abort(stopped):
     with pytest.raises(ferry.AbortedError) as info:
         future.result(timeout=30)
     assert info.value.code == ferry.Errc.aborted and info.value.scope == "operation"
+    # Finished: every later call answers at once, with the same error.
+    assert future.exception(timeout=0) is info.value
+    with pytest.raises(ferry.AbortedError) as again:
+        future.result(timeout=0)
+    assert again.value is info.value
     assert peer.is_open  # the peer stays usable
 
 
