@@ -12,6 +12,7 @@
 #include <map>
 #include <mutex>
 #include <random>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -170,6 +171,72 @@ TEST(PoolTest, ALargeRequestTakesAFreeRegionUpToTwiceItsSize) {
   auto e = pool.allocate(64 * kKiB);
   ASSERT_TRUE(e);
   EXPECT_EQ(pool.counters().misses, k.misses + 2);
+}
+
+// A large request with no free region of its size or up to twice it grows the largest free
+// smaller one: the pool holds the larger size only (not both), the listeners hear the old region
+// go and the grown one come at its new address, and the whole block is usable memory.
+TEST(PoolTest, ALargeRequestGrowsTheLargestFreeSmallerRegion) {
+  Pool pool(PoolOptions{.cap_bytes = 64 * kMiB});
+  std::map<std::byte*, size_t> regions;  // announced and not removed
+  std::vector<std::string> heard;
+  auto listener = pool.add_region_listener(
+      [&](std::span<std::byte> r) {
+        EXPECT_TRUE(regions.emplace(r.data(), r.size()).second);
+        heard.push_back("added " + std::to_string(r.size() / kMiB));
+      },
+      [&](std::span<std::byte> r) {
+        EXPECT_TRUE(announced(regions, r));
+        regions.erase(r.data());
+        heard.push_back("removed " + std::to_string(r.size() / kMiB));
+      });
+  {
+    auto four = pool.allocate(4 * kMiB);  // free regions of 4 and 8 MiB
+    auto eight = pool.allocate(8 * kMiB);
+  }
+  heard.clear();
+  const PoolCounters before = pool.counters();
+  ASSERT_EQ(before.held_bytes, 12 * kMiB);
+  auto big = pool.allocate(20 * kMiB);  // none of 20-40 MiB free: the 8 MiB one grows
+  ASSERT_TRUE(big);
+  fill(big.get(), 20 * kMiB, 5);
+  EXPECT_EQ(first_mismatch(big.get(), 20 * kMiB, 5), 20 * kMiB);
+  PoolCounters k = pool.counters();
+  EXPECT_EQ(k.held_bytes, 24 * kMiB);  // 4 + 20: the 8 MiB became 20
+  EXPECT_EQ(k.in_use_bytes, 20 * kMiB);
+  EXPECT_EQ(k.misses, before.misses + 1);
+  EXPECT_EQ(k.regions_created, before.regions_created);
+  EXPECT_EQ(heard, (std::vector<std::string>{"removed 8", "added 20"}));
+  const auto region = pool.region_of(big.get(), 20 * kMiB);
+  EXPECT_EQ(region.data(), big.get());
+  EXPECT_EQ(region.size(), 20 * kMiB);
+  EXPECT_TRUE(announced(regions, region));
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(big.get()) % kRegionAlign, 0u);
+  // Given back, it serves its own size again; the 4 MiB one is still there for its own.
+  std::byte* const grown = big.get();
+  big.reset();
+  auto again = pool.allocate(20 * kMiB);
+  auto four = pool.allocate(4 * kMiB);
+  EXPECT_EQ(again.get(), grown);
+  EXPECT_EQ(pool.counters().hits, k.hits + 2);
+  EXPECT_EQ(pool.counters().held_bytes, 24 * kMiB);
+  // The cap: 24 held (20 live), 40 more fits under 64: the free 4 MiB region grows to 40 (60
+  // held); then nothing is free and 8 more does not fit: plain memory.
+  four.reset();
+  auto forty = pool.allocate(40 * kMiB);
+  ASSERT_TRUE(forty);
+  EXPECT_EQ(pool.region_of(forty.get(), 40 * kMiB).size(), 40 * kMiB);
+  EXPECT_EQ(pool.counters().held_bytes, 60 * kMiB);
+  auto over = pool.allocate(8 * kMiB);
+  ASSERT_TRUE(over);
+  EXPECT_TRUE(pool.region_of(over.get(), 1).empty());
+  EXPECT_EQ(pool.counters().fallbacks, 1u);
+  again.reset();
+  forty.reset();
+  over.reset();
+  pool.trim_all_idle();
+  EXPECT_TRUE(regions.empty());
+  EXPECT_EQ(pool.counters().held_bytes, 0u);
 }
 
 TEST(PoolTest, BeyondTheCapAllocationsFallBack) {

@@ -111,31 +111,72 @@ void give(Region& r, std::byte* p, Clock::time_point now) {
   push_front(r);
 }
 
-// A fresh region of `size` bytes (a multiple of kRegionAlign), aligned to kRegionAlign, advised
-// for huge pages and pre-faulted writable. Null when the memory cannot be had.
-std::byte* map_region(size_t size) {
-  // Cleared once the kernel says it lacks MADV_POPULATE_WRITE (< 5.14): pages then fault on
-  // first touch, as plain memory does, and are reused without faulting after that.
-  static std::atomic<bool> populate{true};
-  // Over-map by one alignment unit and cut the ends, so the region starts on a huge page.
+// Pre-faults [p, p + n) writable. False when the memory is not there (ENOMEM and the like:
+// better to fail now than fault later); true also where the kernel lacks MADV_POPULATE_WRITE
+// (< 5.14): pages then fault on first touch, as plain memory does, and are reused without
+// faulting after that.
+bool populate(std::byte* p, size_t n) {
+  static std::atomic<bool> supported{true};
+  if (n == 0 || !supported.load(std::memory_order_relaxed) ||
+      madvise(p, n, MADV_POPULATE_WRITE) == 0) {
+    return true;
+  }
+  if (errno != EINVAL) return false;
+  supported.store(false, std::memory_order_relaxed);
+  return true;
+}
+
+// `size` bytes of address space aligned to kRegionAlign with protection `prot`, or null.
+std::byte* map_aligned(size_t size, int prot) {
+  // Over-map by one alignment unit and cut the ends, so the mapping starts on a huge page.
   const size_t span = size + kRegionAlign;
-  void* m = mmap(nullptr, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  const int reserve_only = prot == PROT_NONE ? MAP_NORESERVE : 0;
+  void* m = mmap(nullptr, span, prot, MAP_PRIVATE | MAP_ANONYMOUS | reserve_only, -1, 0);
   if (m == MAP_FAILED) return nullptr;
   const auto a = reinterpret_cast<uintptr_t>(m);
   const uintptr_t b = (a + kRegionAlign - 1) & ~(kRegionAlign - 1);
   if (b > a) munmap(m, b - a);
   if (a + span > b + size) munmap(reinterpret_cast<void*>(b + size), a + span - (b + size));
-  auto* base = reinterpret_cast<std::byte*>(b);
+  return reinterpret_cast<std::byte*>(b);
+}
+
+// A fresh region of `size` bytes (a multiple of kRegionAlign), aligned to kRegionAlign, advised
+// for huge pages and pre-faulted writable. Null when the memory cannot be had.
+std::byte* map_region(size_t size) {
+  std::byte* base = map_aligned(size, PROT_READ | PROT_WRITE);
+  if (!base) return nullptr;
   madvise(base, size, MADV_HUGEPAGE);  // best effort: THP may be off or unsupported
-  if (populate.load(std::memory_order_relaxed) && madvise(base, size, MADV_POPULATE_WRITE) != 0) {
-    if (errno == EINVAL) {
-      populate.store(false, std::memory_order_relaxed);
-    } else {  // ENOMEM and the like: the memory is not there; better to fail now than fault later
-      munmap(base, size);
-      return nullptr;
-    }
+  if (!populate(base, size)) {
+    munmap(base, size);
+    return nullptr;
   }
   return base;
+}
+
+// The region [base, base + size) grown to `new_size` at a new address, aligned as map_region's:
+// its pages move (no copy) and only the new tail is faulted in. Null when that cannot be done;
+// the old mapping is gone either way.
+std::byte* grow_mapping(std::byte* base, size_t size, size_t new_size) {
+  std::byte* to = map_aligned(new_size, PROT_NONE);  // where it goes: replaced by the move
+  std::byte* grown = nullptr;
+  if (to) {
+    void* m = mremap(base, size, new_size, MREMAP_MAYMOVE | MREMAP_FIXED, to);
+    if (m != MAP_FAILED) {
+      grown = static_cast<std::byte*>(m);
+    } else {
+      munmap(to, new_size);
+    }
+  }
+  if (!grown) {
+    munmap(base, size);
+    return nullptr;
+  }
+  madvise(grown, new_size, MADV_HUGEPAGE);
+  if (!populate(grown + size, new_size - size)) {
+    munmap(grown, new_size);
+    return nullptr;
+  }
+  return grown;
 }
 
 struct FallbackDeleter {
@@ -188,7 +229,15 @@ class PoolState : public std::enable_shared_from_this<PoolState> {
   // first; null when none. A free region held already serves a request of a size that has none of
   // its own (sizes that seldom repeat) instead of a new region faulted in beside it. mu_ held.
   Region* larger_free(size_t block);
+  // The largest wholly free large region below class `block`; null when none. mu_ held.
+  RegionMap::iterator smaller_free(size_t block);
   std::byte* make_region(size_t block, size_t size, Region*& out) noexcept;
+  // A large request with no free region of its size, `block` reserved under the cap: grows the
+  // largest free smaller region to `block` (only the added bytes are new memory) and takes it.
+  // The reservation then counts the grown region. Null when there is none, or the growth failed
+  // (the region is then unmapped); the caller goes on as without it, its reservation intact.
+  // Takes listeners_mu_, then mu_.
+  std::byte* grow_free_region(size_t block, Region*& out) noexcept;
   // Moves a wholly free region from the tables onto `gone`; returns the next entry.
   RegionMap::iterator detach(RegionMap::iterator it, Region*& gone);
 
@@ -239,6 +288,10 @@ std::shared_ptr<std::byte[]> PoolState::allocate(size_t bytes) noexcept {
         reserved = true;
       }
     }
+    if (!p && !small && reserved) {
+      // Growing a free smaller region faults in fewer pages than a new one (sizes that vary).
+      p = grow_free_region(block, r);  // the reservation is the grown region's
+    }
     if (!p) {
       if (!reserved && !release_free(Clock::time_point::max(), size)) return fallback(bytes);
       p = make_region(block, size, r);
@@ -257,6 +310,78 @@ Region* PoolState::larger_free(size_t block) {
     if (it->second.head) return it->second.head;
   }
   return nullptr;
+}
+
+PoolState::RegionMap::iterator PoolState::smaller_free(size_t block) {
+  auto best = regions_.end();
+  for (auto it = regions_.begin(); it != regions_.end(); ++it) {
+    const Region& r = *it->second;
+    if (r.used == 0 && r.block > kSmallBlockMax && r.block < block &&
+        (best == regions_.end() || r.block > best->second->block)) {
+      best = it;
+    }
+  }
+  return best;
+}
+
+std::byte* PoolState::grow_free_region(size_t block, Region*& out) noexcept {
+  std::unique_ptr<Region> r;
+  {
+    // Both locks, as release_free: no listener hears of the removal without having heard of
+    // the region, and none hears of it again before the region is back under its new address.
+    std::lock_guard listeners_lock(listeners_mu_);
+    {
+      std::lock_guard lock(mu_);
+      auto it = smaller_free(block);
+      if (it == regions_.end()) return nullptr;
+      r = std::move(it->second);
+      regions_.erase(it);
+      if (r->listed) unlink(*r);
+      // The caller's reservation of `block` counts the grown region (or, if growing fails, the
+      // new one it makes instead): the old region's bytes are no longer held apart from it.
+      counters_.held_bytes -= r->size;
+    }
+    for (auto& [id, l] : listeners_) {
+      if (l.removed) l.removed({r->base, r->size});
+    }
+  }
+  // Detached: no table holds it and no block of it lives, so base, size, block and cls may change.
+  const size_t old_size = r->size;
+  std::byte* base = grow_mapping(r->base, old_size, block);
+  if (!base) {
+    std::lock_guard lock(mu_);
+    ++counters_.regions_trimmed;  // the old region is gone
+    return nullptr;
+  }
+  r->base = base;
+  r->size = block;
+  r->block = block;
+  r->capacity = 1;
+  r->carved = 0;
+  r->free = nullptr;
+  RegionMap::node_type node;
+  try {
+    RegionMap staging;
+    node = staging.extract(staging.emplace(reinterpret_cast<uintptr_t>(base), std::move(r)).first);
+  } catch (const std::bad_alloc&) {
+    munmap(base, block);
+    std::lock_guard lock(mu_);
+    ++counters_.regions_trimmed;
+    return nullptr;
+  }
+  Region& grown = *node.mapped();
+  std::lock_guard listeners_lock(listeners_mu_);
+  for (auto& [id, l] : listeners_) {
+    if (l.added) l.added({base, block});
+  }
+  std::lock_guard lock(mu_);
+  grown.cls = &classes_.find(block)->second;  // made by allocate() before the reservation
+  regions_.insert(std::move(node));
+  std::byte* p = take(grown);  // its one block
+  ++counters_.misses;
+  counters_.in_use_bytes += block;
+  out = &grown;
+  return p;
 }
 
 std::byte* PoolState::make_region(size_t block, size_t size, Region*& out) noexcept {

@@ -7,7 +7,9 @@
 /// a page fault). A block larger than kSmallBlockMax has a region of its own; smaller blocks are
 /// carved from 2 MiB slabs, one size class per slab. A block given back goes to the free list of
 /// its class and serves the next allocation of that class; a large request whose class has no
-/// free region takes a free one of a larger class, up to twice its size, before a new one is made.
+/// free region takes a free one of a larger class, up to twice its size, else grows the largest
+/// free one of a smaller class (mremap: its pages move, only the added ones are new), before a new
+/// one is made.
 /// Regions wholly free for PoolOptions::idle_trim are unmapped by trim(), which the owner calls;
 /// the pool has no thread or timer of its own.
 ///
@@ -55,7 +57,7 @@ struct PoolCounters {
   uint64_t held_bytes = 0;    ///< bytes of regions mapped now (and reserved for ones being made)
   uint64_t in_use_bytes = 0;  ///< bytes of live pool blocks, at their size-class size; no fallbacks
   uint64_t hits = 0;          ///< allocations served from memory already held
-  uint64_t misses = 0;        ///< allocations that made a new region or slab
+  uint64_t misses = 0;        ///< allocations that made a new region or slab, or grew a free region
   uint64_t fallbacks = 0;     ///< allocations served with plain memory (cap reached or disabled)
   uint64_t fallback_bytes = 0;   ///< bytes requested by those fallbacks, in total
   uint64_t regions_created = 0;  ///< regions and slabs mapped
@@ -104,10 +106,12 @@ class Pool {
   /// A block of at least `bytes` bytes (0 gives a valid block too), kBlockAlign aligned, its
   /// contents unspecified. Dropping the last reference gives it back, from any thread, at any
   /// time (also after the Pool is gone). Served from a free block of its size class when there
-  /// is one; otherwise from a new region or slab (running the `added` callbacks on this thread
-  /// first) if the cap allows, after unmapping wholly free regions if that makes room; otherwise
-  /// from plain memory, counted as a fallback. Never throws: null when memory cannot be had (a
-  /// failed mmap or pre-fault, std::bad_alloc), for the caller to fail its operation with.
+  /// is one; otherwise from a free region grown to the size (running the `removed` callbacks for
+  /// it, then the `added` ones for it at its new address) or a new region or slab (running the
+  /// `added` callbacks on this thread first) if the cap allows, after unmapping wholly free regions
+  /// if that makes room; otherwise from plain memory, counted as a fallback. Never throws: null
+  /// when memory cannot be had (a failed mmap or pre-fault, std::bad_alloc), for the caller to fail
+  /// its operation with.
   std::shared_ptr<std::byte[]> allocate(size_t bytes) noexcept;
 
   /// Unmaps the regions that have been wholly free since at least `now - idle_trim`, after
@@ -120,8 +124,9 @@ class Pool {
   /// Registers callbacks for the pool's regions (slabs included; fallback blocks never).
   /// `added` runs now, on this thread, for every region that exists, then for each region made
   /// later, on the allocating thread, before any block of it is handed out. `removed` runs for a
-  /// region before it is unmapped, on the thread that trims, that allocates at the cap (making
-  /// room) or that drops the last block of a destroyed pool. Either may be empty. Callbacks run
+  /// region before it is unmapped or moved, on the thread that trims, that allocates at the cap
+  /// (making room) or by growing a free region (which `added` then announces at its new address),
+  /// or that drops the last block of a destroyed pool. Either may be empty. Callbacks run
   /// one at a time, with the pool's listener lock held but not its data lock: they may call
   /// counters() and region_of() and drop blocks of a live pool; they must not throw, call any
   /// other method of this pool, destroy a RegionListener of it or drop a block once the Pool is
