@@ -3,6 +3,7 @@
 #include <atomic>
 #include <boost/asio/post.hpp>
 #include <cstring>
+#include <new>
 #include <utility>
 
 #include "ferry/cma/process_memory.h"
@@ -159,7 +160,11 @@ void CmaChannel::send_multiple(uint64_t request_id, ObjectStore::Pin object, Sen
       object.object().total_bytes() <= config_.inline_bytes && object.object().total_bytes() > 0;
   LeaseBoard::Slot slot;
   if (!with_bytes) {
-    slot = config_.board->acquire();
+    try {
+      slot = config_.board->acquire();
+    } catch (const std::bad_alloc&) {
+      return done(errc::resource_exhausted);  // the session answers the fetcher with it
+    }
     grant->set_lease(reinterpret_cast<uint64_t>(slot.word));
     grant->set_token(slot.token);
   }
