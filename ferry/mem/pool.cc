@@ -238,6 +238,9 @@ class PoolState : public std::enable_shared_from_this<PoolState> {
   // (the region is then unmapped); the caller goes on as without it, its reservation intact.
   // Takes listeners_mu_, then mu_.
   std::byte* grow_free_region(size_t block, Region*& out) noexcept;
+  // Announces a mapped region (`node`, in no table) to the listeners, puts it in the tables and
+  // takes its first block; `created`: a new mapping (counted), not a grown one.
+  std::byte* admit(RegionMap::node_type node, bool created, Region*& out) noexcept;
   // Moves a wholly free region from the tables onto `gone`; returns the next entry.
   RegionMap::iterator detach(RegionMap::iterator it, Region*& gone);
 
@@ -369,18 +372,24 @@ std::byte* PoolState::grow_free_region(size_t block, Region*& out) noexcept {
     ++counters_.regions_trimmed;
     return nullptr;
   }
-  Region& grown = *node.mapped();
+  return admit(std::move(node), false, out);
+}
+
+std::byte* PoolState::admit(RegionMap::node_type node, bool created, Region*& out) noexcept {
+  Region& r = *node.mapped();
   std::lock_guard listeners_lock(listeners_mu_);
   for (auto& [id, l] : listeners_) {
-    if (l.added) l.added({base, block});
+    if (l.added) l.added({r.base, r.size});
   }
   std::lock_guard lock(mu_);
-  grown.cls = &classes_.find(block)->second;  // made by allocate() before the reservation
+  r.cls = &classes_.find(r.block)->second;  // made by allocate() before the reservation
   regions_.insert(std::move(node));
-  std::byte* p = take(grown);  // its one block
+  std::byte* p = take(r);  // a fresh region has room; one with more goes on the class list
+  if (has_room(r)) push_front(r);
   ++counters_.misses;
-  counters_.in_use_bytes += block;
-  out = &grown;
+  counters_.regions_created += created ? 1 : 0;
+  counters_.in_use_bytes += r.block;
+  out = &r;
   return p;
 }
 
@@ -409,20 +418,7 @@ std::byte* PoolState::make_region(size_t block, size_t size, Region*& out) noexc
   r.size = size;
   r.block = block;
   r.capacity = size / block;
-  std::lock_guard listeners_lock(listeners_mu_);
-  for (auto& [id, l] : listeners_) {
-    if (l.added) l.added({base, size});
-  }
-  std::lock_guard lock(mu_);
-  r.cls = &classes_.find(block)->second;  // made by allocate() before the reservation
-  regions_.insert(std::move(node));
-  std::byte* p = take(r);  // a fresh region has room; one with more goes on the class list
-  if (has_room(r)) push_front(r);
-  ++counters_.misses;
-  ++counters_.regions_created;
-  counters_.in_use_bytes += block;
-  out = &r;
-  return p;
+  return admit(std::move(node), true, out);
 }
 
 std::shared_ptr<std::byte[]> PoolState::fallback(size_t bytes) noexcept {
