@@ -127,7 +127,7 @@ struct PoolStats {
   uint64_t held_bytes = 0;       ///< bytes of regions mapped now
   uint64_t in_use_bytes = 0;     ///< bytes of live blocks (at their size-class size)
   uint64_t hits = 0;             ///< allocations served from memory already held
-  uint64_t misses = 0;           ///< allocations that mapped a new region
+  uint64_t misses = 0;           ///< allocations that mapped a new region or grew a free one
   uint64_t fallbacks = 0;        ///< allocations served with plain memory (cap reached, or no pool)
   uint64_t fallback_bytes = 0;   ///< bytes those asked for, in total
   uint64_t regions_created = 0;  ///< regions mapped so far
