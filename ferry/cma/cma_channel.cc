@@ -122,26 +122,27 @@ void CmaChannel::copy_step(uint64_t request_id) {
     boost::asio::post(guarded(*this, [this, request_id] { copy_step(request_id); }));
     return;
   }
-  const Copy done = std::move(c);
+  const uint64_t lease = c.lease;
+  const uint64_t token = c.token;
   copying_.erase(it);
-  confirm(request_id, done);
+  confirm(request_id, lease, token);
 }
 
-void CmaChannel::confirm(uint64_t request_id, const Copy& c) {
+void CmaChannel::confirm(uint64_t request_id, uint64_t lease, uint64_t token) {
   // Every read of the copy (Copier::read returned: its helpers too) comes before this one: an
   // owner that changed the object after clearing the word cannot have changed what we copied and
   // still show the token here.
   std::atomic_thread_fence(std::memory_order_seq_cst);
   uint64_t word = 0;
   const auto ec =
-      read_process_memory(peer_pid_, reinterpret_cast<std::byte*>(&word), c.lease, sizeof word);
+      read_process_memory(peer_pid_, reinterpret_cast<std::byte*>(&word), lease, sizeof word);
   if (ec) {
     FERRY_LOG_WARN("CMA: fetch {}: reading the owner's lease word failed: {}", request_id,
                    ec.message());
     send_release(request_id, false);
     return complete(request_id, ec.value() == ESRCH ? errc::peer_closed : errc::protocol_error);
   }
-  const bool held = LeaseBoard::holds(word, c.token);
+  const bool held = LeaseBoard::holds(word, token);
   send_release(request_id, held);
   if (held) ++config_.counters->fetches;
   // Not held: the owner let the object go while we copied (an abort, the lease timeout), so the

@@ -78,8 +78,9 @@ class CmaChannel final : public TransportChannel, public StrandGuarded<CmaChanne
   // Copies one step of `request_id` and posts the next; at the end checks the lease word,
   // completes the fetch and sends the release.
   void copy_step(uint64_t request_id);
-  // Fetcher: the copy of `c` is done: completes it when the lease word says the grant held.
-  void confirm(uint64_t request_id, const Copy& c);
+  // Fetcher: the copy is done: completes it when the word at `lease` in the owner still holds
+  // `token` (the grant held throughout), and releases.
+  void confirm(uint64_t request_id, uint64_t lease, uint64_t token);
   // Owner: the fetcher's release (true: it copied every byte).
   void on_release(uint64_t request_id, bool copied);
   // Owner: clears the lease's word, then unpins the object and reports `ec` to the session.

@@ -9,6 +9,7 @@
 #include <charconv>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
 #include <map>
 #include <mutex>
 #include <new>
@@ -229,8 +230,8 @@ class PoolState : public std::enable_shared_from_this<PoolState> {
   // first; null when none. A free region held already serves a request of a size that has none of
   // its own (sizes that seldom repeat) instead of a new region faulted in beside it. mu_ held.
   Region* larger_free(size_t block);
-  // The largest wholly free large region below class `block`; null when none. mu_ held.
-  RegionMap::iterator smaller_free(size_t block);
+  // A free region of the largest large class below `block`; null when none. mu_ held.
+  Region* smaller_free(size_t block);
   std::byte* make_region(size_t block, size_t size, Region*& out) noexcept;
   // A large request with no free region of its size, `block` reserved under the cap: grows the
   // largest free smaller region to `block` (only the added bytes are new memory) and takes it.
@@ -315,16 +316,13 @@ Region* PoolState::larger_free(size_t block) {
   return nullptr;
 }
 
-PoolState::RegionMap::iterator PoolState::smaller_free(size_t block) {
-  auto best = regions_.end();
-  for (auto it = regions_.begin(); it != regions_.end(); ++it) {
-    const Region& r = *it->second;
-    if (r.used == 0 && r.block > kSmallBlockMax && r.block < block &&
-        (best == regions_.end() || r.block > best->second->block)) {
-      best = it;
-    }
+Region* PoolState::smaller_free(size_t block) {
+  // A large region is listed in its class exactly while its one block is free.
+  for (auto it = std::make_reverse_iterator(classes_.lower_bound(block));
+       it != classes_.rend() && it->first > kSmallBlockMax; ++it) {
+    if (it->second.head) return it->second.head;
   }
-  return best;
+  return nullptr;
 }
 
 std::byte* PoolState::grow_free_region(size_t block, Region*& out) noexcept {
@@ -335,11 +333,12 @@ std::byte* PoolState::grow_free_region(size_t block, Region*& out) noexcept {
     std::lock_guard listeners_lock(listeners_mu_);
     {
       std::lock_guard lock(mu_);
-      auto it = smaller_free(block);
-      if (it == regions_.end()) return nullptr;
+      Region* free = smaller_free(block);
+      if (!free) return nullptr;
+      auto it = regions_.find(reinterpret_cast<uintptr_t>(free->base));
       r = std::move(it->second);
       regions_.erase(it);
-      if (r->listed) unlink(*r);
+      unlink(*r);
       // The caller's reservation of `block` counts the grown region (or, if growing fails, the
       // new one it makes instead): the old region's bytes are no longer held apart from it.
       counters_.held_bytes -= r->size;

@@ -14,14 +14,9 @@ namespace py = pybind11;
 namespace ferry::python {
 namespace {
 
-struct Item {
-  PyObject* obj;                          // owned reference
-  std::unique_ptr<FetchOutcome> outcome;  // null: just drop `obj`
-};
-
 class CompletionQueue {
  public:
-  void push(Item item) noexcept {
+  void push(Completion item) noexcept {
     {
       std::lock_guard lock(mu_);
       items_.push_back(std::move(item));
@@ -32,7 +27,7 @@ class CompletionQueue {
 
   // Blocks (call without the GIL) until there is something to hand over or stop() was called.
   // Returns everything queued; empty only once stopped.
-  std::deque<Item> take() {
+  std::deque<Completion> take() {
     std::unique_lock lock(mu_);
     cv_.wait(lock, [&] { return !items_.empty() || stopped_; });
     return std::exchange(items_, {});
@@ -54,7 +49,7 @@ class CompletionQueue {
  private:
   mutable std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<Item> items_;
+  std::deque<Completion> items_;
   uint64_t pushed_ = 0;
   bool stopped_ = false;
 };
@@ -73,7 +68,7 @@ CompletionQueue& queue() { return *g_queue; }
 // Blocks without the GIL until there is work; returns [(target, outcome), ...] for completions
 // (drops are done here, with the GIL held), or None once stopped and drained.
 py::object wait_completions() {
-  std::deque<Item> items;
+  std::deque<Completion> items;
   {
     py::gil_scoped_release nogil;
     items = queue().take();
@@ -81,7 +76,7 @@ py::object wait_completions() {
   if (items.empty()) return py::none();
   py::list out;
   for (auto& item : items) {
-    auto obj = py::reinterpret_steal<py::object>(item.obj);
+    auto obj = py::reinterpret_steal<py::object>(item.future);
     if (item.outcome) out.append(py::make_tuple(obj, py::cast(std::move(item.outcome))));
     // otherwise `obj` is dropped here, with the GIL held
   }

@@ -22,6 +22,14 @@ struct FetchOutcome {
   FetchResult result;
 };
 
+// A fetch's outcome and its Python future (`future`, an owned reference), for a thread that
+// resolves the future with the GIL held (`future._ferry_complete(outcome)`). In the completion
+// queue an item without an outcome only drops `future` (any object ferry held).
+struct Completion {
+  PyObject* future = nullptr;
+  std::unique_ptr<FetchOutcome> outcome;
+};
+
 // Queues `obj` (an owned reference) to be dropped by the completion thread. Any thread; never
 // takes the GIL; never blocks on Python.
 void queue_drop(PyObject* obj) noexcept;

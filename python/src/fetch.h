@@ -33,13 +33,6 @@ struct WaitMode {
   std::chrono::microseconds linger{};
 };
 
-// A fetch's outcome and its Python future (an owned reference), for a thread that will resolve
-// the future with the GIL held.
-struct Completion {
-  PyObject* future = nullptr;
-  std::unique_ptr<FetchOutcome> outcome;
-};
-
 // One fetch's Python future. finish() hands the outcome to a Python thread blocked in wait() on
 // this fetch, when there is one (no other thread wakes); else, when it runs on a thread that is
 // running the loop inside wait() for another fetch, to that thread (it resolves the future once
