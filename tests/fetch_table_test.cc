@@ -35,7 +35,7 @@ struct FetchTableTest : ::testing::Test {
   // Starts fetch `s` of ref() into `target`.
   void start(const std::shared_ptr<detail::FetchState>& s, std::vector<std::byte>& target,
              FetchOptions options = {}) {
-    table.start(s, ref(target.size()), {MutableBuffer(target)}, std::move(options));
+    table.start(s, ref(target.size()), {MutableBuffer(target)}, nullptr, std::move(options));
   }
   // Starts fetch `s` of ref() into `into` over transport `name` only.
   void start_over(const std::string& name, const std::shared_ptr<detail::FetchState>& s,
@@ -134,18 +134,36 @@ TEST_F(FetchTableTest, LaunchesAtTheTransportAndAsksThePeer) {
 TEST_F(FetchTableTest, WithoutTargetsTheBytesLandInPoolMemoryTheResultOwns) {
   link.add_transport(one_sided, true);
   auto s = state();
-  table.start(s, ref(100), {}, {});
+  table.start(s, ref(100), {}, nullptr, {});
   ASSERT_EQ(one_sided->fetches.size(), 1u);
   ASSERT_NE(s->result().storage, nullptr);
   EXPECT_EQ(one_sided->fetches[0].targets[0].size(), 100u);
   EXPECT_EQ(one_sided->fetches[0].targets[0].data(), s->result().storage.get());
 }
 
+TEST_F(FetchTableTest, MemoryTheCallerTookIsWhereTheBytesLand) {
+  link.add_transport(one_sided, true);
+  auto s = state();
+  const auto r = ref(100);
+  std::vector<MutableBuffer> slots;
+  auto storage = FetchTable::allocate_slots(pool, r, slots);
+  ASSERT_NE(storage, nullptr);
+  ASSERT_EQ(slots.size(), 1u);
+  const auto before = pool.counters();
+  table.start(s, r, slots, storage, {});
+  ASSERT_EQ(one_sided->fetches.size(), 1u);
+  EXPECT_EQ(s->result().storage, storage);
+  EXPECT_EQ(one_sided->fetches[0].targets[0].data(), storage.get());
+  EXPECT_EQ(one_sided->fetches[0].targets[0].size(), 100u);
+  EXPECT_EQ(pool.counters().hits + pool.counters().misses, before.hits + before.misses)
+      << "the table took memory of its own as well";
+}
+
 TEST_F(FetchTableTest, TargetsThatDoNotMatchTheRefFailAtOnce) {
   link.add_transport(one_sided, true);
   auto s = state();
   std::vector<std::byte> small(8);
-  table.start(s, ref(16), {MutableBuffer(small)}, {});
+  table.start(s, ref(16), {MutableBuffer(small)}, nullptr, {});
   EXPECT_EQ(s->outcome(), std::error_code(errc::size_mismatch));
   EXPECT_TRUE(one_sided->fetches.empty());
   EXPECT_TRUE(link.sent.empty());
@@ -325,7 +343,7 @@ TEST_F(FetchTableTest, ANamedFetchTellsTheOwnerHowLongToWait) {
   r.name = "weights";
   FetchOptions options;
   options.timeout = 2500ms;
-  table.start(s, r, {MutableBuffer(target)}, options);
+  table.start(s, r, {MutableBuffer(target)}, nullptr, options);
   ASSERT_EQ(link.sent.size(), 1u);
   EXPECT_EQ(link.sent[0].fetch().name(), "weights");
   EXPECT_EQ(link.sent[0].fetch().wait_ms(), 2500u);

@@ -94,6 +94,51 @@ TEST(ReceivePool, KeptResultsAreNeverReusedUnderTheirHolder) {
   }
 }
 
+// Fetches issued while others run take their memory on the issuing thread: each still gets a
+// block of its own (no two live results overlap) with its object's bytes, and once they are
+// dropped the next round reuses what the first made.
+TEST(ReceivePool, FetchesIssuedWhileOthersRunGetBlocksOfTheirOwn) {
+  FERRY_REQUIRE_TEST_HOST();
+  Server server;
+  std::vector<std::shared_ptr<std::vector<std::byte>>> objects;
+  std::vector<ObjectRef> refs;
+  for (size_t size : {size_t{3} << 20, size_t{9} << 20, size_t{64} << 10, size_t{20} << 20}) {
+    objects.push_back(make_pattern(size, size + 11));
+    refs.push_back(server.put(objects.back()));
+  }
+  Context client(client_options("client"));
+  auto peer = connect_or_fail(client, server.address());
+  const int rounds = test_transport() == "RDMA" ? 1 : 3;
+  PoolStats first{};
+  for (int round = 0; round < rounds; ++round) {
+    std::vector<std::pair<size_t, FetchRequest>> running;
+    for (int i = 0; i < 16; ++i) running.emplace_back(i % 4, peer.fetch(refs[i % 4]));
+    EXPECT_GT(client.stats().fetches_in_flight, 0u);
+    std::vector<std::span<const std::byte>> live;
+    for (auto& [which, req] : running) {
+      ASSERT_FALSE(req.wait(scaled(60s)));
+      const auto got = req.result().tensors.at(0);
+      EXPECT_TRUE(same_bytes(got, *objects[which])) << "object " << which;
+      for (const auto& other : live) {
+        EXPECT_TRUE(got.data() + got.size() <= other.data() ||
+                    other.data() + other.size() <= got.data())
+            << "two live results share memory";
+      }
+      live.push_back(got);
+    }
+    EXPECT_EQ(client.stats().fetches_in_flight, 0u);
+    running.clear();
+    const auto s = client.pool_stats();
+    EXPECT_EQ(s.fallbacks, 0u);
+    if (round == 0) {
+      first = s;
+    } else {
+      EXPECT_EQ(s.misses, first.misses) << "round " << round << " made memory anew";
+      EXPECT_EQ(s.held_bytes, first.held_bytes) << "round " << round;
+    }
+  }
+}
+
 // Results outlive the context that fetched them: the memory stays valid and returns to the
 // (then gone) pool when the last reference goes. ASan (make test-asan) checks the accesses.
 TEST(ReceivePool, ResultsOutliveTheirContext) {

@@ -58,9 +58,38 @@ TEST(Stats, FetchesAndServesAreCountedWithBytesErrorsAndLatency) {
   EXPECT_EQ(at(s.serve_errors, "object_not_found"), 1u);
 }
 
+// Stats::fetches_in_flight counts a fetch from its issue to its completion, whatever the
+// completion: fetches of a name nobody put yet stay in flight until it is put.
+TEST(Stats, FetchesInFlightCountsFetchesUntilTheyComplete) {
+  FERRY_REQUIRE_TEST_HOST();
+  Server server;
+  Context client(client_options("client"));
+  auto peer = connect_or_fail(client, server.address());
+  auto bytes = make_pattern(200000, 8);
+  auto ref = ObjectRef::named(server.address(), "later", {TensorMeta::bytes(bytes->size())});
+  std::vector<std::byte> into(bytes->size());
+  auto a = peer.fetch(ref, {}, {.timeout = 60s});
+  auto b = peer.fetch(ref, {into}, {.timeout = 60s});
+  auto c = peer.fetch(ref, {}, {.timeout = 60s});
+  EXPECT_EQ(client.stats().fetches_in_flight, 3u);
+  c.abort();
+  EXPECT_EQ(c.wait(scaled(30s)), errc::aborted);
+  EXPECT_EQ(client.stats().fetches_in_flight, 2u);
+  PutOptions o;
+  o.name = "later";
+  ASSERT_TRUE(server.ctx.put({Tensor::bytes(*bytes)}, bytes, o).ok());
+  ASSERT_FALSE(a.wait(scaled(30s)));
+  ASSERT_FALSE(b.wait(scaled(30s)));
+  EXPECT_TRUE(same_bytes(a.result().tensors.at(0), *bytes));
+  EXPECT_TRUE(same_bytes(into, *bytes));
+  EXPECT_EQ(client.stats().fetches_in_flight, 0u);
+  EXPECT_EQ(client.stats().fetches_succeeded, 2u);
+}
+
 TEST(Stats, PrometheusTextHasEveryFamilyWithHelpTypeAndLabels) {
   Stats s;
   s.fetches_succeeded = 7;
+  s.fetches_in_flight = 3;
   s.fetch_errors["timed_out"] = 2;
   s.bytes_fetched_by_transport["TCP"] = 1234;
   s.fetch_latency.add(std::chrono::microseconds(3));    // bucket le=4us
@@ -82,6 +111,8 @@ TEST(Stats, PrometheusTextHasEveryFamilyWithHelpTypeAndLabels) {
            "ferry_fetch_latency_seconds_bucket{instance=\"a\",le=\"+Inf\"} 2\n",
            "ferry_fetch_latency_seconds_count{instance=\"a\"} 2\n",
            "ferry_pool_held_bytes{instance=\"a\"} 4096\n",
+           "# TYPE ferry_fetches_in_flight gauge\n",
+           "ferry_fetches_in_flight{instance=\"a\"} 3\n",
            "# TYPE ferry_rdma_registrations_total counter\n",
            "ferry_rdma_registrations_total{instance=\"a\"} 3\n",
            "# HELP ferry_rdma_queue_pairs RDMA: queue pairs now. Per peer.\n",

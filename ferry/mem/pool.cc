@@ -14,6 +14,7 @@
 #include <mutex>
 #include <new>
 #include <string_view>
+#include <thread>
 #include <vector>
 
 #ifndef MADV_POPULATE_WRITE
@@ -127,6 +128,30 @@ bool populate(std::byte* p, size_t n) {
   return true;
 }
 
+// Pre-faults [p, p + n) as populate() does, with up to `threads` threads (this one included),
+// each a slice of whole huge pages, at least kPopulateSlice. Every thread is joined before it
+// returns. A thread that cannot be started leaves its share to this one.
+bool populate_parallel(std::byte* p, size_t n, unsigned threads) {
+  const size_t slices = std::min<size_t>(threads, n / kPopulateSlice);
+  if (slices <= 1) return populate(p, n);
+  const size_t slice = (n / slices + kRegionAlign - 1) & ~(kRegionAlign - 1);
+  std::atomic<bool> ok{true};
+  std::vector<std::thread> helpers;
+  size_t at = slice;  // [0, slice) is this thread's; [at, n) too once no thread could start
+  try {
+    helpers.reserve(slices - 1);
+    for (; at < n; at += slice) {
+      helpers.emplace_back([&ok, q = p + at, len = std::min(slice, n - at)] {
+        if (!populate(q, len)) ok.store(false, std::memory_order_relaxed);
+      });
+    }
+  } catch (const std::exception&) {  // std::system_error, std::bad_alloc: no thread for the rest
+  }
+  const bool mine = populate(p, std::min(slice, n)) && (at >= n || populate(p + at, n - at));
+  for (auto& t : helpers) t.join();
+  return mine && ok.load(std::memory_order_relaxed);
+}
+
 // `size` bytes of address space aligned to kRegionAlign with protection `prot`, or null.
 std::byte* map_aligned(size_t size, int prot) {
   // Over-map by one alignment unit and cut the ends, so the mapping starts on a huge page.
@@ -142,12 +167,13 @@ std::byte* map_aligned(size_t size, int prot) {
 }
 
 // A fresh region of `size` bytes (a multiple of kRegionAlign), aligned to kRegionAlign, advised
-// for huge pages and pre-faulted writable. Null when the memory cannot be had.
-std::byte* map_region(size_t size) {
+// for huge pages and pre-faulted writable by up to `threads` threads. Null when the memory cannot
+// be had.
+std::byte* map_region(size_t size, unsigned threads) {
   std::byte* base = map_aligned(size, PROT_READ | PROT_WRITE);
   if (!base) return nullptr;
   madvise(base, size, MADV_HUGEPAGE);  // best effort: THP may be off or unsupported
-  if (!populate(base, size)) {
+  if (!populate_parallel(base, size, threads)) {
     munmap(base, size);
     return nullptr;
   }
@@ -155,9 +181,9 @@ std::byte* map_region(size_t size) {
 }
 
 // The region [base, base + size) grown to `new_size` at a new address, aligned as map_region's:
-// its pages move (no copy) and only the new tail is faulted in. Null when that cannot be done;
-// the old mapping is gone either way.
-std::byte* grow_mapping(std::byte* base, size_t size, size_t new_size) {
+// its pages move (no copy) and only the new tail is faulted in, by up to `threads` threads. Null
+// when that cannot be done; the old mapping is gone either way.
+std::byte* grow_mapping(std::byte* base, size_t size, size_t new_size, unsigned threads) {
   std::byte* to = map_aligned(new_size, PROT_NONE);  // where it goes: replaced by the move
   std::byte* grown = nullptr;
   if (to) {
@@ -173,7 +199,7 @@ std::byte* grow_mapping(std::byte* base, size_t size, size_t new_size) {
     return nullptr;
   }
   madvise(grown, new_size, MADV_HUGEPAGE);
-  if (!populate(grown + size, new_size - size)) {
+  if (!populate_parallel(grown + size, new_size - size, threads)) {
     munmap(grown, new_size);
     return nullptr;
   }
@@ -196,7 +222,10 @@ namespace detail {
 // without the addition); syscalls run with neither lock.
 class PoolState : public std::enable_shared_from_this<PoolState> {
  public:
-  explicit PoolState(PoolOptions options) : options_(options) {}
+  explicit PoolState(PoolOptions options)
+      : options_(options),
+        populate_threads_(std::clamp(std::thread::hardware_concurrency(), 1u,
+                                     std::max(options.populate_threads, 1u))) {}
 
   // Runs when the Pool, every block and every RegionListener are gone, so no listener is left
   // to tell.
@@ -246,6 +275,7 @@ class PoolState : public std::enable_shared_from_this<PoolState> {
   RegionMap::iterator detach(RegionMap::iterator it, Region*& gone);
 
   const PoolOptions options_;
+  const unsigned populate_threads_;  // options_.populate_threads, at most one per core
   std::mutex listeners_mu_;
   std::map<uint64_t, Listener> listeners_;
   uint64_t next_listener_ = 1;
@@ -349,7 +379,7 @@ std::byte* PoolState::grow_free_region(size_t block, Region*& out) noexcept {
   }
   // Detached: no table holds it and no block of it lives, so base, size, block and cls may change.
   const size_t old_size = r->size;
-  std::byte* base = grow_mapping(r->base, old_size, block);
+  std::byte* base = grow_mapping(r->base, old_size, block, populate_threads_);
   if (!base) {
     std::lock_guard lock(mu_);
     ++counters_.regions_trimmed;  // the old region is gone
@@ -393,7 +423,7 @@ std::byte* PoolState::admit(RegionMap::node_type node, bool created, Region*& ou
 }
 
 std::byte* PoolState::make_region(size_t block, size_t size, Region*& out) noexcept {
-  std::byte* base = map_region(size);
+  std::byte* base = map_region(size, populate_threads_);
   // The map node is made before any listener hears of the region, so that inserting it cannot
   // fail after they did.
   RegionMap::node_type node;

@@ -50,7 +50,15 @@ struct PoolOptions {
   size_t cap_bytes = size_t{2} << 30;
   /// How long a region must have been wholly free before trim() unmaps it.
   std::chrono::milliseconds idle_trim{10000};
+  /// Threads that fault a new region in together, the allocating one included: at most one per
+  /// kPopulateSlice of it and one per core. Zeroing fresh pages is most of what a new region
+  /// costs, and it runs in parallel; 1 faults on the allocating thread alone.
+  unsigned populate_threads = 4;
 };
+
+/// The least a thread faults in when a new region is faulted in by several
+/// (PoolOptions::populate_threads): below it starting the thread costs more than it saves.
+inline constexpr size_t kPopulateSlice = size_t{4} << 20;
 
 /// A Pool's gauges and counters (Pool::counters()): a snapshot, consistent as a whole.
 struct PoolCounters {

@@ -58,6 +58,7 @@ void FetchState::set_stats(std::shared_ptr<StatsRecorder> stats,
   std::lock_guard lock(mu_);
   stats_ = std::move(stats);
   started_ = started;
+  if (stats_) stats_->fetch_started();
 }
 
 void FetchState::set_handler(FetchHandler handler) {

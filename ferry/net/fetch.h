@@ -98,8 +98,9 @@ class FetchState {
   FetchResult& result() { return result_; }
 
   void set_handler(FetchHandler handler);
-  // Counts this fetch in `stats` when it completes (its outcome, bytes, transport and the time
-  // since `started`). Before the fetch can complete; the session's thread.
+  // Counts this fetch in `stats`: in flight from now, and when it completes its outcome, bytes,
+  // transport and the time since `started`. Once, before the fetch can complete; the session's
+  // thread.
   void set_stats(std::shared_ptr<StatsRecorder> stats,
                  std::chrono::steady_clock::time_point started);
   // Asks the running side to abort (set by the session). Safe from any thread, any time.

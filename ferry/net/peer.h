@@ -46,7 +46,11 @@ class Peer {
   bool combines_as_it_arrives() const;
 
   /// Fetches `ref` from this peer. `targets` are where the tensors land (one buffer per tensor,
-  /// each exactly the tensor's size); empty = ferry allocates. Completion:
+  /// each exactly the tensor's size); empty = ferry allocates, from the context's receive pool.
+  /// While other fetches of the context are in flight it does so on the calling thread, before
+  /// this returns: a fetch that needs a new pool region faults it in there (the kernel zeroes its
+  /// pages, several threads at once for a large one) while the io threads go on moving the other
+  /// fetches' bytes. Completion:
   /// void(boost::system::error_code, FetchResult), delivered through the token's executor, never
   /// inline. Works with callbacks, use_future and use_awaitable. A fetch whose data channel breaks
   /// under it while the peer lives (a one-sided transport's queue pair flushed, stalled or reset;

@@ -161,6 +161,8 @@ std::string prometheus_text(const Stats& s, std::string_view prefix, std::string
   w.counter("served_bytes_total", "Bytes served.", static_cast<double>(s.bytes_served));
   w.by("served_bytes_by_transport_total", "counter", "Bytes served, by transport.", "transport",
        s.bytes_served_by_transport);
+  w.gauge("fetches_in_flight", "Fetches issued and not yet completed.",
+          static_cast<double>(s.fetches_in_flight));
   w.gauge("serves_in_flight", "Requests being served now.",
           static_cast<double>(s.serves_in_flight));
   w.by("connections_total", "counter", "Peer connections, by the transport they negotiated.",
@@ -225,8 +227,11 @@ bool count_outcome(Stats& s, const OutcomeCounters& c, const std::error_code& ec
 
 }  // namespace
 
+void StatsRecorder::fetch_started() { fetches_in_flight_.fetch_add(1, std::memory_order_relaxed); }
+
 void StatsRecorder::fetch_done(const std::error_code& ec, uint64_t bytes,
                                const std::string& transport, std::chrono::nanoseconds latency) {
+  fetches_in_flight_.fetch_sub(1, std::memory_order_relaxed);
   std::lock_guard lock(mu_);
   if (count_outcome(s_, kFetchCounters, ec, bytes, transport)) s_.fetch_latency.add(latency);
 }
@@ -251,7 +256,9 @@ void StatsRecorder::serve_ended(const std::error_code& ec, uint64_t bytes,
 
 Stats StatsRecorder::snapshot() const {
   std::lock_guard lock(mu_);
-  return s_;
+  Stats s = s_;
+  s.fetches_in_flight = fetches_in_flight();
+  return s;
 }
 
 }  // namespace detail

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <array>
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <map>
@@ -44,6 +45,7 @@ struct Stats {
   /// bytes_fetched, by the transport that moved them.
   std::map<std::string, uint64_t> bytes_fetched_by_transport;
   LatencyHistogram fetch_latency;  ///< successful fetches
+  uint64_t fetches_in_flight = 0;  ///< fetches issued and not yet completed
   // Requests this side served (ended: every byte sent, or failed).
   uint64_t serves_succeeded = 0;                 ///< requests served with every byte sent
   uint64_t serves_failed = 0;                    ///< requests refused, or failed while served
@@ -74,8 +76,12 @@ namespace detail {
 // (they may outlive it). Thread-safe: one mutex, taken once per fetch or serve.
 class StatsRecorder {
  public:
+  // A fetch was issued; it counts in flight until its fetch_done.
+  void fetch_started();
   void fetch_done(const std::error_code& ec, uint64_t bytes, const std::string& transport,
                   std::chrono::nanoseconds latency);
+  // Stats::fetches_in_flight now, without the lock (a fetch reads it as it is issued).
+  uint64_t fetches_in_flight() const { return fetches_in_flight_.load(std::memory_order_relaxed); }
   // A refusal (never started), or a serve that started (serve_started) and ended.
   void serve_done(const std::error_code& ec, uint64_t bytes, const std::string& transport);
   void serve_started();
@@ -87,6 +93,7 @@ class StatsRecorder {
  private:
   mutable std::mutex mu_;
   Stats s_;
+  std::atomic<uint64_t> fetches_in_flight_{0};
 };
 
 }  // namespace detail

@@ -327,6 +327,7 @@ class ContextHandle {
     d["fetch_latency_sum_seconds"] = s.fetch_latency.sum_seconds;
     d["serves_succeeded"] = s.serves_succeeded;
     d["serves_failed"] = s.serves_failed;
+    d["fetches_in_flight"] = s.fetches_in_flight;
     d["serves_in_flight"] = s.serves_in_flight;
     d["bytes_served"] = s.bytes_served;
     d["serve_errors"] = s.serve_errors;

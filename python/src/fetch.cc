@@ -184,9 +184,19 @@ NativeFetch start_fetch(const Peer& peer, const std::shared_ptr<InflightFetches>
     if (auto in = weak.lock()) in->remove(key);
   };
   try {
-    return NativeFetch{peer.fetch(std::move(ref), std::move(targets), std::move(options),
-                                  FetchHandler(std::move(handler))),
-                       pending, std::move(wait_mode)};
+    const bool allocates = targets.empty();
+    auto fetch = [&] {
+      return peer.fetch(std::move(ref), std::move(targets), std::move(options),
+                        FetchHandler(std::move(handler)));
+    };
+    FetchRequest request;
+    if (allocates) {
+      py::gil_scoped_release nogil;  // taking the receive memory may fault a new region in
+      request = fetch();
+    } else {
+      request = fetch();
+    }
+    return NativeFetch{std::move(request), pending, std::move(wait_mode)};
   } catch (...) {
     inflight->remove(key);
     throw;

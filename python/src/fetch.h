@@ -100,7 +100,9 @@ class InflightFetches {
 
 // Starts fetching `ref` from `peer` into `targets` (empty: ferry allocates); `future` gets
 // `_ferry_complete(FetchOutcome)` on the completion thread, unless a thread waiting in
-// NativeFetch::pending->wait() takes the outcome. GIL held (for `future`); does not block.
+// NativeFetch::pending->wait() takes the outcome. GIL held (for `future`); does not block,
+// except that without targets taking the receive memory may fault a new pool region in (with the
+// GIL released meanwhile).
 NativeFetch start_fetch(const Peer& peer, const std::shared_ptr<InflightFetches>& inflight,
                         ObjectRef ref, std::vector<MutableBuffer> targets, FetchOptions options,
                         pybind11::object future, WaitMode wait_mode);

@@ -8,14 +8,8 @@
 
 namespace ferry {
 
-namespace {
-
-// One block of the receive pool with a 64-byte aligned slot of each of `sizes`, in order: the
-// memory (which owns the slots) and the slots. Null, with nothing allocated, when the sizes add
-// up to more than the machine's memory (a forged or corrupt ref: sizes up to 2^48 parse) or no
-// memory can be had: the caller fails its fetch with errc::resource_exhausted. Never throws.
-std::shared_ptr<std::byte[]> allocate_slots(mem::Pool& pool, const std::vector<size_t>& sizes,
-                                            std::vector<MutableBuffer>& slots) noexcept {
+std::shared_ptr<std::byte[]> FetchTable::allocate_slots(
+    mem::Pool& pool, const std::vector<size_t>& sizes, std::vector<MutableBuffer>& slots) noexcept {
   try {
     const uint64_t limit = physical_memory_bytes();
     uint64_t total = 0;
@@ -39,12 +33,23 @@ std::shared_ptr<std::byte[]> allocate_slots(mem::Pool& pool, const std::vector<s
   }
 }
 
-}  // namespace
+std::shared_ptr<std::byte[]> FetchTable::allocate_slots(
+    mem::Pool& pool, const ObjectRef& ref, std::vector<MutableBuffer>& slots) noexcept {
+  try {
+    std::vector<size_t> sizes;
+    sizes.reserve(ref.metadata.tensors.size());
+    for (const auto& t : ref.metadata.tensors) sizes.push_back(t.nbytes);
+    return allocate_slots(pool, sizes, slots);
+  } catch (const std::bad_alloc&) {
+    return nullptr;
+  }
+}
 
 FetchTable::FetchTable(SessionLink& link, mem::Pool& pool) : link_(link), pool_(pool) {}
 
 void FetchTable::start(std::shared_ptr<detail::FetchState> state, ObjectRef ref,
-                       std::vector<MutableBuffer> targets, FetchOptions options) {
+                       std::vector<MutableBuffer> targets, std::shared_ptr<std::byte[]> storage,
+                       FetchOptions options) {
   auto& result = state->result();
   const std::string& peer_name = link_.peer().info().name;
   std::error_code ec;
@@ -73,10 +78,10 @@ void FetchTable::start(std::shared_ptr<detail::FetchState> state, ObjectRef ref,
     return;
   }
   const auto& tensors = ref.metadata.tensors;
-  if (targets.empty()) {
-    std::vector<size_t> sizes;
-    for (const auto& t : tensors) sizes.push_back(t.nbytes);
-    result.storage = allocate_slots(pool_, sizes, targets);
+  if (storage) {
+    result.storage = std::move(storage);  // `targets` are its slots
+  } else if (targets.empty()) {
+    result.storage = allocate_slots(pool_, ref, targets);
     if (!result.storage) {
       FERRY_LOG_WARN(
           "fetch from '{}': object {} announces {} bytes, more than this process can "

@@ -28,15 +28,30 @@ class FetchTable {
   FetchTable(const FetchTable&) = delete;
   FetchTable& operator=(const FetchTable&) = delete;
 
+  // One block of `pool` with a 64-byte aligned slot of each of `sizes`, in order: the memory
+  // (which owns the slots) and the slots. Null, with nothing allocated, when the sizes add up to
+  // more than the machine's memory (a forged or corrupt ref: sizes up to 2^48 parse) or no memory
+  // can be had: the caller fails its fetch with errc::resource_exhausted. Any thread; may fault
+  // a new region in (PoolOptions::populate_threads). Never throws.
+  static std::shared_ptr<std::byte[]> allocate_slots(mem::Pool& pool,
+                                                     const std::vector<size_t>& sizes,
+                                                     std::vector<MutableBuffer>& slots) noexcept;
+  // The same, a slot for each tensor of `ref`.
+  static std::shared_ptr<std::byte[]> allocate_slots(mem::Pool& pool, const ObjectRef& ref,
+                                                     std::vector<MutableBuffer>& slots) noexcept;
+
   // Starts the fetch `state` stands for (its id is the request id it starts under): `ref` into
-  // `targets` (one per tensor, sizes as in the ref; empty: into memory from the pool, which the
-  // result owns). The session is open. Every path completes `state` exactly once: with success,
-  // the transport's or the peer's error, errc::transport_unavailable / transport_unknown (no
-  // transport), size_mismatch, resource_exhausted (no memory), timed_out (options.timeout),
-  // aborted (abort()), or the session's close reason. May throw std::bad_alloc before anything
-  // started (the caller then calls fail()).
+  // `targets` (one per tensor, sizes as in the ref), which are slots of `storage` when that is
+  // set (receive memory the caller took from the pool: allocate_slots); with neither, into memory
+  // taken from the pool here. The result owns that memory. The session is open. Every path
+  // completes `state` exactly once: with success, the transport's or the peer's error,
+  // errc::transport_unavailable / transport_unknown (no transport), size_mismatch,
+  // resource_exhausted (no memory), timed_out (options.timeout), aborted (abort()), or the
+  // session's close reason. May throw std::bad_alloc before anything started (the caller then calls
+  // fail()).
   void start(std::shared_ptr<detail::FetchState> state, ObjectRef ref,
-             std::vector<MutableBuffer> targets, FetchOptions options);
+             std::vector<MutableBuffer> targets, std::shared_ptr<std::byte[]> storage,
+             FetchOptions options);
   // Completes a fetch that failed wherever it stands: through complete() once launched (the
   // transport lets go of its targets first), else at once with `ec`.
   void fail(detail::FetchState& state, std::error_code ec);

@@ -271,6 +271,13 @@ void Session::finish_rpc(uint64_t rid, std::error_code ec, const wire::Envelope&
 FetchRequest Session::fetch(ObjectRef ref, std::vector<MutableBuffer> targets, FetchOptions options,
                             FetchHandler handler) {
   const uint64_t id = next_request_id_.fetch_add(2);
+  // Taken here, on the caller's thread, while other fetches run: a new region's page faults then
+  // run beside the io thread, which goes on receiving them. With none running, the strand takes
+  // it, after the last completion has let its memory go (so a fetch-and-drop loop reuses it).
+  std::shared_ptr<std::byte[]> storage;
+  if (targets.empty() && ctx_->stats->fetches_in_flight() > 0) {
+    storage = FetchTable::allocate_slots(*ctx_->pool, ref, targets);
+  }
   auto state = std::make_shared<detail::FetchState>(id, ctx_->io.get_executor());
   state->set_stats(ctx_->stats, Clock::now());
   if (handler) state->set_handler(std::move(handler));
@@ -282,15 +289,17 @@ FetchRequest Session::fetch(ObjectRef ref, std::vector<MutableBuffer> targets, F
     }
     asio::post(self->strand_, [self, weak_state, id] { self->fetches_.abort(id, weak_state); });
   });
-  asio::post(strand_, [self = shared_from_this(), state, ref = std::move(ref),
-                       targets = std::move(targets), options = std::move(options)]() mutable {
-    try {
-      self->do_fetch(state, std::move(ref), std::move(targets), std::move(options));
-    } catch (const std::bad_alloc&) {
-      // Out of memory for the fetch's bookkeeping: it still completes, exactly once.
-      self->fetches_.fail(*state, errc::resource_exhausted);
-    }
-  });
+  asio::post(strand_,
+             [self = shared_from_this(), state, ref = std::move(ref), targets = std::move(targets),
+              storage = std::move(storage), options = std::move(options)]() mutable {
+               try {
+                 self->do_fetch(state, std::move(ref), std::move(targets), std::move(storage),
+                                std::move(options));
+               } catch (const std::bad_alloc&) {
+                 // Out of memory for the fetch's bookkeeping: it still completes, exactly once.
+                 self->fetches_.fail(*state, errc::resource_exhausted);
+               }
+             });
   return FetchRequest(state);
 }
 
@@ -340,7 +349,8 @@ std::shared_ptr<TransportManager> Session::fallback_transport(
 }
 
 void Session::do_fetch(std::shared_ptr<detail::FetchState> state, ObjectRef ref,
-                       std::vector<MutableBuffer> targets, FetchOptions options) {
+                       std::vector<MutableBuffer> targets, std::shared_ptr<std::byte[]> storage,
+                       FetchOptions options) {
   if (state_ != State::open) {
     state->complete(close_reason_ ? close_reason_ : std::error_code(errc::peer_closed));
     return;
@@ -349,7 +359,8 @@ void Session::do_fetch(std::shared_ptr<detail::FetchState> state, ObjectRef ref,
     state->complete(errc::stale_ref);
     return;
   }
-  fetches_.start(std::move(state), std::move(ref), std::move(targets), std::move(options));
+  fetches_.start(std::move(state), std::move(ref), std::move(targets), std::move(storage),
+                 std::move(options));
 }
 
 void Session::restart_fetch(uint64_t request_id, std::error_code ec) {

@@ -62,7 +62,8 @@ class Session final : public PeerLink,
   // Acceptor: a side connection authenticated for this session. Strand.
   void attach_side_connection(const std::string& transport, tcp::socket socket);
 
-  // Any thread.
+  // Any thread. Without targets, while other fetches of the context run, the receive memory is
+  // taken from the pool on this thread: faulting a new region in stalls the caller, not them.
   FetchRequest fetch(ObjectRef ref, std::vector<MutableBuffer> targets, FetchOptions options,
                      FetchHandler handler);
   void rpc(wire::Envelope request, std::chrono::milliseconds timeout, RpcHandler done);
@@ -147,9 +148,11 @@ class Session final : public PeerLink,
   void finish_rpc(uint64_t rid, std::error_code ec, const wire::Envelope& env);
 
   // Fetch `state`'s first step on the strand: fails it at once when the session is not open or
-  // `ref` is from another instance of the peer, else hands it to fetches_.
+  // `ref` is from another instance of the peer, else hands it to fetches_ (`storage`: as
+  // FetchTable::start's).
   void do_fetch(std::shared_ptr<detail::FetchState> state, ObjectRef ref,
-                std::vector<MutableBuffer> targets, FetchOptions options);
+                std::vector<MutableBuffer> targets, std::shared_ptr<std::byte[]> storage,
+                FetchOptions options);
 
   // SessionLink (for fetches_ and serves_; strand).
   PeerLink& peer() override { return *this; }
