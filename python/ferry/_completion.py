@@ -48,6 +48,7 @@ def _run():
         batch = _ferry._wait_completions()  # GIL released while it waits
         if batch is None:
             return
+        batch.reverse()  # popped from the end: resolved in completion order
         while batch:
             future, outcome = batch.pop()
             try:

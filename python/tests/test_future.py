@@ -372,3 +372,28 @@ def test_closing_the_context_ends_a_wait_that_runs_its_loop(stopped):
 def test_wait_linger_is_checked(linger):
     with pytest.raises(ValueError, match="wait_linger"):
         ferry.Context(wait_linger=linger)
+
+
+def test_the_completion_thread_resolves_a_batch_in_completion_order(monkeypatch):
+    """The queue hands over completions in the order they happened; callbacks run in it."""
+    from ferry import _completion
+
+    heard = []
+
+    class Probe:
+        def __init__(self, i):
+            self.i = i
+
+        def _ferry_complete(self, outcome):
+            heard.append((self.i, outcome))
+
+    batches = [[(Probe(i), f"outcome {i}") for i in range(5)], [(Probe(5), "outcome 5")], None]
+
+    class NativeQueue:  # stands in for _ferry's queue: two batches, then stopped
+        @staticmethod
+        def _wait_completions():
+            return batches.pop(0)
+
+    monkeypatch.setattr(_completion, "_ferry", NativeQueue)
+    _completion._run()  # returns once the queue says it stopped
+    assert heard == [(i, f"outcome {i}") for i in range(6)]
