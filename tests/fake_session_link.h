@@ -64,8 +64,9 @@ class FakeTransport : public TransportManager {
   std::vector<uint64_t> aborts;               // every abort() call of its channels
   bool abort_lets_go = true;                  // what their abort() returns
   std::error_code fail_launch;                // their fetch/recv_multiple fail with it when set
-  int opens = 0;                              // async_open_channel() calls
-  bool hold_opens = false;  // async_open_channel waits in `pending_opens` (else it fails)
+  bool send_throws = false;  // their send_multiple keeps `done`, then throws std::bad_alloc
+  int opens = 0;             // async_open_channel() calls
+  bool hold_opens = false;   // async_open_channel waits in `pending_opens` (else it fails)
   std::vector<ChannelOpenHandler> pending_opens;
 
   // What its channels do with a fetch: records it, or fails it with fail_launch.
@@ -89,6 +90,10 @@ inline Result<FetchRequest> FakeChannel::recv_multiple(const FetchOp& op) {
 }
 inline void FakeChannel::send_multiple(uint64_t request_id, ObjectStore::Pin object,
                                        SendDone done) {
+  if (transport->send_throws) {  // out of memory halfway: `done` kept, the pin let go
+    transport->sends.emplace(request_id, std::move(done));
+    throw std::bad_alloc();
+  }
   transport->pins.emplace(request_id, std::move(object));
   transport->sends.emplace(request_id, std::move(done));
 }

@@ -69,6 +69,34 @@ TEST_F(ServeTableTest, ServesAPutObjectOverTheTransportItAsksFor) {
   EXPECT_TRUE(link.errors().empty());
 }
 
+// A transport that runs out of memory in send_multiple, before it called `done`: the serve
+// ends there, once, with resource_exhausted for the fetcher; the `done` it kept is a no-op.
+TEST_F(ServeTableTest, ATransportOutOfMemoryEndsTheServeOnce) {
+  const ObjectId id = put();
+  transport->send_throws = true;
+  table.serve(1, fetch_of(id));
+  using Errors = std::vector<std::pair<uint64_t, std::error_code>>;
+  EXPECT_EQ(link.errors(), (Errors{{1, errc::resource_exhausted}}));
+  EXPECT_EQ(table.serving(), 0u);
+  EXPECT_EQ(store.counts(id)->pins, 0u);
+  EXPECT_EQ(stats().serves_failed, 1u);
+  transport->finish_send(1, {});  // the copy it kept, run late
+  EXPECT_EQ(link.errors().size(), 1u);
+  EXPECT_EQ(stats().serves_failed, 1u);
+  EXPECT_EQ(stats().serves_succeeded, 0u);
+  // The next request is served as usual.
+  transport->send_throws = false;
+  table.serve(3, fetch_of(id));
+  EXPECT_EQ(table.serving(), 1u);
+  transport->finish_send(3, {});
+  EXPECT_EQ(stats().serves_succeeded, 1u);
+  // One the transport fails is reported to the fetcher and counted once.
+  table.serve(5, fetch_of(id));
+  transport->finish_send(5, errc::peer_closed);
+  EXPECT_EQ(link.errors(), (Errors{{1, errc::resource_exhausted}, {5, errc::peer_closed}}));
+  EXPECT_EQ(stats().serves_failed, 2u);
+}
+
 TEST_F(ServeTableTest, RefusesIdsOfThisSidesParityAndIdsInUse) {
   const ObjectId id = put();
   table.serve(2, fetch_of(id));  // even: this side's own ids

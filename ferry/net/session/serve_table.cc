@@ -91,24 +91,33 @@ void ServeTable::serve(uint64_t rid, const wire::Fetch& msg) {
   ServeHooks hooks{pin.object().on_sent, pin.object().on_served};
   uint64_t bytes = 0;
   for (const auto& t : tensors) bytes += t.data.size();
-  channel->send_multiple(
-      rid, std::move(pin),
-      // The session, which owns this table, lives until the transport has called it.
-      [keep = link_.peer().shared_link(), this, rid, hooks = std::move(hooks), bytes,
-       name = transport->name()](std::error_code ec) {
-        serving_.erase(rid);
-        stats_.serve_ended(ec, bytes, name);
-        if (!ec) {
-          if (hooks) hooks();
-          return;
-        }
-        if (ec == errc::aborted || !link_.is_open()) return;
-        if (hooks) {  // the fetcher may confirm every byte yet (settle)
-          if (unsettled_.size() >= options_.max_requests) unsettled_.pop_front();
-          unsettled_.emplace_back(rid, hooks);
-        }
-        refuse(rid, ec, "send failed");
-      });
+  // Ends the serve once: through the transport, or here when send_multiple ran out of memory
+  // before it could call it (a copy of `done` may then still be held, and run later: a no-op).
+  auto ended = std::make_shared<bool>(false);
+  SendDone done = [keep = link_.peer().shared_link(), this, rid, hooks = std::move(hooks), bytes,
+                   name = transport->name(), ended](std::error_code ec) {
+    // The session, which owns this table, lives until the transport has called it.
+    if (*ended) return;
+    *ended = true;
+    serving_.erase(rid);
+    stats_.serve_ended(ec, bytes, name);
+    if (!ec) {
+      if (hooks) hooks();
+      return;
+    }
+    if (ec == errc::aborted || !link_.is_open()) return;
+    if (hooks) {  // the fetcher may confirm every byte yet (settle)
+      if (unsettled_.size() >= options_.max_requests) unsettled_.pop_front();
+      unsettled_.emplace_back(rid, hooks);
+    }
+    link_.send_error(rid, ec, "send failed", false);  // counted above, as it ended
+  };
+  try {
+    channel->send_multiple(rid, std::move(pin), done);
+  } catch (const std::bad_alloc&) {
+    FERRY_LOG_WARN("peer '{}': request {}: out of memory starting the serve", peer.name, rid);
+    done(errc::resource_exhausted);
+  }
 }
 
 void ServeTable::settle(uint64_t rid) {
