@@ -64,15 +64,17 @@ class FakeTransport : public TransportManager {
   std::vector<uint64_t> aborts;               // every abort() call of its channels
   bool abort_lets_go = true;                  // what their abort() returns
   std::error_code fail_launch;                // their fetch/recv_multiple fail with it when set
-  bool send_throws = false;  // their send_multiple keeps `done`, then throws std::bad_alloc
-  int opens = 0;             // async_open_channel() calls
-  bool hold_opens = false;   // async_open_channel waits in `pending_opens` (else it fails)
+  bool send_throws = false;    // their send_multiple keeps `done`, then throws std::bad_alloc
+  bool launch_throws = false;  // their fetch/recv_multiple record the fetch, then throw bad_alloc
+  int opens = 0;               // async_open_channel() calls
+  bool hold_opens = false;     // async_open_channel waits in `pending_opens` (else it fails)
   std::vector<ChannelOpenHandler> pending_opens;
 
   // What its channels do with a fetch: records it, or fails it with fail_launch.
   Result<FetchRequest> take(const FetchOp& op) {
     if (fail_launch) return fail_launch;
     fetches.push_back(op);
+    if (launch_throws) throw std::bad_alloc();
     return op.request;
   }
 

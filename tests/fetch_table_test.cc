@@ -159,6 +159,24 @@ TEST_F(FetchTableTest, MemoryTheCallerTookIsWhereTheBytesLand) {
       << "the table took memory of its own as well";
 }
 
+// A transport out of memory as the fetch is launched (after it took the fetch): the fetch ends
+// once, with resource_exhausted, the transport is told to let go, and the peer is never asked.
+TEST_F(FetchTableTest, ATransportOutOfMemoryAtLaunchEndsTheFetchOnce) {
+  link.add_transport(one_sided, true);
+  one_sided->launch_throws = true;
+  auto s = state();
+  start(s, target);
+  EXPECT_EQ(s->outcome(), std::error_code(errc::resource_exhausted));
+  EXPECT_EQ(link.completed, 1);
+  EXPECT_EQ(table.size(), 0u);
+  EXPECT_EQ(one_sided->aborts, (std::vector<uint64_t>{s->id()}));
+  EXPECT_TRUE(link.sent.empty());
+  one_sided->launch_throws = false;
+  auto next = state();
+  start(next, target);
+  EXPECT_EQ(table.size(), 1u);
+}
+
 TEST_F(FetchTableTest, TargetsThatDoNotMatchTheRefFailAtOnce) {
   link.add_transport(one_sided, true);
   auto s = state();

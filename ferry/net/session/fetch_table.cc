@@ -179,23 +179,39 @@ void FetchTable::launch(uint64_t id, PendingFetch pending, std::vector<MutableBu
   const auto deadline = pending.deadline;
   const auto& ref = state->result().ref;
   if (deadline != Clock::time_point::max()) link_.arm_deadline(deadline);
-  FetchOp op{id, ref, std::move(targets), FetchRequest(state), std::move(stream)};
-  fetches_.emplace(id, std::move(pending));
-  // The channel is gone again if it broke since ensure_channel (then nothing was started).
-  const auto channel = link_.peer().channel(transport->name());
-  Result<FetchRequest> started = make_error_code(errc::transport_unavailable);
-  if (channel) {
-    started = transport->is_one_sided() ? channel->fetch_multiple(op) : channel->recv_multiple(op);
+  try {
+    FetchOp op{id, ref, std::move(targets), FetchRequest(state), std::move(stream)};
+    fetches_.emplace(id, std::move(pending));
+    // The channel is gone again if it broke since ensure_channel (then nothing was started).
+    const auto channel = link_.peer().channel(transport->name());
+    Result<FetchRequest> started = make_error_code(errc::transport_unavailable);
+    if (channel) {
+      started =
+          transport->is_one_sided() ? channel->fetch_multiple(op) : channel->recv_multiple(op);
+    }
+    if (!started) {
+      complete(id, started.error());
+      return;
+    }
+    request(id, *transport, ref, deadline);
+  } catch (const std::bad_alloc&) {
+    // Out of memory before the peer was asked: the fetch ends here, once (the transport lets go
+    // of what it started first).
+    if (fetches_.count(id)) {
+      complete(id, errc::resource_exhausted);
+    } else {
+      state->complete(errc::resource_exhausted);
+    }
   }
-  if (!started) {
-    complete(id, started.error());
-    return;
-  }
+}
+
+void FetchTable::request(uint64_t id, const TransportManager& transport, const ObjectRef& ref,
+                         Clock::time_point deadline) {
   wire::Envelope env;
   env.set_request_id(id);
   auto* f = env.mutable_fetch();
   f->set_object_id(ref.object_id);
-  f->set_transport(transport->name());
+  f->set_transport(transport.name());
   f->set_owner_instance(ref.owner_instance);
   for (const auto& t : ref.metadata.tensors) f->add_sizes(t.nbytes);
   if (!ref.name.empty()) {
@@ -210,7 +226,7 @@ void FetchTable::launch(uint64_t id, PendingFetch pending, std::vector<MutableBu
     f->set_wait_ms(wait_ms);
   }
   FERRY_LOG_DEBUG("peer '{}': fetch {} of object {} '{}' requested over {}",
-                  link_.peer().info().name, id, ref.object_id, ref.name, transport->name());
+                  link_.peer().info().name, id, ref.object_id, ref.name, transport.name());
   link_.send(env);
 }
 

@@ -108,10 +108,15 @@ class FetchTable {
                       std::shared_ptr<TransportManager> transport,
                       std::vector<MutableBuffer> targets, FetchOptions options);
   // Hands fetch `id` to its transport's channel and asks the peer for it; without the channel
-  // (it broke meanwhile) the fetch fails with transport_unavailable. `targets`: where the transport
-  // lands the bytes; `stream`: the combine of a transport that combines.
+  // (it broke meanwhile) the fetch fails with transport_unavailable, without memory for it with
+  // resource_exhausted. `targets`: where the transport lands the bytes; `stream`: the combine of
+  // a transport that combines.
   void launch(uint64_t id, PendingFetch pending, std::vector<MutableBuffer> targets,
               CombineFn stream);
+  // Sends the peer the Fetch for request `id` of `ref` over `transport` (with the time left to
+  // `deadline` as the owner's wait for a name). May throw std::bad_alloc.
+  void request(uint64_t id, const TransportManager& transport, const ObjectRef& ref,
+               Clock::time_point deadline);
   // The second half of restart(), once the new channel is open (`open_ec`: or not): launches
   // fetch `pending` again as request `id`, unless it was aborted meanwhile; fails it with `ec`
   // (the broken channel's error) if no channel could be opened, or with the session's if it ended.
