@@ -1386,13 +1386,14 @@ def main():
                     default="tcp,receive,rdma,registration,scale,misc,allreduce,python")
     ap.add_argument("--sizes", default=None,
                     help="comma-separated sizes in bytes (tcp, rdma and python suites)")
-    ap.add_argument("--python", default=None,
+    ap.add_argument("--python", default=os.environ.get("FERRY_BENCH_PYTHON"),
                     help="python suite: the interpreter that runs bench/python_bench.py (default: "
-                         "the one the ferry package was built for, named in --python-path's "
-                         "interpreter.txt; else this one)")
-    ap.add_argument("--python-path", default=None,
+                         "$FERRY_BENCH_PYTHON, else the one the ferry package was built for, "
+                         "named in --python-path's interpreter.txt, else this one)")
+    ap.add_argument("--python-path", default=os.environ.get("FERRY_BENCH_PYTHON_PATH"),
                     help="python suite: the folder holding the ferry package (default: "
-                         "BUILD/python, beside ferry-bench's build folder)")
+                         "$FERRY_BENCH_PYTHON_PATH, else BUILD/python, beside ferry-bench's "
+                         "build folder)")
     ap.add_argument("--allreduce-sizes", default=None,
                     help="comma-separated bytes per allreduce (multiples of 4)")
     ap.add_argument("--allreduce-samples", type=int, default=None,

@@ -4,7 +4,10 @@
 # python3: ferry-bench and the ferry CLI, the peer tools (gloo-allreduce, mpi-allreduce, iperf3),
 # Open MPI and PMIx with their plugins and help files, every shared library all of them load
 # except glibc's (each object's RUNPATH points into the bundle: no LD_LIBRARY_PATH, so the
-# machine's own python3 loads nothing of ours), bench/'s scripts and the runner `run`.
+# machine's own python3 loads nothing of ours), bench/'s scripts and the runner `run`; and, for
+# the python suite, Debian's Python 3.11 with its standard library, numpy and the ferry package
+# built here (python/: the ferry package needs the interpreter it was built for; torch does not
+# fit, so that suite's torch-gloo tool reports SKIPPED there).
 #
 # Usage: scripts/bench-bundle.sh BUILD_DIR OUT_DIR   (the binaries must be built; make does it)
 set -euo pipefail
@@ -38,13 +41,54 @@ cp -r /usr/share/openmpi "$out"/ompi/share/
 cp /etc/openmpi/openmpi-mca-params.conf "$out"/ompi/etc/
 cp -r "$pmix"/lib/pmix "$out"/pmix/lib/
 cp -r "$pmix"/share/. "$out"/pmix/share/
-cp "$root"/bench/{run.py,loopback_cc.py,samples.py,markdown.py} "$out"/bench/
+cp "$root"/bench/{run.py,loopback_cc.py,samples.py,markdown.py,python_bench.py} "$out"/bench/
 cp "$root"/bench/bundle/run "$root"/bench/bundle/README.txt "$root"/scripts/demo.sh "$out"/
 chmod +x "$out"/run
 
+# Python: the interpreter the ferry package was built for (build/python/interpreter.txt), its
+# standard library without what a benchmark never imports, numpy without its tests, and the
+# package. python/bin/python3 runs it with PYTHONHOME set to the bundle's python/ (Debian's
+# site module then finds numpy in python/lib/python3/dist-packages).
+py=$(cat "$build"/python/interpreter.txt 2>/dev/null || true)
+numpy=/usr/lib/python3/dist-packages/numpy
+if [[ -n $py && -x $py && -d $numpy && -d $build/python/ferry ]]; then
+  py=$(readlink -f "$py")
+  ver=$("$py" -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')
+  stdlib=/usr/lib/python$ver
+  mkdir -p "$out"/python/bin "$out"/python/lib/python3/dist-packages "$out"/python/site
+  cp "$py" "$out/python/bin/python$ver"
+  cp -r "$stdlib" "$out"/python/lib/
+  for d in test idlelib tkinter turtledemo ensurepip lib2to3 pydoc_data distutils dist-packages \
+    site-packages "config-$ver-x86_64-linux-gnu"; do
+    rm -rf "${out:?}/python/lib/python$ver/$d"
+  done
+  # Modules that would bring libraries of their own (terminals, databases, NIS) or only test.
+  for m in _curses _curses_panel readline _dbm _gdbm _sqlite3 nis _crypt _uuid ossaudiodev audioop \
+    _test _ctypes_test _xx xxlimited; do
+    rm -f "$out/python/lib/python$ver/lib-dynload/$m"*.so
+  done
+  cp -r "$numpy" "$out"/python/lib/python3/dist-packages/
+  cp -r "$build"/python/ferry "$out"/python/site/
+  find "$out"/python -depth \( -name __pycache__ -o -name tests \) -type d -exec rm -rf {} +
+  cat >"$out"/python/bin/python3 <<WRAPPER
+#!/bin/sh
+# Python $ver from this bundle, with its own standard library and numpy (not the machine's).
+here=\$(cd "\$(dirname "\$0")/.." && pwd)
+PYTHONHOME="\$here" exec "\$here/bin/python$ver" "\$@"
+WRAPPER
+  chmod +x "$out"/python/bin/python3
+else
+  echo "bench-bundle: note: no Python part (needs the ferry package built in $build/python and" \
+    "Debian's numpy): the python suite will not run from the bundle"
+fi
+
 # glibc's own libraries stay the target machine's; everything else an object needs comes along.
 glibc='^(linux-vdso\.so|ld-linux-x86-64\.so|libc\.so|libm\.so|libpthread\.so|libdl\.so|librt\.so|libresolv\.so|libutil\.so|libanl\.so|libmvec\.so|libBrokenLocale\.so|libnss_|libthread_db\.so)'
-objects() { find "$out"/bin "$out"/ompi/bin "$out"/ompi/lib "$out"/pmix/lib -type f; }
+objects() {
+  find "$out"/bin "$out"/ompi/bin "$out"/ompi/lib "$out"/pmix/lib -type f
+  [[ -d $out/python ]] && find "$out"/python -type f \( -name '*.so' -o -path '*/bin/python3.*' \)
+  return 0
+}
 missing=()
 while read -r obj; do
   is_elf "$obj" || continue
@@ -73,6 +117,12 @@ set_runpath "$out"/lib '$ORIGIN'
 set_runpath "$out"/ompi/bin '$ORIGIN/../../lib'
 set_runpath "$out"/ompi/lib/openmpi3 '$ORIGIN/../../../lib'
 set_runpath "$out"/pmix/lib/pmix '$ORIGIN/../../../lib'
+if [[ -d $out/python ]]; then  # objects at every depth: each gets the way from its folder to lib/
+  find "$out"/python -type f \( -name '*.so' -o -path '*/bin/python3.*' \) | while read -r f; do
+    is_elf "$f" || continue
+    patchelf --set-rpath "\$ORIGIN/$(realpath --relative-to="$(dirname "$f")" "$out"/lib)" "$f"
+  done
+fi
 
 {
   echo "ferry bench bundle"

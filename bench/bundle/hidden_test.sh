@@ -2,8 +2,10 @@
 # Proves a bench bundle needs nothing from this machine but glibc and python3: unpacks its
 # tarball somewhere else, hides the system's Open MPI, PMIx, iperf3 and every system copy of a
 # library the bundle carries (bind mounts over /dev/null in a private mount namespace: nothing
-# outside this script sees them), checks that every bundled program resolves its libraries
-# inside the bundle, then runs the runner briefly and checks that every tool produced samples.
+# outside this script sees them) and the system's numpy and Python standard library (where the
+# runner's python3 does not use it), checks that every bundled program resolves its libraries
+# inside the bundle, then runs the runner briefly and checks that every tool produced samples,
+# the python suite's with the bundle's own Python.
 # Usage (root): bench/bundle/hidden_test.sh BUNDLE_DIR   (BUNDLE_DIR.tar.gz beside it)
 set -euo pipefail
 bundle=$(cd "${1:?bundle folder}" && pwd)
@@ -20,8 +22,9 @@ mkdir -p "$work/elsewhere"
 tar -C "$work/elsewhere" -xzf "$bundle.tar.gz"
 b="$work/elsewhere/$(basename "$bundle")"
 
-# What python3 itself loads stays (python3 is a prerequisite of the bundle's machine).
-python_libs=$(ldd "$(python3 -c "import sys; print(sys.executable)")" | awk '$2 == "=>" {print $1}')
+# What python3 and the shell load stay (the bundle's machine has both).
+python_libs=$(ldd "$(python3 -c "import sys; print(sys.executable)")" "$BASH" |
+  awk '$2 == "=>" {print $1}')
 hidden=0
 hide() {
   [[ -e $1 ]] || return 0
@@ -39,6 +42,12 @@ done
 for path in /usr/lib/x86_64-linux-gnu/openmpi /usr/lib/x86_64-linux-gnu/pmix2 /usr/share/openmpi \
   /etc/openmpi "$(readlink -f /usr/bin/mpirun)" /usr/bin/orted /usr/bin/iperf3 /usr/bin/gloo-allreduce; do
   hide "$path"
+done
+# The bundle's Python brings its own numpy and standard library: hide the system's.
+hide /usr/lib/python3/dist-packages/numpy
+runner_prefix=$(python3 -c 'import sys; print(sys.base_prefix)')
+for stdlib in /usr/lib/python3.*; do
+  [[ $runner_prefix == /usr ]] || hide "$stdlib"
 done
 echo "hidden test: $hidden system files and folders hidden"
 command -v orterun >/dev/null && [[ -s $(command -v orterun) ]] && { echo "FAILED: orterun still visible"; exit 1; }
@@ -58,13 +67,14 @@ while read -r f; do
       *) echo "FAILED: $f loads $name from $path"; bad=1 ;;
     esac
   done < <(ldd "$f" | awk '$2 == "=>" {print $1, $2, $3, $4}')
-done < <(find "$b"/bin "$b"/ompi "$b"/pmix -type f)
+done < <(find "$b"/bin "$b"/ompi "$b"/pmix "$b"/python -type f)
 [[ $bad -eq 0 && $checked -gt 100 ]] || { echo "FAILED: $checked programs and plugins checked"; exit 1; }
 echo "hidden test: $checked programs and plugins checked: each resolves its libraries inside the bundle or in glibc"
 
 cd "$work"
-"$b"/run --budget 60 --reps 1 --allreduce-reps 1 --allreduce-samples 2 --allreduce-calls 3 \
+"$b"/run --budget 90 --reps 1 --allreduce-reps 1 --allreduce-samples 2 --allreduce-calls 3 \
   --allreduce-warmup 1 --seconds 0.3 --sizes 1048576 --allreduce-sizes 65536,1048576 \
+  --suites allreduce,tcp,python \
   --out "$work/results" >"$work/log" 2>&1 || { tail -40 "$work/log"; echo "FAILED: the runner exited $?"; exit 1; }
 report="$work/results/report.txt"
 fail=0
@@ -80,6 +90,8 @@ s = json.load(open(sys.argv[1]))["samples"]
 have = {(x.get("suite"), x.get("tool"), x.get("ranks")) for x in s if "gbps" in x}
 need = [("allreduce", t, n) for t in ("ferry", "gloo", "mpi") for n in (4, 8)]
 need += [("tcp", t, None) for t in ("ferry", "raw-stream", "iperf3")]
+need += [("python", t, None) for t in ("ferry", "ferry-py-alloc", "ferry-cpp", "shm-pickle",
+                                       "pickle-socket")]
 missing = [k for k in need if k not in have]
 errors = [x["error"] for x in s if "error" in x]
 for k in missing: print("FAILED: no samples from", k)
@@ -88,4 +100,4 @@ sys.exit(1 if missing or errors else 0)
 PY
 grep -E "congestion|SKIPPED" "$report" || true
 [[ $fail -eq 0 ]] || { tail -60 "$work/log"; exit 1; }
-echo "hidden test: PASSED (bundle unpacked at $b ran ferry, Gloo, Open MPI at 4 and 8 ranks, raw stream and iperf3 with the system's copies hidden)"
+echo "hidden test: PASSED (bundle unpacked at $b ran ferry, Gloo, Open MPI at 4 and 8 ranks, raw stream, iperf3 and the python suite with the system's copies hidden)"
