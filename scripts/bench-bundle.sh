@@ -42,7 +42,8 @@ cp /etc/openmpi/openmpi-mca-params.conf "$out"/ompi/etc/
 cp -r "$pmix"/lib/pmix "$out"/pmix/lib/
 cp -r "$pmix"/share/. "$out"/pmix/share/
 cp "$root"/bench/{run.py,loopback_cc.py,samples.py,markdown.py,python_bench.py} "$out"/bench/
-cp "$root"/bench/bundle/run "$root"/bench/bundle/README.txt "$root"/scripts/demo.sh "$out"/
+cp "$root"/bench/bundle/run "$root"/bench/bundle/README.txt "$root"/bench/bundle/demo_ratio.sh \
+  "$root"/scripts/demo.sh "$out"/
 chmod +x "$out"/run
 
 # Python: the interpreter the ferry package was built for (build/python/interpreter.txt), its
