@@ -28,6 +28,7 @@ struct RecordingOwner : ControlStream::Owner {
   std::shared_ptr<void> keep_alive() override { return nullptr; }
   const PeerInfo& peer_info() const override { return info; }
   std::error_code on_envelope(const wire::Envelope& env) override {
+    if (out_of_memory) throw std::bad_alloc();
     received.push_back(env);
     return answer;
   }
@@ -38,7 +39,8 @@ struct RecordingOwner : ControlStream::Owner {
 
   PeerInfo info;
   ControlStream* stream = nullptr;
-  std::error_code answer;  // what on_envelope returns
+  std::error_code answer;      // what on_envelope returns
+  bool out_of_memory = false;  // on_envelope throws std::bad_alloc
   bool drain_on_eof = false;
   std::vector<wire::Envelope> received;
   std::vector<Ended> ended;
@@ -187,6 +189,19 @@ TEST_F(ControlStreamTest, AnEnvelopeTheOwnerRejectsEndsTheConnectionAsAMalformed
   ASSERT_TRUE(run_until([&] { return !owner.ended.empty() && !at_peer.empty(); }));
   EXPECT_EQ(owner.ended[0].ec, std::error_code(errc::protocol_error));
   EXPECT_EQ(at_peer[0].error().code(), static_cast<uint32_t>(errc::protocol_error));
+}
+
+// The session runs out of memory handling a frame: the connection ends at once with
+// resource_exhausted (everything on it fails promptly), rather than no longer being read.
+TEST_F(ControlStreamTest, OutOfMemoryHandlingAFrameEndsTheConnection) {
+  stream().start();
+  stream().open();
+  owner.out_of_memory = true;
+  peer_writes(encode_frame(ping(1)));
+  ASSERT_TRUE(run_until([&] { return !owner.ended.empty(); }));
+  EXPECT_EQ(owner.ended[0].ec, std::error_code(errc::resource_exhausted));
+  EXPECT_FALSE(owner.ended[0].peer_eof);
+  EXPECT_TRUE(owner.received.empty());
 }
 
 TEST_F(ControlStreamTest, ThePeersEndIsReportedAsItsEofAndDrainingSendsNothing) {
