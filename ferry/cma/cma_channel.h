@@ -57,6 +57,8 @@ class CmaChannel final : public TransportChannel, public StrandGuarded<CmaChanne
   bool abort(uint64_t request_id) override;
   bool on_message(uint64_t request_id, std::string_view payload) override;
   void close(std::error_code ec) override;
+  // The callback guard's: fails the session (and this channel with it) with resource_exhausted.
+  void out_of_memory();
 
  private:
   struct Copy {

@@ -79,10 +79,13 @@ class RdmaChannel final : public TransportChannel,
   // set up a new pair). Any thread: it runs on the strand. For fault injection.
   void post_inject_error();
 
-  // The callback guard's view (ferry/net/core/guard.h). Strand.
+  // The callback guard's view (ferry/net/core/guard.h). Strand. out_of_memory fails the
+  // session (and this channel with it) with resource_exhausted: the channel's own fail() would
+  // start its fetches again over a new pair, which needs memory too.
   PeerStrand& strand() { return strand_; }
   std::shared_ptr<void> keep_alive() { return shared_from_this(); }
   bool closed() const { return closed_; }
+  void out_of_memory();
 
  private:
   struct Read {

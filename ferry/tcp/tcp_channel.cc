@@ -380,6 +380,8 @@ bool TcpChannel::abort(uint64_t request_id) {
   return true;
 }
 
+void TcpChannel::out_of_memory() { fail(errc::resource_exhausted); }
+
 void TcpChannel::fail(std::error_code ec) {
   if (closed_) return;
   if (auto link = link_.lock()) {

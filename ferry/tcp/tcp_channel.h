@@ -48,10 +48,12 @@ class TcpChannel final : public TransportChannel, public std::enable_shared_from
   bool on_message(uint64_t request_id, std::string_view payload) override;
   void close(std::error_code ec) override;
 
-  // The callback guard's view (ferry/net/core/guard.h). Strand.
+  // The callback guard's view (ferry/net/core/guard.h). Strand. out_of_memory fails the
+  // session (and this channel with it) with resource_exhausted.
   PeerStrand& strand() { return strand_; }
   std::shared_ptr<void> keep_alive() { return shared_from_this(); }
   bool closed() const { return closed_; }
+  void out_of_memory();
 
  private:
   struct Recv {

@@ -6,21 +6,26 @@
 #include <boost/system/error_code.hpp>
 #include <concepts>
 #include <memory>
+#include <new>
 #include <utility>
 
 namespace ferry {
 
 // What guarded() needs from the object: the strand it lives on, a reference that keeps it alive,
-// and whether it has closed (read on the strand).
+// whether it has closed (read on the strand), and what it does when a handler of it ran out of
+// memory (out_of_memory(): it ends, failing what it had in flight with errc::resource_exhausted,
+// since a handler stopped halfway may have left work that nothing will finish; on the strand).
 template <typename Owner>
 concept Guardable = requires(Owner& owner) {
   owner.strand();
   owner.keep_alive();
   { owner.closed() } -> std::convertible_to<bool>;
+  owner.out_of_memory();
 };
 
 // What Guardable asks, for a class held by shared_ptr that lives on a strand of type `Strand`:
-// derive from it, construct it with the strand, set closed_ once it has closed.
+// derive from it, construct it with the strand, set closed_ once it has closed (and give it
+// out_of_memory()).
 template <typename Derived, typename Strand>
 class StrandGuarded : public std::enable_shared_from_this<Derived> {
  public:
@@ -37,13 +42,18 @@ class StrandGuarded : public std::enable_shared_from_this<Derived> {
 // A completion handler that runs `fn` on `owner`'s strand, keeps `owner` alive until it has run,
 // and drops the call when `owner` has closed by then: a closed object handles nothing more, and
 // `fn` may use the object freely (capture `this`). The handler passes whatever the operation
-// completes with on to `fn`.
+// completes with on to `fn`. When `fn` throws std::bad_alloc the owner's out_of_memory() runs
+// instead of the exception leaving the io loop (where the work `fn` left would wait for good).
 template <Guardable Owner, typename Fn>
 auto guarded(Owner& owner, Fn fn) {
   return boost::asio::bind_executor(owner.strand(), [&owner, keep = owner.keep_alive(),
                                                      fn = std::move(fn)](auto&&... args) mutable {
     if (owner.closed()) return;
-    fn(std::forward<decltype(args)>(args)...);
+    try {
+      fn(std::forward<decltype(args)>(args)...);
+    } catch (const std::bad_alloc&) {
+      owner.out_of_memory();
+    }
   });
 }
 

@@ -43,6 +43,13 @@ void ControlStream::close() {
   stream_.close();
 }
 
+void ControlStream::out_of_memory() {
+  const PeerInfo& peer = owner_.peer_info();
+  FERRY_LOG_ERROR("peer '{}' ({}): out of memory handling its connection; closing it", peer.name,
+                  peer.address);
+  owner_.on_end(errc::resource_exhausted, false);
+}
+
 // ---------------------------------------------------------------- reading
 
 void ControlStream::read_more() {
@@ -58,20 +65,8 @@ void ControlStream::on_read(const boost::system::error_code& ec, size_t n) {
     return;
   }
   last_rx_ = Clock::now();
-  std::error_code err;
-  try {
-    err = decoder_.feed(std::string_view(read_buf_.data(), n),
-                        [this](std::string_view body) { return on_frame(body); });
-  } catch (const std::bad_alloc&) {
-    // Out of memory handling what the peer sent: a frame half handled cannot be taken back, so
-    // the connection ends now, and everything on it with resource_exhausted (else reading would
-    // stop here and the connection wait for the peer timeout).
-    const PeerInfo& peer = owner_.peer_info();
-    FERRY_LOG_ERROR("peer '{}' ({}): out of memory handling its messages; closing its connection",
-                    peer.name, peer.address);
-    owner_.on_end(errc::resource_exhausted, false);
-    return;
-  }
+  auto err = decoder_.feed(std::string_view(read_buf_.data(), n),
+                           [this](std::string_view body) { return on_frame(body); });
   if (err && phase_ == Phase::handshaking) {
     owner_.on_end(errc::handshake_failed, false);  // whatever answered is not a ferry peer
     return;

@@ -89,10 +89,12 @@ class ControlStream {
   void send_error(uint64_t rid, std::error_code ec, const std::string& message, bool fatal);
 
   // The callback guard's view (ferry/net/core/guard.h): the owner's strand and keep-alive, and
-  // whether close() ran.
+  // whether close() ran. out_of_memory (handling what the peer sent, say: a frame half handled
+  // cannot be taken back) ends the connection with resource_exhausted through Owner::on_end.
   PeerStrand& strand() { return strand_; }
   std::shared_ptr<void> keep_alive() { return owner_.keep_alive(); }
   bool closed() const { return phase_ == Phase::closed; }
+  void out_of_memory();
 
  private:
   enum class Phase { handshaking, open, draining, closed };

@@ -502,6 +502,11 @@ void Session::send_error(uint64_t rid, std::error_code ec, const std::string& me
 
 void Session::fail(std::error_code ec) { do_close(ec); }
 
+void Session::out_of_memory() {
+  FERRY_LOG_ERROR("peer '{}': out of memory handling its session; closing it", info_.name);
+  do_close(errc::resource_exhausted);
+}
+
 void Session::send_transport_message(std::string_view transport, uint64_t request_id,
                                      std::string payload) {
   wire::Envelope env;

@@ -87,9 +87,11 @@ class Session final : public PeerLink,
   // Whether the chosen transport streams FetchOptions::combine (TransportManager::combines()).
   bool chosen_combines() const;
 
-  // The callback guard's view (ferry/net/core/guard.h; strand() is PeerLink's).
+  // The callback guard's view (ferry/net/core/guard.h; strand() is PeerLink's). out_of_memory
+  // closes the session with resource_exhausted.
   std::shared_ptr<void> keep_alive() override { return shared_from_this(); }
   bool closed() const { return state_.load() == State::closed; }
+  void out_of_memory();
 
   // PeerLink
   PeerStrand& strand() override { return strand_; }
