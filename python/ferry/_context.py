@@ -250,7 +250,9 @@ class Peer:
                           doc='The transport negotiated with this peer ("TCP", "RDMA").')
 
     def fetch(self, ref: ObjectRef, into=None, *, timeout=None, transport=None) -> Future:
-        """Starts fetching ``ref``; returns a Future at once (never blocks).
+        """Starts fetching ``ref``; returns a Future at once (it waits for nothing on the
+        network; without ``into``, while other fetches run, taking the receive memory may first
+        fault a new pool region in, with the GIL released).
 
         ``into``: where the tensors land: a writable buffer (numpy array, torch CPU tensor,
         bytearray, memoryview, ...) for a ref of one tensor, or a list with one per tensor, each
