@@ -41,6 +41,17 @@ TEST(Guarded, AHandlerRunsUntilItsOwnerClosed) {
   EXPECT_EQ(runs, 1);
 }
 
+TEST(Guarded, OutOfMemoryAfterTheHandlerClosedItsOwnerIsNotReported) {
+  boost::asio::io_context io;
+  auto owner = std::make_shared<Owner>(io);
+  boost::asio::post(guarded(*owner, [&] {
+    owner->closed_ = true;
+    throw std::bad_alloc();
+  }));
+  EXPECT_NO_THROW(io.run());
+  EXPECT_EQ(owner->out_of_memory_calls, 0);
+}
+
 TEST(Guarded, OutOfMemoryInAHandlerGoesToTheOwnerOnce) {
   boost::asio::io_context io;
   auto owner = std::make_shared<Owner>(io);

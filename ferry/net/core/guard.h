@@ -52,7 +52,7 @@ auto guarded(Owner& owner, Fn fn) {
     try {
       fn(std::forward<decltype(args)>(args)...);
     } catch (const std::bad_alloc&) {
-      owner.out_of_memory();
+      if (!owner.closed()) owner.out_of_memory();  // unless `fn` had closed it already
     }
   });
 }
