@@ -1,6 +1,7 @@
 // ContextOptions: the environment read in one place (from_environment), and each transport's own
 // options carried to it through the registry, a user transport's as the built-ins'.
 #include <gtest/gtest.h>
+#include <sched.h>
 
 #include <any>
 #include <cstdlib>
@@ -8,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "ferry/net/system/cpus.h"
 #include "tests/test_util.h"
 
 namespace ferry {
@@ -173,6 +175,28 @@ TEST(Registry, AUserTransportGetsItsOwnOptionsThroughTheRegistry) {
       errc::transport_duplicate);
   EXPECT_FALSE(unregister_transport("OWN"));
   EXPECT_FALSE(ContextOptions::from_environment().transport_options.contains("OWN"));
+}
+
+}  // namespace
+}  // namespace ferry
+
+namespace ferry {
+namespace {
+
+// usable_cores() counts the affinity mask (taskset, a container's cpuset), not the machine.
+TEST(UsableCores, FollowTheAffinityMask) {
+  cpu_set_t all;
+  ASSERT_EQ(sched_getaffinity(0, sizeof all, &all), 0);
+  EXPECT_EQ(usable_cores(), static_cast<unsigned>(CPU_COUNT(&all)));
+  int first = 0;
+  while (!CPU_ISSET(first, &all)) ++first;
+  cpu_set_t one;
+  CPU_ZERO(&one);
+  CPU_SET(first, &one);
+  ASSERT_EQ(sched_setaffinity(0, sizeof one, &one), 0);
+  EXPECT_EQ(usable_cores(), 1u);
+  ASSERT_EQ(sched_setaffinity(0, sizeof all, &all), 0);
+  EXPECT_EQ(usable_cores(), static_cast<unsigned>(CPU_COUNT(&all)));
 }
 
 }  // namespace

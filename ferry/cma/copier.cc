@@ -3,10 +3,10 @@
 #include <algorithm>
 #include <boost/asio/post.hpp>
 #include <latch>
-#include <thread>
 #include <vector>
 
 #include "ferry/cma/process_memory.h"
+#include "ferry/net/system/cpus.h"
 
 namespace ferry::cma {
 namespace {
@@ -18,7 +18,7 @@ constexpr size_t kMinShare = 1u << 20;
 
 }  // namespace
 
-unsigned default_copy_threads() { return std::clamp(std::thread::hardware_concurrency(), 1u, 8u); }
+unsigned default_copy_threads() { return std::min(usable_cores(), 8u); }
 
 Copier::Copier(unsigned threads) : threads_(std::max(threads, 1u)) {
   if (threads_ > 1) helpers_ = std::make_unique<boost::asio::thread_pool>(threads_ - 1);

@@ -34,7 +34,8 @@ class Copier {
   std::unique_ptr<boost::asio::thread_pool> helpers_;  // null with one thread
 };
 
-// The default of CmaOptions::copy_threads: the machine's cores, 1 to 8.
+// The default of CmaOptions::copy_threads: the cores this process may run on (usable_cores), 1
+// to 8.
 unsigned default_copy_threads();
 
 }  // namespace ferry::cma

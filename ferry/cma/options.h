@@ -19,8 +19,8 @@ struct CmaOptions {
   /// the peer's other work waits at most one step (0: 8 MiB).
   size_t copy_step = 8u << 20;
   /// Threads that copy one step together: the strand's thread and copy_threads - 1 helpers of
-  /// the transport (0: the machine's cores, at most 8), each a share of at least 1 MiB (a step
-  /// under 2 MiB is copied by one thread). One thread copies about 4-5 GB/s.
+  /// the transport (0: the cores the process may run on, at most 8), each a share of at least 1 MiB
+  /// (a step under 2 MiB is copied by one thread). One thread copies about 4-5 GB/s.
   unsigned copy_threads = 0;
   /// Objects up to this many bytes travel inside the grant on the metadata channel (the owner
   /// lets them go as it sends; no release follows), larger ones are read from the owner's

@@ -13,6 +13,7 @@
 #include "ferry/collective/call.h"
 #include "ferry/net/errors.h"
 #include "ferry/net/log.h"
+#include "ferry/net/system/cpus.h"
 
 namespace ferry::collective {
 namespace {
@@ -36,7 +37,7 @@ Group::Group(Context& ctx, std::vector<std::string> addresses, int rank, GroupOp
     const auto here = host(addresses_[rank_]);
     const auto local = static_cast<unsigned>(std::count_if(
         addresses_.begin(), addresses_.end(), [&](const auto& a) { return host(a) == here; }));
-    const bool spare = std::thread::hardware_concurrency() >= 2 * local;
+    const bool spare = usable_cores() >= 2 * local;
     // 256 KiB per rank, at least 1 MiB: a call's messages shrink as the group grows, and below
     // about that a wake-up costs more than the overlap gains (docs/collectives.md, "Large
     // calls", where the threshold was measured).

@@ -77,9 +77,9 @@ struct GroupOptions {
   /// in turn. It pays with 2 io threads (ContextOptions::threads) and from about 1 MiB; below,
   /// the wake-ups cost more than the overlap gains, and without cores to spare the overlap has
   /// nothing to run on, so polling wins. Unset (the default): 256 KiB per rank of the group and
-  /// at least 1 MiB (1 MiB for 4 ranks, 2 MiB for 8) where this machine has at least 2 cores per
-  /// rank of the group on it (ranks whose address has this rank's host), else SIZE_MAX (always
-  /// poll). Measurements: docs/collectives.md, "Large calls".
+  /// at least 1 MiB (1 MiB for 4 ranks, 2 MiB for 8) where this process may run on (its affinity
+  /// mask) at least 2 cores per rank of the group on its host (ranks whose address has this
+  /// rank's host), else SIZE_MAX (always poll). Measurements: docs/collectives.md, "Large calls".
   std::optional<size_t> busy_wait_below;
   /// With busy_wait, how long a waiting rank polls with nothing arriving before it sleeps in the
   /// reactor until the next event (and then polls again). Spinning for good keeps every core

@@ -17,6 +17,8 @@
 #include <thread>
 #include <vector>
 
+#include "ferry/net/system/cpus.h"
+
 #ifndef MADV_POPULATE_WRITE
 #define MADV_POPULATE_WRITE 23  // Linux 5.14; older C libraries lack the name
 #endif
@@ -224,8 +226,7 @@ class PoolState : public std::enable_shared_from_this<PoolState> {
  public:
   explicit PoolState(PoolOptions options)
       : options_(options),
-        populate_threads_(std::clamp(std::thread::hardware_concurrency(), 1u,
-                                     std::max(options.populate_threads, 1u))) {}
+        populate_threads_(std::min(usable_cores(), std::max(options.populate_threads, 1u))) {}
 
   // Runs when the Pool, every block and every RegionListener are gone, so no listener is left
   // to tell.

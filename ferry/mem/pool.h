@@ -51,8 +51,9 @@ struct PoolOptions {
   /// How long a region must have been wholly free before trim() unmaps it.
   std::chrono::milliseconds idle_trim{10000};
   /// Threads that fault a new region in together, the allocating one included: at most one per
-  /// kPopulateSlice of it and one per core. Zeroing fresh pages is most of what a new region
-  /// costs, and it runs in parallel; 1 faults on the allocating thread alone.
+  /// kPopulateSlice of it and one per core the process may run on (its affinity mask). Zeroing
+  /// fresh pages is most of what a new region costs, and it runs in parallel; 1 faults on the
+  /// allocating thread alone.
   unsigned populate_threads = 4;
 };
 
