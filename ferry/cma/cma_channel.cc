@@ -245,13 +245,7 @@ bool CmaChannel::on_message(uint64_t request_id, std::string_view payload) {
   }
 }
 
-void CmaChannel::out_of_memory() {
-  if (auto link = link_.lock()) {
-    link->fail(errc::resource_exhausted);  // the session closes every channel, this one included
-  } else {
-    close(errc::resource_exhausted);
-  }
-}
+void CmaChannel::out_of_memory() { fail_peer(link_, *this, errc::resource_exhausted); }
 
 bool CmaChannel::abort(uint64_t request_id) {
   waiting_.erase(request_id);  // a grant that still comes is released unread

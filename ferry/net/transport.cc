@@ -42,4 +42,12 @@ Result<FetchRequest> TransportChannel::recv_multiple(const FetchOp&) {
 
 bool TransportChannel::on_message(uint64_t, std::string_view) { return false; }
 
+void fail_peer(const std::weak_ptr<PeerLink>& link, TransportChannel& channel, std::error_code ec) {
+  if (auto l = link.lock()) {
+    l->fail(ec);
+  } else {
+    channel.close(ec);
+  }
+}
+
 }  // namespace ferry

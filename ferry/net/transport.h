@@ -192,6 +192,11 @@ class PeerLink {
                                           SideConnectionHandler done) = 0;
 };
 
+/// A channel's peer-scope failure: the session fails with `ec` (PeerLink::fail, which closes every
+/// channel, `channel` included), or, once the session is gone, `channel` closes alone. On the
+/// channel's strand.
+void fail_peer(const std::weak_ptr<PeerLink>& link, TransportChannel& channel, std::error_code ec);
+
 /// Completion of TransportManager::async_open_channel(): the channel for the peer, or the error
 /// that kept it from being made (the fetches waiting for it then fail with that error).
 using ChannelOpenHandler = std::function<void(std::error_code, std::shared_ptr<TransportChannel>)>;

@@ -645,13 +645,7 @@ void RdmaChannel::to_error_state() {
   ibv_modify_qp(qp_.get(), &a, IBV_QP_STATE);  // flushes every outstanding work request
 }
 
-void RdmaChannel::out_of_memory() {
-  if (auto link = link_.lock()) {
-    link->fail(errc::resource_exhausted);  // the session closes every channel, this one included
-  } else {
-    close(errc::resource_exhausted);
-  }
-}
+void RdmaChannel::out_of_memory() { fail_peer(link_, *this, errc::resource_exhausted); }
 
 void RdmaChannel::fail(std::error_code ec) {
   if (closed_) return;

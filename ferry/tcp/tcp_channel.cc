@@ -383,12 +383,7 @@ bool TcpChannel::abort(uint64_t request_id) {
 void TcpChannel::out_of_memory() { fail(errc::resource_exhausted); }
 
 void TcpChannel::fail(std::error_code ec) {
-  if (closed_) return;
-  if (auto link = link_.lock()) {
-    link->fail(ec);  // the session closes every channel, this one included
-  } else {
-    close(ec);
-  }
+  if (!closed_) fail_peer(link_, *this, ec);
 }
 
 void TcpChannel::close(std::error_code ec) {

@@ -3,6 +3,7 @@
 #include <pybind11/numpy.h>
 
 #include <algorithm>
+#include <optional>
 #include <utility>
 
 #include "ferry/net/errors.h"
@@ -184,18 +185,11 @@ NativeFetch start_fetch(const Peer& peer, const std::shared_ptr<InflightFetches>
     if (auto in = weak.lock()) in->remove(key);
   };
   try {
-    const bool allocates = targets.empty();
-    auto fetch = [&] {
-      return peer.fetch(std::move(ref), std::move(targets), std::move(options),
-                        FetchHandler(std::move(handler)));
-    };
-    FetchRequest request;
-    if (allocates) {
-      py::gil_scoped_release nogil;  // taking the receive memory may fault a new region in
-      request = fetch();
-    } else {
-      request = fetch();
-    }
+    std::optional<py::gil_scoped_release> nogil;
+    if (targets.empty()) nogil.emplace();  // taking the receive memory may fault a new region in
+    auto request = peer.fetch(std::move(ref), std::move(targets), std::move(options),
+                              FetchHandler(std::move(handler)));
+    nogil.reset();
     return NativeFetch{std::move(request), pending, std::move(wait_mode)};
   } catch (...) {
     inflight->remove(key);
