@@ -233,13 +233,18 @@ class Bench:
             return
         ours = ("ferry", "ferry-py-alloc", "ferry-wait", "ferry-cma")
         sub = "ferry-py" if tool in ours else tool
-        argv = [self.args.python, os.path.join(HERE, "python_bench.py"), sub, "--size",
+        # torch-gloo imports neither ferry nor the bundle's numpy: --torch-python may name
+        # another interpreter (one that has torch), run without the ferry package's path.
+        other = tool == "torch-gloo" and self.args.torch_python
+        python = self.args.torch_python if other else self.args.python
+        argv = [python, os.path.join(HERE, "python_bench.py"), sub, "--size",
                 str(size), "--inflight", str(inflight), "--seconds", str(self.secs)]
         if tool in ("ferry", "ferry-wait", "ferry-cma"):
             argv.append("--into")
         if tool == "ferry-wait":
             argv.append("--wait")
-        path = [self.args.python_path] + [x for x in [os.environ.get("PYTHONPATH")] if x]
+        path = [] if other else [self.args.python_path]
+        path += [x for x in [os.environ.get("PYTHONPATH")] if x]
         env = {"PYTHONPATH": os.pathsep.join(path)}
         if tool == "ferry-cma":
             env["FERRY_CMA_PREFERRED"] = "1"
@@ -1390,6 +1395,10 @@ def main():
                     help="python suite: the interpreter that runs bench/python_bench.py (default: "
                          "$FERRY_BENCH_PYTHON, else the one the ferry package was built for, "
                          "named in --python-path's interpreter.txt, else this one)")
+    ap.add_argument("--torch-python", default=os.environ.get("FERRY_BENCH_TORCH_PYTHON"),
+                    help="python suite: the interpreter that runs the torch-gloo peer (default: "
+                         "$FERRY_BENCH_TORCH_PYTHON, else --python), e.g. one that has torch where "
+                         "--python (the bench bundle's) does not")
     ap.add_argument("--python-path", default=os.environ.get("FERRY_BENCH_PYTHON_PATH"),
                     help="python suite: the folder holding the ferry package (default: "
                          "$FERRY_BENCH_PYTHON_PATH, else BUILD/python, beside ferry-bench's "
