@@ -65,6 +65,8 @@ std::vector<Setting> settings_of(const ContextOptions& o) {
        ""},
       {"FERRY_POOL_BYTES", "pool_bytes",
        o.pool_bytes ? bytes_text(o.pool_bytes) : std::string("0 (receive pool off)"), ""},
+      {"FERRY_POOL_POPULATE_THREADS", "pool_populate_threads",
+       std::to_string(o.pool_populate_threads) + " (at most one per core and per 4 MiB)", ""},
       {"FERRY_LOG", "log level", std::string(log::level_name(log::current_level())), ""},
   };
   for (auto& s : out) s.source = std::getenv(s.variable.c_str()) ? "environment" : "default";

@@ -53,7 +53,7 @@ TEST(ContextOptions, FromEnvironmentReadsEveryVariable) {
       cert("FERRY_TLS_CERT", "/certs/server.pem"), key("FERRY_TLS_KEY", "/certs/server.key"),
       ca("FERRY_TLS_CA", "/certs/ca.pem"), pool("FERRY_POOL_BYTES", "512M"),
       congestion("FERRY_TCP_CONGESTION", "cubic"), grants("FERRY_RDMA_GRANTS", "registrations"),
-      cma("FERRY_CMA_PREFERRED", "1");
+      cma("FERRY_CMA_PREFERRED", "1"), populate("FERRY_POOL_POPULATE_THREADS", "12");
   const ContextOptions o = ContextOptions::from_environment();
   EXPECT_EQ(o.transport, "TCP");
   EXPECT_EQ(o.secret, "s3cret");
@@ -61,6 +61,7 @@ TEST(ContextOptions, FromEnvironmentReadsEveryVariable) {
   EXPECT_EQ(o.tls.private_key, "/certs/server.key");
   EXPECT_EQ(o.tls.ca, "/certs/ca.pem");
   EXPECT_EQ(o.pool_bytes, size_t{512} << 20);
+  EXPECT_EQ(o.pool_populate_threads, 12u);
   // The transports' variables, read by the transports' own from_environment().
   EXPECT_EQ(o.transport_options_for<tcp::TcpOptions>(tcp::kTransportName).congestion, "cubic");
   EXPECT_EQ(tcp::TcpOptions::from_environment().congestion, "cubic");
@@ -75,12 +76,14 @@ TEST(ContextOptions, FromEnvironmentReadsEveryVariable) {
 TEST(ContextOptions, TheDefaultsReadNothingFromTheEnvironment) {
   ScopedEnv transport("FERRY_TRANSPORT", "tcp"), secret("FERRY_SECRET", "s3cret"),
       cert("FERRY_TLS_CERT", "/certs/server.pem"), pool("FERRY_POOL_BYTES", "512M"),
-      congestion("FERRY_TCP_CONGESTION", "cubic"), grants("FERRY_RDMA_GRANTS", "regions");
+      congestion("FERRY_TCP_CONGESTION", "cubic"), grants("FERRY_RDMA_GRANTS", "regions"),
+      populate("FERRY_POOL_POPULATE_THREADS", "12");
   const ContextOptions o;
   EXPECT_EQ(o.transport, "auto");
   EXPECT_TRUE(o.secret.empty());
   EXPECT_FALSE(o.tls.enabled());
   EXPECT_EQ(o.pool_bytes, ContextOptions::default_pool_bytes());
+  EXPECT_EQ(o.pool_populate_threads, 4u);
   EXPECT_TRUE(o.transport_options.empty());
   EXPECT_EQ(o.transport_options_for<tcp::TcpOptions>(tcp::kTransportName).congestion, "");
   EXPECT_EQ(o.transport_options_for<rdma::RdmaOptions>(rdma::kRdmaTransportName).grants,
@@ -92,6 +95,10 @@ TEST(ContextOptions, FromEnvironmentKeepsTheDefaultForWhatItCannotUse) {
     ScopedEnv transport("FERRY_TRANSPORT", nullptr), pool("FERRY_POOL_BYTES", "lots"),
         grants("FERRY_RDMA_GRANTS", "sometimes"), cma("FERRY_CMA_PREFERRED", "perhaps");
     const ContextOptions o = ContextOptions::from_environment();
+    for (const char* bad : {"0", "many", "4x", "257", "-1"}) {
+      ScopedEnv populate("FERRY_POOL_POPULATE_THREADS", bad);
+      EXPECT_EQ(ContextOptions::from_environment().pool_populate_threads, 4u) << bad;
+    }
     EXPECT_FALSE(o.transport_options_for<cma::CmaOptions>(cma::kTransportName).preferred);
     EXPECT_EQ(o.transport, "auto");
     EXPECT_EQ(o.pool_bytes, ContextOptions::default_pool_bytes());

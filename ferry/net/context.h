@@ -85,6 +85,11 @@ struct ContextOptions {
   size_t pool_bytes = default_pool_bytes();
   /// A region of the pool wholly free this long is given back to the system.
   std::chrono::milliseconds pool_idle_trim{10000};
+  /// Threads that fault a new pool region in together (mem::PoolOptions::populate_threads; at
+  /// most one per core and per 4 MiB of the region; from_environment():
+  /// $FERRY_POOL_POPULATE_THREADS). Fresh memory costs what zeroing it costs, and more where a
+  /// hypervisor backs guest memory on first touch: more threads fault it in faster.
+  unsigned pool_populate_threads = 4;
   /// Each transport's own options, by the name it is registered under: tcp::TcpOptions under
   /// "TCP" (ferry/tcp/options.h), rdma::RdmaOptions under "RDMA" (ferry/rdma/options.h), a user
   /// transport's own type under its name. The core never looks inside: it hands each transport's
@@ -111,10 +116,10 @@ struct ContextOptions {
   /// The defaults with what the environment sets: the one place ferry reads its $FERRY_*
   /// variables ($FERRY_LOG aside, read once per process by the log). $FERRY_TRANSPORT,
   /// $FERRY_SECRET, $FERRY_TLS_CERT / _KEY / _CA (TlsOptions::from_environment()) and
-  /// $FERRY_POOL_BYTES set the core's fields; each transport registered now that reads variables
-  /// of its own (register_transport's `from_environment`) gets its entry in transport_options
-  /// from them ($FERRY_TCP_CONGESTION, $FERRY_RDMA_GRANTS). A value that cannot be used is logged
-  /// and the default kept. Any thread.
+  /// $FERRY_POOL_BYTES and $FERRY_POOL_POPULATE_THREADS set the core's fields; each transport
+  /// registered now that reads variables of its own (register_transport's `from_environment`) gets
+  /// its entry in transport_options from them ($FERRY_TCP_CONGESTION, $FERRY_RDMA_GRANTS). A value
+  /// that cannot be used is logged and the default kept. Any thread.
   static ContextOptions from_environment();
   /// A quarter of physical memory, at most 2 GiB.
   static size_t default_pool_bytes();

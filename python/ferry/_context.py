@@ -76,7 +76,8 @@ class Context:
                  max_frame_bytes=None, max_queued_control_bytes=None,
                  max_requests_per_peer=None, tcp_chunk_bytes=None, tcp_congestion=None,
                  busy_poll=None, rdma_grants=None, cma_preferred=None, cma_copy_threads=None,
-                 pool_bytes=None, wait_runs_loop: bool = True, wait_linger: float = 500e-6):
+                 pool_bytes=None, pool_populate_threads=None, wait_runs_loop: bool = True,
+                 wait_linger: float = 500e-6):
         if not isinstance(threads, int) or threads < 1:
             raise ValueError(f"threads must be an int >= 1, got {threads!r}")
         if not isinstance(wait_linger, (int, float)) or not 0 <= wait_linger <= 1:
@@ -88,7 +89,8 @@ class Context:
                      max_requests_per_peer=max_requests_per_peer,
                      tcp_chunk_bytes=tcp_chunk_bytes, tcp_congestion=tcp_congestion,
                      busy_poll=busy_poll, rdma_grants=rdma_grants, cma_preferred=cma_preferred,
-                     cma_copy_threads=cma_copy_threads, pool_bytes=pool_bytes)
+                     cma_copy_threads=cma_copy_threads, pool_bytes=pool_bytes,
+                     pool_populate_threads=pool_populate_threads)
         options.update({k: v for k, v in given.items() if v is not None})
         durations = dict(connect_timeout=connect_timeout, handshake_timeout=handshake_timeout,
                          heartbeat_interval=heartbeat_interval, peer_timeout=peer_timeout,

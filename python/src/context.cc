@@ -98,6 +98,7 @@ constexpr std::pair<std::string_view, OptionSetter> kOptionSetters[] = {
     {"secret", set_option<&ContextOptions::secret>},
     {"tls", set_tls},
     {"pool_bytes", set_option<&ContextOptions::pool_bytes>},
+    {"pool_populate_threads", set_option<&ContextOptions::pool_populate_threads>},
     {"tcp_chunk_bytes", set_option<&tcp::TcpOptions::chunk_bytes, tcp_options>},
     {"tcp_congestion", set_option<&tcp::TcpOptions::congestion, tcp_options>},
     {"busy_poll", set_option<&rdma::RdmaOptions::busy_poll, rdma_options>},
