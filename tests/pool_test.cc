@@ -287,49 +287,6 @@ TEST(PoolTest, RegionsArePreFaultedWholeByEveryThreadCount) {
   }
 }
 
-// populate_later: a region made or grown for a block is mapped but left to the caller, who gets
-// exactly its new bytes (a grown region's added part); a hit, a small block or a pool with a
-// region listener (RDMA registers every page anyway) leaves nothing. Bytes written before
-// populate() survive it.
-TEST(PoolTest, PopulateLaterLeavesANewRegionsPagesToTheCaller) {
-  if (!kernel_populates()) {
-    GTEST_SKIP() << "SKIPPED: this kernel lacks MADV_POPULATE_WRITE (Linux < 5.14)";
-  }
-  Pool pool(PoolOptions{.cap_bytes = 256 * kMiB, .populate_threads = 3});
-  std::span<std::byte> later;
-  auto block = pool.allocate(24 * kMiB, &later);
-  ASSERT_TRUE(block);
-  EXPECT_EQ(later.data(), block.get());
-  EXPECT_EQ(later.size(), 24 * kMiB);
-  fill(block.get(), kMiB, 9);  // lands before the caller faults the rest in
-  ASSERT_TRUE(pool.populate(later));
-  EXPECT_TRUE(resident(block.get(), 24 * kMiB));
-  EXPECT_EQ(first_mismatch(block.get(), kMiB, 9), kMiB);
-  block.reset();
-  // A hit: nothing new, nothing to do.
-  auto again = pool.allocate(24 * kMiB, &later);
-  EXPECT_TRUE(later.empty());
-  again.reset();
-  // Grown from the free 24 MiB region: only the added 16 MiB are the caller's.
-  auto grown = pool.allocate(40 * kMiB, &later);
-  ASSERT_TRUE(grown);
-  ASSERT_EQ(pool.counters().regions_created, 1u) << "the free region did not grow";
-  EXPECT_EQ(later.data(), grown.get() + 24 * kMiB);
-  EXPECT_EQ(later.size(), 16 * kMiB);
-  EXPECT_TRUE(pool.populate(later));
-  EXPECT_TRUE(resident(grown.get(), 40 * kMiB));
-  // Small blocks come from slabs, faulted in when made.
-  auto small = pool.allocate(64 * kKiB, &later);
-  EXPECT_TRUE(later.empty());
-  EXPECT_TRUE(resident(pool.region_of(small.get(), 1).data(), kRegionAlign));
-  // With a listener the pool faults in itself, as without populate_later.
-  auto listener = pool.add_region_listener([](std::span<std::byte>) {}, {});
-  auto listened = pool.allocate(100 * kMiB, &later);
-  ASSERT_TRUE(listened);
-  EXPECT_TRUE(later.empty());
-  EXPECT_TRUE(resident(listened.get(), 100 * kMiB));
-}
-
 TEST(PoolTest, BeyondTheCapAllocationsFallBack) {
   Pool pool(PoolOptions{.cap_bytes = 4 * kMiB});
   auto a = pool.allocate(3 * kMiB);  // a 4 MiB region: the whole cap

@@ -169,13 +169,13 @@ std::byte* map_aligned(size_t size, int prot) {
 }
 
 // A fresh region of `size` bytes (a multiple of kRegionAlign), aligned to kRegionAlign, advised
-// for huge pages and pre-faulted writable by up to `threads` threads (none: left to the caller).
-// Null when the memory cannot be had.
+// for huge pages and pre-faulted writable by up to `threads` threads. Null when the memory cannot
+// be had.
 std::byte* map_region(size_t size, unsigned threads) {
   std::byte* base = map_aligned(size, PROT_READ | PROT_WRITE);
   if (!base) return nullptr;
   madvise(base, size, MADV_HUGEPAGE);  // best effort: THP may be off or unsupported
-  if (threads > 0 && !populate_parallel(base, size, threads)) {
+  if (!populate_parallel(base, size, threads)) {
     munmap(base, size);
     return nullptr;
   }
@@ -183,8 +183,8 @@ std::byte* map_region(size_t size, unsigned threads) {
 }
 
 // The region [base, base + size) grown to `new_size` at a new address, aligned as map_region's:
-// its pages move (no copy) and only the new tail is faulted in, by up to `threads` threads (none:
-// left to the caller). Null when that cannot be done; the old mapping is gone either way.
+// its pages move (no copy) and only the new tail is faulted in, by up to `threads` threads. Null
+// when that cannot be done; the old mapping is gone either way.
 std::byte* grow_mapping(std::byte* base, size_t size, size_t new_size, unsigned threads) {
   std::byte* to = map_aligned(new_size, PROT_NONE);  // where it goes: replaced by the move
   std::byte* grown = nullptr;
@@ -201,7 +201,7 @@ std::byte* grow_mapping(std::byte* base, size_t size, size_t new_size, unsigned 
     return nullptr;
   }
   madvise(grown, new_size, MADV_HUGEPAGE);
-  if (threads > 0 && !populate_parallel(grown + size, new_size - size, threads)) {
+  if (!populate_parallel(grown + size, new_size - size, threads)) {
     munmap(grown, new_size);
     return nullptr;
   }
@@ -234,11 +234,7 @@ class PoolState : public std::enable_shared_from_this<PoolState> {
     for (auto& [base, r] : regions_) munmap(r->base, r->size);
   }
 
-  std::shared_ptr<std::byte[]> allocate(size_t bytes,
-                                        std::span<std::byte>* populate_later) noexcept;
-  bool populate(std::span<std::byte> range) const noexcept {
-    return populate_parallel(range.data(), range.size(), populate_threads_);
-  }
+  std::shared_ptr<std::byte[]> allocate(size_t bytes) noexcept;
   void give_back(Region* r, std::byte* p) noexcept;
   // Unmaps wholly free regions idle since `idle_before` or earlier. With `reserve` > 0 (an
   // allocation over the cap), unmaps the longest idle of them only until `reserve` more bytes fit
@@ -266,17 +262,13 @@ class PoolState : public std::enable_shared_from_this<PoolState> {
   Region* larger_free(size_t block);
   // A free region of the largest large class below `block`; null when none. mu_ held.
   Region* smaller_free(size_t block);
-  // make_region and grow_free_region fault the new memory in with `threads` threads; 0 leaves it
-  // to the caller.
-  std::byte* make_region(size_t block, size_t size, unsigned threads, Region*& out) noexcept;
+  std::byte* make_region(size_t block, size_t size, Region*& out) noexcept;
   // A large request with no free region of its size, `block` reserved under the cap: grows the
   // largest free smaller region to `block` (only the added bytes are new memory) and takes it.
   // The reservation then counts the grown region. Null when there is none, or the growth failed
   // (the region is then unmapped); the caller goes on as without it, its reservation intact.
   // Takes listeners_mu_, then mu_.
-  // `fresh_from`: the offset where the added, new bytes start.
-  std::byte* grow_free_region(size_t block, unsigned threads, size_t& fresh_from,
-                              Region*& out) noexcept;
+  std::byte* grow_free_region(size_t block, Region*& out) noexcept;
   // Announces a mapped region (`node`, in no table) to the listeners, puts it in the tables and
   // takes its first block; `created`: a new mapping (counted), not a grown one.
   std::byte* admit(RegionMap::node_type node, bool created, Region*& out) noexcept;
@@ -306,9 +298,7 @@ struct Releaser {
 
 }  // namespace
 
-std::shared_ptr<std::byte[]> PoolState::allocate(size_t bytes,
-                                                 std::span<std::byte>* populate_later) noexcept {
-  if (populate_later) *populate_later = {};
+std::shared_ptr<std::byte[]> PoolState::allocate(size_t bytes) noexcept {
   bytes = std::max<size_t>(bytes, 1);
   const size_t cap = options_.cap_bytes;
   if (bytes > cap || bytes > kMaxPooled) return fallback(bytes);
@@ -333,26 +323,15 @@ std::shared_ptr<std::byte[]> PoolState::allocate(size_t bytes,
         reserved = true;
       }
     }
-    // A large block's new pages are left to the caller when it asked and no listener is there
-    // to register the region (registering faults every page in anyway, on one thread).
-    unsigned threads = populate_threads_;
-    if (populate_later && !small) {
-      std::lock_guard listeners_lock(listeners_mu_);
-      if (listeners_.empty()) threads = 0;
-    }
-    const bool hit = p != nullptr;
-    size_t fresh_from = 0;  // where the block's new memory starts, when not a hit
     if (!p && !small && reserved) {
       // Growing a free smaller region faults in fewer pages than a new one (sizes that vary).
-      p = grow_free_region(block, threads, fresh_from, r);  // the reservation is the grown one's
+      p = grow_free_region(block, r);  // the reservation is the grown region's
     }
     if (!p) {
       if (!reserved && !release_free(Clock::time_point::max(), size)) return fallback(bytes);
-      fresh_from = 0;
-      p = make_region(block, size, threads, r);
+      p = make_region(block, size, r);
       if (!p) return nullptr;
     }
-    if (!hit && threads == 0) *populate_later = {p + fresh_from, block - fresh_from};
     // On std::bad_alloc the constructor runs the Releaser: the block goes back.
     return std::shared_ptr<std::byte[]>(p, Releaser{shared_from_this(), r});
   } catch (const std::bad_alloc&) {
@@ -377,8 +356,7 @@ Region* PoolState::smaller_free(size_t block) {
   return nullptr;
 }
 
-std::byte* PoolState::grow_free_region(size_t block, unsigned threads, size_t& fresh_from,
-                                       Region*& out) noexcept {
+std::byte* PoolState::grow_free_region(size_t block, Region*& out) noexcept {
   std::unique_ptr<Region> r;
   {
     // Both locks, as release_free: no listener hears of the removal without having heard of
@@ -402,8 +380,7 @@ std::byte* PoolState::grow_free_region(size_t block, unsigned threads, size_t& f
   }
   // Detached: no table holds it and no block of it lives, so base, size, block and cls may change.
   const size_t old_size = r->size;
-  fresh_from = old_size;
-  std::byte* base = grow_mapping(r->base, old_size, block, threads);
+  std::byte* base = grow_mapping(r->base, old_size, block, populate_threads_);
   if (!base) {
     std::lock_guard lock(mu_);
     ++counters_.regions_trimmed;  // the old region is gone
@@ -446,9 +423,8 @@ std::byte* PoolState::admit(RegionMap::node_type node, bool created, Region*& ou
   return p;
 }
 
-std::byte* PoolState::make_region(size_t block, size_t size, unsigned threads,
-                                  Region*& out) noexcept {
-  std::byte* base = map_region(size, threads);
+std::byte* PoolState::make_region(size_t block, size_t size, Region*& out) noexcept {
+  std::byte* base = map_region(size, populate_threads_);
   // The map node is made before any listener hears of the region, so that inserting it cannot
   // fail after they did.
   RegionMap::node_type node;
@@ -634,12 +610,9 @@ Pool::Pool(PoolOptions options) : state_(std::make_shared<detail::PoolState>(opt
 
 Pool::~Pool() { state_->close(); }
 
-std::shared_ptr<std::byte[]> Pool::allocate(size_t bytes,
-                                            std::span<std::byte>* populate_later) noexcept {
-  return state_->allocate(bytes, populate_later);
+std::shared_ptr<std::byte[]> Pool::allocate(size_t bytes) noexcept {
+  return state_->allocate(bytes);
 }
-
-bool Pool::populate(std::span<std::byte> range) const noexcept { return state_->populate(range); }
 
 void Pool::trim(std::chrono::steady_clock::time_point now) noexcept {
   state_->release_free(now - state_->options().idle_trim, 0);

@@ -3,9 +3,8 @@
 /// registers nothing.
 ///
 /// Memory comes in regions: anonymous mappings, 2 MiB aligned and advised for transparent huge
-/// pages, pre-faulted when they are made, or by the caller once it has started what fills the
-/// block (allocate()'s populate_later), so bytes arriving from a socket or a NIC seldom wait for
-/// a page fault. A block larger than kSmallBlockMax has a region of its own; smaller blocks are
+/// pages, pre-faulted when they are made (so bytes arriving from a socket or a NIC never wait for
+/// a page fault). A block larger than kSmallBlockMax has a region of its own; smaller blocks are
 /// carved from 2 MiB slabs, one size class per slab. A block given back goes to the free list of
 /// its class and serves the next allocation of that class; a large request whose class has no
 /// free region takes a free one of a larger class, up to twice its size, else grows the largest
@@ -122,20 +121,7 @@ class Pool {
   /// if that makes room; otherwise from plain memory, counted as a fallback. Never throws: null
   /// when memory cannot be had (a failed mmap or pre-fault, std::bad_alloc), for the caller to fail
   /// its operation with.
-  ///
-  /// `populate_later` set: where the block's memory is new (a new region, or a grown region's
-  /// added part) and no region listener is registered, it is mapped but not faulted in, and
-  /// *populate_later is set to that range (else to an empty span). The caller faults it in with
-  /// populate() once it has started what fills the block (a fetch's request sent), so the page
-  /// faults overlap the wait for the data; bytes written meanwhile are kept (faulting a page in
-  /// never changes what it holds). Untouched, the pages fault in on first use.
-  std::shared_ptr<std::byte[]> allocate(size_t bytes,
-                                        std::span<std::byte>* populate_later = nullptr) noexcept;
-  /// Faults `range` in writable (the span allocate() left to its caller) with up to
-  /// PoolOptions::populate_threads threads, this one included, joined before it returns. False
-  /// when the memory is not there (ENOMEM): the caller fails what the block was for. Any thread,
-  /// while it holds the block.
-  bool populate(std::span<std::byte> range) const noexcept;
+  std::shared_ptr<std::byte[]> allocate(size_t bytes) noexcept;
 
   /// Unmaps the regions that have been wholly free since at least `now - idle_trim`, after
   /// running the `removed` callbacks for each on this thread. Never touches a region with a live

@@ -9,8 +9,7 @@
 namespace ferry {
 
 std::shared_ptr<std::byte[]> FetchTable::allocate_slots(
-    mem::Pool& pool, const std::vector<size_t>& sizes, std::vector<MutableBuffer>& slots,
-    std::span<std::byte>* populate_later) noexcept {
+    mem::Pool& pool, const std::vector<size_t>& sizes, std::vector<MutableBuffer>& slots) noexcept {
   try {
     const uint64_t limit = physical_memory_bytes();
     uint64_t total = 0;
@@ -21,7 +20,7 @@ std::shared_ptr<std::byte[]> FetchTable::allocate_slots(
       offsets.push_back(total);
       total += (n + 63) & ~size_t{63};
     }
-    auto memory = pool.allocate(total, populate_later);
+    auto memory = pool.allocate(total);
     if (!memory) return nullptr;
     slots.clear();
     slots.reserve(sizes.size());
@@ -35,13 +34,12 @@ std::shared_ptr<std::byte[]> FetchTable::allocate_slots(
 }
 
 std::shared_ptr<std::byte[]> FetchTable::allocate_slots(
-    mem::Pool& pool, const ObjectRef& ref, std::vector<MutableBuffer>& slots,
-    std::span<std::byte>* populate_later) noexcept {
+    mem::Pool& pool, const ObjectRef& ref, std::vector<MutableBuffer>& slots) noexcept {
   try {
     std::vector<size_t> sizes;
     sizes.reserve(ref.metadata.tensors.size());
     for (const auto& t : ref.metadata.tensors) sizes.push_back(t.nbytes);
-    return allocate_slots(pool, sizes, slots, populate_later);
+    return allocate_slots(pool, sizes, slots);
   } catch (const std::bad_alloc&) {
     return nullptr;
   }

@@ -32,15 +32,13 @@ class FetchTable {
   // (which owns the slots) and the slots. Null, with nothing allocated, when the sizes add up to
   // more than the machine's memory (a forged or corrupt ref: sizes up to 2^48 parse) or no memory
   // can be had: the caller fails its fetch with errc::resource_exhausted. Any thread; may fault
-  // a new region in (PoolOptions::populate_threads), or, with `populate_later`, leave that to the
-  // caller (mem::Pool::allocate). Never throws.
-  static std::shared_ptr<std::byte[]> allocate_slots(
-      mem::Pool& pool, const std::vector<size_t>& sizes, std::vector<MutableBuffer>& slots,
-      std::span<std::byte>* populate_later = nullptr) noexcept;
+  // a new region in (PoolOptions::populate_threads). Never throws.
+  static std::shared_ptr<std::byte[]> allocate_slots(mem::Pool& pool,
+                                                     const std::vector<size_t>& sizes,
+                                                     std::vector<MutableBuffer>& slots) noexcept;
   // The same, a slot for each tensor of `ref`.
-  static std::shared_ptr<std::byte[]> allocate_slots(
-      mem::Pool& pool, const ObjectRef& ref, std::vector<MutableBuffer>& slots,
-      std::span<std::byte>* populate_later = nullptr) noexcept;
+  static std::shared_ptr<std::byte[]> allocate_slots(mem::Pool& pool, const ObjectRef& ref,
+                                                     std::vector<MutableBuffer>& slots) noexcept;
 
   // Starts the fetch `state` stands for (its id is the request id it starts under): `ref` into
   // `targets` (one per tensor, sizes as in the ref), which are slots of `storage` when that is

@@ -272,16 +272,12 @@ FetchRequest Session::fetch(ObjectRef ref, std::vector<MutableBuffer> targets, F
                             FetchHandler handler) {
   const uint64_t id = next_request_id_.fetch_add(2);
   // Taken here, on the caller's thread, while other fetches run: a new region's page faults then
-  // run beside the io thread, which goes on receiving them, and after the request has left (below),
-  // while the owner answers the fetches ahead of it. With none running, the strand takes it, after
-  // the last completion has let its memory go (so a fetch-and-drop loop reuses it).
+  // run beside the io thread, which goes on receiving them. With none running, the strand takes
+  // it, after the last completion has let its memory go (so a fetch-and-drop loop reuses it).
   std::shared_ptr<std::byte[]> storage;
-  std::span<std::byte> populate_later;
   if (targets.empty() && ctx_->stats->fetches_in_flight() > 0) {
-    storage = FetchTable::allocate_slots(*ctx_->pool, ref, targets, &populate_later);
+    storage = FetchTable::allocate_slots(*ctx_->pool, ref, targets);
   }
-  // Held until its pages are in: a fetch that ends at once must not hand them back meanwhile.
-  const auto populating = populate_later.empty() ? nullptr : storage;
   auto state = std::make_shared<detail::FetchState>(id, ctx_->io.get_executor());
   state->set_stats(ctx_->stats, Clock::now());
   if (handler) state->set_handler(std::move(handler));
@@ -304,13 +300,6 @@ FetchRequest Session::fetch(ObjectRef ref, std::vector<MutableBuffer> targets, F
                  self->fetches_.fail(*state, errc::resource_exhausted);
                }
              });
-  // The storage's new pages: bytes that land meanwhile stay (faulting a page in keeps them). No
-  // memory behind them fails the fetch as a failed allocation does (a completed one stays so).
-  if (!populate_later.empty() && !ctx_->pool->populate(populate_later)) {
-    asio::post(strand_, [self = shared_from_this(), state] {
-      self->fetches_.fail(*state, errc::resource_exhausted);
-    });
-  }
   return FetchRequest(state);
 }
 
