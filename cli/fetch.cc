@@ -10,7 +10,6 @@
 #include <mutex>
 #include <optional>
 
-#include "cli/background.h"
 #include "cli/checksum.h"
 #include "cli/manifest.h"
 #include "cli/progress.h"
@@ -148,69 +147,29 @@ std::string peer_address(const FetchArgs& args, const Manifest& manifest,
   return targets.empty() ? "" : targets.front().ref.owner;
 }
 
-// What checking one fetched object found: nothing (code kExitOk), a mismatch with its manifest
-// entry (kExitVerifyFailed: reported and counted, the run goes on) or a failure to write it
-// (kExitFetchFailed: the run stops).
-struct Finding {
-  ExitCode code = kExitOk;
-  std::string what;
-};
-
 // Verifies one fetched object (when it has a manifest entry) and writes it out (with --out).
-// Any thread.
-Finding check_object(const FetchArgs& args, const Target& target, const FetchResult& result) {
+// Returns an exit code; a verification failure is reported and counted, not returned.
+int finish_object(const FetchArgs& args, const Target& target, const FetchResult& result,
+                  FetchSummary& summary, Progress& progress) {
   if (target.expected) {
     if (auto why = mismatch(result, *target.expected); !why.empty()) {
-      return {kExitVerifyFailed, "verify " + describe(target) + ": " + why};
+      progress.clear();
+      fail(kExitVerifyFailed, "verify " + describe(target) + ": " + why);
+      ++summary.mismatched;
     }
   }
   if (!args.out.empty()) {
     if (auto why = write_tensors(args.out, result, safe_name(target.expected)); !why.empty()) {
-      return {kExitFetchFailed, why};
+      progress.clear();
+      return fail(kExitFetchFailed, why);
     }
   }
-  return {};
+  return kExitOk;
 }
 
-// Findings of the checks that ran on the background thread, for the main thread to report.
-class Findings {
- public:
-  void add(Finding f) {
-    std::lock_guard lock(mu_);
-    items_.push_back(std::move(f));
-  }
-  // Reports each new finding (clearing the progress bar first): a mismatch is counted in
-  // `summary`; returns the exit code of the first failure that stops the run, else kExitOk.
-  // Main thread.
-  int report(FetchSummary& summary, Progress& progress) {
-    std::deque<Finding> items;
-    {
-      std::lock_guard lock(mu_);
-      items.swap(items_);
-    }
-    int rc = kExitOk;
-    for (auto& f : items) {
-      progress.clear();
-      const int code = fail(f.code, f.what);
-      if (f.code == kExitVerifyFailed) {
-        ++summary.mismatched;
-      } else if (rc == kExitOk) {
-        rc = code;
-      }
-    }
-    return rc;
-  }
-
- private:
-  std::mutex mu_;
-  std::deque<Finding> items_;
-};
-
-// Fetches every target with at most `args.concurrency` in flight. Each finished object is
-// verified and written on a background thread while the main thread refills the window, so at
-// most 2 x concurrency objects are in memory: those in flight, and those queued for or in their
-// check (a new one waits for a free place). Fills `summary` (its wall time ends once every
-// check has run); returns an exit code, stopping at the first failed fetch or write.
+// Fetches every target with at most `args.concurrency` in flight, and so at most that many
+// objects in memory: a new fetch starts only once a finished one has been verified, written and
+// released. Fills `summary`; returns an exit code, stopping at the first failed fetch.
 int fetch_targets(const FetchArgs& args, Peer& peer, const std::vector<Target>& targets,
                   FetchSummary& summary) {
   FetchOptions options;
@@ -236,54 +195,41 @@ int fetch_targets(const FetchArgs& args, Peer& peer, const std::vector<Target>& 
     return bytes;
   };
 
-  const auto window = static_cast<size_t>(args.concurrency);
-  Findings findings;
-  int rc = kExitOk;
   const auto start = Clock::now();
-  {
-    Background checks(window);
-    size_t next = 0, in_flight = 0;
-    while (rc == kExitOk && (next < targets.size() || in_flight > 0)) {
-      for (; in_flight < window && next < targets.size(); ++next, ++in_flight) issue(next);
-      // Each fetch has its own deadline; this bound only guards against a lost completion. The
-      // progress moves meanwhile, with the bytes of the fetches in flight.
-      const auto give_up = Clock::now() + options.timeout + std::chrono::seconds(5);
-      std::optional<Completion> done;
-      while (!(done = queue->pop(std::chrono::milliseconds(100))) && Clock::now() < give_up) {
-        progress.update(summary.objects, landed());
-      }
-      if (!done) {
-        progress.clear();
-        rc = fail(kExitTimeout,
-                  "no fetch completed within " + std::to_string(args.timeout_ms + 5000) + " ms");
-        break;
-      }
-      --in_flight;
-      running.erase(done->index);
-      if (done->ec) {
-        progress.clear();
-        rc = fail(done->ec == errc::timed_out ? kExitTimeout : kExitFetchFailed,
-                  "fetch " + describe(targets[done->index]), done->ec);
-        break;
-      }
-      summary.objects += 1;
-      summary.tensors += done->result.tensors.size();
-      summary.bytes += done->result.bytes;
-      summary.latencies.push_back(done->latency);
-      // The check owns the object's memory: it is released once the object is checked.
-      checks.submit(
-          [&args, &findings, &target = targets[done->index], result = std::move(done->result)] {
-            if (auto f = check_object(args, target, result); f.code != kExitOk) {
-              findings.add(std::move(f));
-            }
-          });
-      rc = findings.report(summary, progress);
+  const auto window = static_cast<size_t>(args.concurrency);
+  size_t next = 0, in_flight = 0;
+  int rc = kExitOk;
+  while (rc == kExitOk && (next < targets.size() || in_flight > 0)) {
+    for (; in_flight < window && next < targets.size(); ++next, ++in_flight) issue(next);
+    // Each fetch has its own deadline; this bound only guards against a lost completion. The
+    // progress moves meanwhile, with the bytes of the fetches in flight.
+    const auto give_up = Clock::now() + options.timeout + std::chrono::seconds(5);
+    std::optional<Completion> done;
+    while (!(done = queue->pop(std::chrono::milliseconds(100))) && Clock::now() < give_up) {
       progress.update(summary.objects, landed());
     }
-    checks.drain();
-  }
+    if (!done) {
+      progress.clear();
+      rc = fail(kExitTimeout,
+                "no fetch completed within " + std::to_string(args.timeout_ms + 5000) + " ms");
+      break;
+    }
+    --in_flight;
+    running.erase(done->index);
+    if (done->ec) {
+      progress.clear();
+      rc = fail(done->ec == errc::timed_out ? kExitTimeout : kExitFetchFailed,
+                "fetch " + describe(targets[done->index]), done->ec);
+      break;
+    }
+    summary.objects += 1;
+    summary.tensors += done->result.tensors.size();
+    summary.bytes += done->result.bytes;
+    summary.latencies.push_back(done->latency);
+    rc = finish_object(args, targets[done->index], done->result, summary, progress);
+    progress.update(summary.objects, landed());
+  }  // each iteration's `done` releases its object's memory
   summary.wall = Clock::now() - start;
-  if (int late = findings.report(summary, progress); rc == kExitOk) rc = late;
   progress.finish();
   return rc;
 }

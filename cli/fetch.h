@@ -24,10 +24,8 @@ struct FetchArgs {
   int threads = 1;
 };
 
-// Connects, fetches every requested object with at most `concurrency` in flight, verifies and
-// writes each on a thread of its own while the next fetches run (an object's memory is released
-// once it is verified and written; at most 2 x `concurrency` objects are held), and prints the
-// summary. `options`: what
+// Connects, fetches every requested object with at most `concurrency` in flight (each one's
+// memory is released once it is verified and written), and prints the summary. `options`: what
 // its context starts from (main's ContextOptions::from_environment()). Returns the process exit
 // code (see status.h).
 int run_fetch(const FetchArgs& args, ContextOptions options);
