@@ -271,6 +271,14 @@ class Peer:
         """
         if not isinstance(ref, ObjectRef):
             raise TypeError(f"fetch: expected a ferry.ObjectRef, got {type(ref).__name__}")
+        if type(into) is np.ndarray:  # the common case, checked in C++ (None: not this array)
+            timeout_ms = _milliseconds(timeout, "timeout")
+            future = Future(self, ref, into, into)
+            request = self._native.fetch_array(ref._native, into, timeout_ms, transport or "",
+                                               future)
+            if request is not None:
+                future._request = request
+                return future
         targets = []
         if into is not None:
             targets = _targets(ref, into)

@@ -186,6 +186,8 @@ def target(x, what="into"):
         raise ValueError(f"{what}: the array is not C-contiguous")
     if not x.flags.writeable:
         raise ValueError(f"{what}: the array is read-only")
+    if x.dtype.hasobject:  # bytes landing on Python object pointers would crash the process
+        raise TypeError(f"{what}: dtype {x.dtype} holds Python objects, not plain numbers")
     return Target(x.__array_interface__["data"][0], x.nbytes, keep)
 
 

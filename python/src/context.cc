@@ -1,11 +1,13 @@
 // `_ferry.Context` and `_ferry.Peer`: thin handles over ferry::Context and ferry::Peer for
 // ferry/_context.py. Every call that can block (construct, listen, connect, close, hold,
 // release, list) lets the GIL go while it runs; none runs Python on a ferry thread.
+#include <pybind11/numpy.h>
 #include <pybind11/stl.h>
 
 #include <algorithm>
 #include <chrono>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <tuple>
@@ -164,6 +166,28 @@ class PeerHandle {
     options.timeout = milliseconds(timeout_ms);
     options.transport = std::move(transport);
     return start_fetch(peer_, inflight_, std::move(ref), std::move(buffers), std::move(options),
+                       std::move(future), wait_mode_);
+  }
+
+  // fetch() into one numpy array for a ref of one tensor, the common case checked here rather
+  // than in Python (ferry.Peer.fetch): None, with nothing started, when the array is not
+  // C-contiguous, not writable, not the tensor's size or of a dtype that may hold objects
+  // (object, structured); the general path then says what is wrong, or takes it.
+  std::optional<NativeFetch> fetch_array(const ObjectRef& ref, py::array into, int64_t timeout_ms,
+                                         std::string transport, py::object future) {
+    const auto& tensors = ref.metadata.tensors;
+    const py::dtype dtype = into.dtype();
+    if (tensors.size() != 1 || !(into.flags() & py::array::c_style) || !into.writeable() ||
+        static_cast<uint64_t>(into.nbytes()) != tensors[0].nbytes || dtype.kind() == 'O' ||
+        dtype.has_fields()) {
+      return std::nullopt;
+    }
+    std::vector<MutableBuffer> buffers{
+        MutableBuffer(static_cast<std::byte*>(into.mutable_data()), tensors[0].nbytes)};
+    FetchOptions options;
+    options.timeout = milliseconds(timeout_ms);
+    options.transport = std::move(transport);
+    return start_fetch(peer_, inflight_, ref, std::move(buffers), std::move(options),
                        std::move(future), wait_mode_);
   }
 
@@ -382,6 +406,8 @@ void bind_context(py::module_& m) {
       .def_property_readonly("transport", &PeerHandle::transport)
       .def("fetch", &PeerHandle::fetch, py::arg("ref"), py::arg("targets"), py::arg("timeout_ms"),
            py::arg("transport"), py::arg("future"))
+      .def("fetch_array", &PeerHandle::fetch_array, py::arg("ref"), py::arg("into"),
+           py::arg("timeout_ms"), py::arg("transport"), py::arg("future"))
       .def("hold", &PeerHandle::hold)
       .def("release", &PeerHandle::release)
       .def("list", &PeerHandle::list)

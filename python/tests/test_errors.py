@@ -133,6 +133,16 @@ def test_bad_fetch_targets(local_owner, ctx):
         peer.fetch(ref, into=bytearray(33))
     with pytest.raises(ValueError, match="not C-contiguous"):
         peer.fetch(ref, into=np.empty(16, dtype=np.int32)[::2])
+    with pytest.raises(ValueError, match="33 bytes, but the tensor has 32"):
+        peer.fetch(ref, into=np.empty(33, dtype=np.uint8))
+    # Bytes landing on Python object pointers would crash the process: refused, also inside a
+    # structured dtype.
+    with pytest.raises(TypeError, match="holds Python objects"):
+        peer.fetch(ref, into=np.empty(32 // np.dtype(object).itemsize, dtype=object))
+    with pytest.raises(TypeError, match="holds Python objects"):
+        peer.fetch(ref, into=np.empty(2, dtype=[("a", np.int64), ("b", object)]))
+    with pytest.raises(ValueError, match="timeout"):
+        peer.fetch(ref, into=np.empty(8, dtype=np.int32), timeout=-1)
     with pytest.raises(ValueError, match="2 buffers for 1 tensors"):
         peer.fetch(ref, into=[bytearray(32), bytearray(32)])
     with pytest.raises(TypeError, match="one per tensor"):
@@ -145,6 +155,10 @@ def test_bad_fetch_targets(local_owner, ctx):
         peer.fetch(ref, timeout=-1)
     assert ctx.inflight == 0  # nothing started
     assert peer.fetch(ref).result(30).tolist() == list(range(8))
+    # A plain structured dtype of the tensor's size takes the bytes (the general path).
+    plain = np.zeros(4, dtype=[("lo", np.int32), ("hi", np.int32)])
+    assert peer.fetch(ref, into=plain).result(30) is plain
+    assert plain["lo"].tolist() == [0, 2, 4, 6] and plain["hi"].tolist() == [1, 3, 5, 7]
 
 
 def test_corrupted_refs(local_owner):
