@@ -1276,9 +1276,11 @@ def commit():
 
 
 def report(samples, out_dir, meta):
-    lines = [f"ferry bench: {meta['machine']}", f"command: {meta['command']}"]
+    lines = [f"ferry bench: {meta.get('machine', '?')}", f"command: {meta['command']}"]
     if meta.get("commit"):
         lines.append(f"source: {meta['commit']}")
+    if meta.get("interrupted"):
+        lines.append(f"INTERRUPTED: {meta['interrupted']}")
     if "load_at_end" in meta:
         lines.append(f"load average at end {meta['load_at_end']:.2f}; took {meta.get('seconds')} s")
     if "other_cpu_s" in meta and meta.get("seconds"):
@@ -1487,12 +1489,30 @@ def main():
     busy0 = cpu_busy()
     meta = {"command": " ".join(sys.argv), "started": time.strftime("%Y-%m-%d %H:%M:%S"),
             "commit": commit()}
-    if args.loopback_congestion == "same":
-        with same_loopback_congestion(ONE_HOST_CONGESTION, log) as congestion:
-            host_part(b, args, meta, congestion)
-    else:
-        host_part(b, args, meta, "")
-    if args.suites & {"rdma", "registration", "misc"}:
+    # SIGTERM (a `timeout` around the run) ends the measuring, not the run: what was measured is
+    # written and reported below, marked as interrupted (the congestion control's own handler,
+    # while it is set, restores it on the way out).
+    interrupted = None
+
+    def terminated(signum, frame):
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, terminated)
+    try:
+        if args.loopback_congestion == "same":
+            with same_loopback_congestion(ONE_HOST_CONGESTION, log) as congestion:
+                host_part(b, args, meta, congestion)
+        else:
+            host_part(b, args, meta, "")
+    except SystemExit as e:
+        if e.code != 128 + signal.SIGTERM:
+            raise
+        interrupted = e.code
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the results get written whatever comes
+    if interrupted:
+        meta["interrupted"] = "SIGTERM before the run ended: the samples measured until then"
+        log("interrupted (SIGTERM): writing the samples measured so far")
+    elif args.suites & {"rdma", "registration", "misc"}:
         vm = os.path.join(ROOT, "tests", "softroce", "ferry-vm")
         argv = [vm, "--cwd", ROOT, "--rw", out_dir, "--mem", str(args.guest_mem),
                 "--timeout", "2400", "--", "python3", os.path.join(HERE, "run.py"),
@@ -1528,6 +1548,8 @@ def main():
     for png in plots(b.samples, out_dir):
         log(f"plot: {png}")
     log(f"samples: {os.path.join(out_dir, 'samples.json')}; took {meta['seconds']} s")
+    if interrupted:
+        sys.exit(interrupted)
 
 
 if __name__ == "__main__":
