@@ -40,7 +40,8 @@ def register(context):
 
 
 def in_completion_thread():
-    return threading.current_thread() is _thread
+    thread = _thread
+    return thread is not None and threading.get_ident() == thread.ident
 
 
 def _run():

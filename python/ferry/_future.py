@@ -96,7 +96,10 @@ class Future(concurrent.futures.Future):
             finally:
                 self = None  # noqa: PLW0642 (no cycle through the traceback, as concurrent.futures)
         self._check_not_deadlocking()
-        return super().result(self._wait_native(timeout))
+        timeout = self._wait_native(timeout)
+        if self._state == _FINISHED and self._exception is None:  # resolved: no lock needed
+            return self._result
+        return super().result(timeout)
 
     def exception(self, timeout=None):
         if self._state == _FINISHED:
@@ -127,7 +130,7 @@ class Future(concurrent.futures.Future):
         return asyncio.wrap_future(self).__await__()
 
     def _check_not_deadlocking(self):
-        if not self.done() and _completion.in_completion_thread():
+        if self._state != _FINISHED and _completion.in_completion_thread():
             raise RuntimeError(
                 "waiting on a ferry future from a done-callback would deadlock: callbacks run "
                 "on the completion thread, which is what resolves futures (chain another "
