@@ -465,12 +465,16 @@ def suite_receive(b, sizes, reps):
                 b.guarded(what, fn)
 
 
-def suite_python(b, sizes, reps):
+def suite_python(b, sizes, reps, deadline=None):
     """ferry from Python beside ferry from C++ and beside Python's usual ways of moving an array
     between two processes (bench/python_bench.py): per size and repetition each tool once, the
     order rotating; bandwidth with bw_inflight(size) transfers outstanding, latency (1 in
-    flight) at PYTHON_LAT_SIZES."""
+    flight) at PYTHON_LAT_SIZES. No repetition after the first starts past `deadline`."""
     for rep in range(reps):
+        if rep > 0 and deadline and time.time() > deadline:
+            log(f"python: time budget reached after {rep} of {reps} repetitions")
+            b.samples.append({"suite": "python", "budget_reps": rep})
+            break
         for size in sizes:
             log(f"python size {human(size)} rep {rep + 1}/{reps}")
             k = bw_inflight(size)
@@ -1292,8 +1296,9 @@ def report(samples, out_dir, meta):
         lines += table(samples, suite, metric)
     lines += [f"\nSKIPPED: tcp {s['tool']}: {s['skipped']}" for s in samples
               if s.get("suite") == "tcp" and s.get("skipped")]
-    lines += [f"\ntcp: {s['budget_reps']} repetitions (the time budget ended the suite there)"
-              for s in samples if s.get("suite") == "tcp" and s.get("budget_reps")]
+    lines += [f"\n{s['suite']}: {s['budget_reps']} repetitions (the time budget ended the suite "
+              "there)" for s in samples if s.get("suite") in ("tcp", "python") and
+              s.get("budget_reps")]
     lines += rate_table(samples)
     lines += other_tables(samples)
     for n, sub in by_ranks(samples):
@@ -1351,6 +1356,8 @@ def host_part(b, args, meta, congestion):
     shares = []  # in the order the suites run
     if "tcp" in args.suites:
         shares.append(("tcp", None, 2))
+    if "python" in args.suites:
+        shares.append(("python", None, 3))
     if "allreduce" in args.suites:
         shares += [("allreduce", n, 3) for n in args.allreduce_ranks]
     total = sum(w for _, _, w in shares) or 1
@@ -1370,7 +1377,7 @@ def host_part(b, args, meta, congestion):
         b.guarded("scale", lambda: suite_scale(b, args.quick))
     if "python" in args.suites:
         suite_python(b, args.sizes or (QUICK_PYTHON_SIZES if args.quick else FULL_PYTHON_SIZES),
-                     args.reps)
+                     args.reps, deadlines[("python", None)])
     if "allreduce" in args.suites:
         for n in args.allreduce_ranks:
             suite_allreduce(b, n, args.allreduce_sizes or (QUICK_ALLREDUCE_SIZES if args.quick
@@ -1426,7 +1433,7 @@ def main():
                          "'ring=--ring-threshold 1M;seg2m=--ring-threshold 1M --segment 2M')")
     ap.add_argument("--budget", type=float, default=None,
                     help="seconds: no suite starts a repetition after its share of this is spent "
-                         "(the first repetition always runs; tcp and allreduce suites)")
+                         "(the first repetition always runs; tcp, python and allreduce suites)")
     ap.add_argument("--loopback-congestion", choices=["same", "system"], default="same",
                     help="same (default): every tool's loopback connections on the algorithm "
                          "ferry's use within one host (%s), by a route's congctl for 127.0.0.1 "
