@@ -591,6 +591,45 @@ TEST_F(Loopback, BytesLandedMoveDuringAFetchAndEndAtTheTotal) {
   EXPECT_EQ(FetchRequest().bytes_landed(), 0u);
 }
 
+// The owner's TCP data channel serves a window of requests oldest first, one chunk at a time,
+// except that a request one chunk finishes goes ahead: a small fetch is not stuck behind a large
+// one, and large fetches complete one after another, so the fetcher holds few partly received
+// objects (round-robin would finish them all together at the end).
+TEST_F(Loopback, TheTcpOwnerServesLargeFetchesInOrderAndSmallOnesFirst) {
+  if (test_transport() != "TCP") {
+    GTEST_SKIP() << "SKIPPED: the order in which a TCP owner writes its serves (the fetcher reads "
+                 << "over " << test_transport() << ")";
+  }
+  constexpr size_t kLarge = 32u << 20;
+  std::vector<std::shared_ptr<std::vector<std::byte>>> objects;
+  std::vector<ObjectRef> refs;
+  for (uint32_t i = 0; i < 4; ++i) {
+    objects.push_back(make_pattern(kLarge, 40 + i));
+    refs.push_back(server.put(objects.back()));
+  }
+  auto small = make_pattern(4096, 50);
+  auto small_ref = server.put(small);
+  std::vector<std::vector<std::byte>> targets(4, std::vector<std::byte>(kLarge));
+  std::vector<FetchRequest> large;
+  for (size_t i = 0; i < 4; ++i) large.push_back(peer.fetch(refs[i], {MutableBuffer(targets[i])}));
+  auto little = peer.fetch(small_ref);
+  ASSERT_FALSE(little.wait(scaled(60s)));
+  EXPECT_TRUE(same_bytes(little.result().tensors.at(0), *small));
+  uint64_t large_landed = 0;
+  for (auto& r : large) large_landed += r.bytes_landed();
+  EXPECT_LT(large_landed, 4 * kLarge) << "the small fetch waited for every large one";
+  ASSERT_FALSE(large[0].wait(scaled(60s)));
+  // When the first is done the others have had at most what the socket buffered ahead of it;
+  // round-robin would have landed nearly all of theirs (3 x 31 MiB).
+  uint64_t others = 0;
+  for (size_t i = 1; i < 4; ++i) others += large[i].bytes_landed();
+  EXPECT_LT(others, kLarge) << "the other fetches progressed beside the first";
+  for (size_t i = 0; i < 4; ++i) {
+    ASSERT_FALSE(large[i].wait(scaled(60s)));
+    EXPECT_TRUE(same_bytes(targets[i], *objects[i])) << i;
+  }
+}
+
 TEST_F(Loopback, FetchDeadlineTimesOutWithinItsBound) {
   auto big = make_pattern(32u << 20, 2);
   auto ref = server.put(big);

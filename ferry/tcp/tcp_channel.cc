@@ -253,6 +253,8 @@ void TcpChannel::send_multiple(uint64_t request_id, ObjectStore::Pin object, Sen
   s.object = std::move(object);
   s.done = std::move(done);
   s.ack = static_cast<bool>(s.object.object().on_served);
+  for (const auto& t : s.object.object().tensors) s.left += t.data.size();
+  s.moved_at = written_;
   sends_.push_back(std::move(s));
   pump();
 }
@@ -286,9 +288,31 @@ bool TcpChannel::on_ack(uint64_t request_id) {
   return true;
 }
 
+std::deque<TcpChannel::Send>::iterator TcpChannel::next_send() {
+  // Enough to find the short requests among a window of large ones; a long queue of small
+  // requests is served nearly in order anyway.
+  constexpr size_t kPickWindow = 64;
+  constexpr uint64_t kBypassChunks = 16;
+  auto oldest = sends_.begin();
+  if (oldest->left <= chunk_bytes_ || written_ - oldest->moved_at >= kBypassChunks * chunk_bytes_) {
+    return oldest;
+  }
+  const auto end =
+      sends_.begin() + static_cast<std::ptrdiff_t>(std::min(sends_.size(), kPickWindow));
+  for (auto it = std::next(oldest); it != end; ++it) {
+    if (it->left <= chunk_bytes_) return it;  // one chunk finishes it: it goes first
+  }
+  return oldest;
+}
+
+std::deque<TcpChannel::Send>::iterator TcpChannel::find_send(uint64_t request_id) {
+  return std::find_if(sends_.begin(), sends_.end(),
+                      [request_id](const Send& s) { return s.request_id == request_id; });
+}
+
 void TcpChannel::pump() {
   if (writing_ || closed_ || sends_.empty()) return;
-  Send& s = sends_.front();
+  Send& s = *next_send();
   const auto& tensors = s.object.object().tensors;
   while (s.tensor < tensors.size() && s.offset >= tensors[s.tensor].data.size()) {
     ++s.tensor;
@@ -314,7 +338,10 @@ void TcpChannel::pump() {
   out_header_.offset = s.offset;
   out_header_.length = len;
   s.offset += len;
+  s.left -= len;
   s.sent_end = last;
+  written_ += len;
+  s.moved_at = written_;
   writing_ = true;
   writing_request_ = s.request_id;
   std::array<asio::const_buffer, 2> buffers{asio::buffer(&out_header_, sizeof(out_header_)),
@@ -323,14 +350,8 @@ void TcpChannel::pump() {
                     guarded(*this, [this](boost::system::error_code ec, size_t) {
                       writing_ = false;
                       if (ec) return fail(errc::peer_closed);
-                      auto it = sends_.begin();  // the one just written is at the front
-                      if (it->sent_end) {
-                        finish_send(it, {});
-                      } else if (sends_.size() > 1) {
-                        // Round-robin: a small request is not stuck behind a large one.
-                        sends_.push_back(std::move(*it));
-                        sends_.pop_front();
-                      }
+                      auto it = find_send(writing_request_);  // an abort keeps it until now
+                      if (it != sends_.end() && it->sent_end) finish_send(it, {});
                       pump();
                     }));
 }
@@ -367,7 +388,7 @@ bool TcpChannel::abort(uint64_t request_id) {
   // ends with an end marker missing: the fetcher has dropped the request already.
   for (auto it = sends_.begin(); it != sends_.end(); ++it) {
     if (it->request_id != request_id) continue;
-    if (writing_ && it == sends_.begin()) {
+    if (writing_ && it->request_id == writing_request_) {
       it->sent_end = true;  // finish after this chunk
       auto done = std::move(it->done);
       it->done = nullptr;

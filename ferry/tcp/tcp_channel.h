@@ -11,9 +11,12 @@
 // bytes are still in cache. A read that returns less than it asked for has emptied the socket, so
 // the channel waits again without another.
 //
-// Sending: requests are served round-robin in chunks of `chunk_bytes`, each an async_write of
-// {header, payload} straight from the pinned object. A send of an object that counts its serves
-// (PutOptions::on_served) completes when the fetcher acknowledges receipt (an empty
+// Sending: requests are served in chunks of `chunk_bytes`, each an async_write of {header,
+// payload} straight from the pinned object; before each chunk the channel picks the oldest
+// request, or one that a single chunk finishes (next_send()): a small request is not stuck behind
+// a large one, and a window of large ones completes one after another rather than all together
+// at its end, so the fetcher holds fewer partly received objects. A send of an object that counts
+// its serves (PutOptions::on_served) completes when the fetcher acknowledges receipt (an empty
 // TransportMessage on the metadata channel), not when its bytes are written: written bytes can
 // still be lost with the connection.
 #pragma once
@@ -39,7 +42,8 @@ class TcpChannel final : public TransportChannel, public std::enable_shared_from
   void start();
 
   // TransportChannel: strand, all of them. Receives are posted before the owner sends; the
-  // owner streams its serves round-robin; abort lets go of a request at once (true).
+  // owner streams its serves oldest first, short ones ahead; abort lets go of a request at once
+  // (true).
   Result<FetchRequest> recv_multiple(const FetchOp& op) override;
   void send_multiple(uint64_t request_id, ObjectStore::Pin object, SendDone done) override;
   bool abort(uint64_t request_id) override;
@@ -69,8 +73,10 @@ class TcpChannel final : public TransportChannel, public std::enable_shared_from
     size_t tensor = 0;
     uint64_t offset = 0;
     bool sent_end = false;
-    bool ack = false;    // completes on the fetcher's acknowledgement
-    bool acked = false;  // which came before the last chunk's write completed
+    bool ack = false;       // completes on the fetcher's acknowledgement
+    bool acked = false;     // which came before the last chunk's write completed
+    uint64_t left = 0;      // payload bytes not written yet
+    uint64_t moved_at = 0;  // written_ when it was queued or last had a chunk written
   };
   enum class ReadState { header, payload };
 
@@ -95,6 +101,11 @@ class TcpChannel final : public TransportChannel, public std::enable_shared_from
   void finish_request();
   void fail(std::error_code ec);
   void pump();
+  // The send to write a chunk of next (sends_ not empty): the oldest, unless one among the oldest
+  // kPickWindow has at most a chunk left (the first such goes ahead), and always the oldest once
+  // kBypassChunks chunks of others have been written since it last moved.
+  std::deque<Send>::iterator next_send();
+  std::deque<Send>::iterator find_send(uint64_t request_id);
   void finish_send(std::deque<Send>::iterator it, std::error_code ec);
 
   std::weak_ptr<PeerLink> link_;
@@ -118,10 +129,11 @@ class TcpChannel final : public TransportChannel, public std::enable_shared_from
   std::vector<std::byte> combining_;  // a combining request's payload on its way to the target
 
   // send side
-  std::deque<Send> sends_;
+  std::deque<Send> sends_;                               // in arrival order
   std::unordered_map<uint64_t, SendDone> awaiting_ack_;  // written, not yet acknowledged
   bool writing_ = false;
-  uint64_t writing_request_ = 0;
+  uint64_t writing_request_ = 0;  // the send a chunk is being written of, while writing_
+  uint64_t written_ = 0;          // payload bytes written, all sends
   DataHeader out_header_;
 };
 

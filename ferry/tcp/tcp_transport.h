@@ -1,7 +1,8 @@
 /// @file
 /// TcpTransport: the two-sided fallback. Each peer gets a second TCP connection (the data
-/// channel) so bulk bytes never delay control messages; the owner streams chunks of every
-/// request it serves, round-robin, and the fetcher receives them straight into the targets.
+/// channel) so bulk bytes never delay control messages; the owner streams chunks of the requests
+/// it serves, oldest first with short ones ahead, and the fetcher receives them straight into
+/// the targets.
 #pragma once
 
 #include <atomic>
