@@ -43,6 +43,7 @@ cp -r "$pmix"/lib/pmix "$out"/pmix/lib/
 cp -r "$pmix"/share/. "$out"/pmix/share/
 cp "$root"/bench/{run.py,loopback_cc.py,samples.py,markdown.py,python_bench.py} "$out"/bench/
 cp "$root"/bench/bundle/run "$root"/bench/bundle/README.txt "$root"/bench/bundle/demo_ratio.sh \
+  "$root"/bench/bundle/verify.sh \
   "$root"/scripts/demo.sh "$out"/
 chmod +x "$out"/run
 

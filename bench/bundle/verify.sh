@@ -1,0 +1,47 @@
+#!/bin/sh
+# One run of every open performance target that needs a machine with cores to spare, for one
+# device call: make demo's ratio to ferry-bench fetch (the receive memory target), the python
+# suite (Python against C++ and torch-gloo, latency), the allreduce suite at 4 and 8 ranks and the
+# TCP suite. About 6 minutes; every part is bounded (--budget, timeout) and what it measured is
+# kept even when it is cut short. With bin/ferry-old present (another build of the CLI), make
+# demo's pass alternates it with bin/ferry first. torch-gloo runs under the machine's own python3
+# when that one imports torch.
+# Usage: ./verify.sh [OUT]   (default ./ferry-verify; also writes OUT.tar.gz)
+set -u
+here=$(cd "$(dirname "$0")" && pwd)
+out=${1:-$PWD/ferry-verify}
+mkdir -p "$out"
+log() { printf '%s %s\n' "$(date +%T)" "$*" | tee -a "$out/verify.log"; }
+torch_python=
+if command -v python3 >/dev/null && python3 -c 'import torch' 2>/dev/null; then
+  torch_python=$(command -v python3)
+fi
+log "machine: $(nproc) cores, $(uname -r); torch-gloo python: ${torch_python:-none (SKIPPED)}"
+if [ -x "$here/bin/ferry-old" ]; then
+  log "make demo, bin/ferry-old against bin/ferry, 5 pairs"
+  for _ in 1 2 3 4 5; do
+    for f in ferry-old ferry; do
+      echo "$f $(timeout 30 "$here/demo.sh" "$here/bin/$f" 2>/dev/null |
+        sed -n 's/^ *throughput *\([0-9.]*\) GB.*/\1/p')"
+    done
+  done >"$out/demo-ab.txt"
+fi
+log "make demo against ferry-bench fetch (demo_ratio.sh 5)"
+timeout 120 "$here/demo_ratio.sh" 5 >"$out/demo-ratio.txt" 2>&1
+tail -1 "$out/demo-ratio.txt" | tee -a "$out/verify.log"
+log "python suite"
+timeout 200 "$here/run" --suites python --sizes 4096,1048576,8388608 --reps 2 --seconds 1 \
+  --budget 150 ${torch_python:+--torch-python "$torch_python"} --out "$out/python" \
+  >"$out/python.log" 2>&1
+log "allreduce suite, 4 and 8 ranks"
+timeout 150 "$here/run" --suites allreduce --allreduce-reps 3 --allreduce-samples 4 \
+  --allreduce-calls 8 --allreduce-warmup 2 --budget 100 --out "$out/allreduce" \
+  >"$out/allreduce.log" 2>&1
+log "tcp suite"
+timeout 100 "$here/run" --suites tcp --sizes 65536,1048576,8388608 --reps 3 --seconds 1 \
+  --budget 70 --out "$out/tcp" >"$out/tcp.log" 2>&1
+for part in python allreduce tcp; do
+  sed -n '/^Targets/,/^$/p' "$out/$part/report.txt" 2>/dev/null | tee -a "$out/verify.log"
+done
+tar czf "$out.tar.gz" -C "$(dirname "$out")" "$(basename "$out")"
+log "done: $out.tar.gz"
