@@ -33,6 +33,26 @@ log "python suite"
 timeout 200 "$here/run" --suites python --sizes 4096,1048576,8388608 --reps 2 --seconds 1 \
   --budget 150 ${torch_python:+--torch-python "$torch_python"} --out "$out/python" \
   >"$out/python.log" 2>&1
+log "Python's completion-thread spin: FERRY_COMPLETION_SPIN_US=0 against the default, 3 rounds"
+py=$here/python/bin/python3
+if [ -x "$py" ]; then
+  "$here/bin/ferry-bench" serve --listen 127.0.0.1:0 --sizes 4K,1M >"$out/spin-serve.txt" 2>&1 &
+  serve=$!
+  sleep 1
+  addr=$(sed -n 's/^ready //p' "$out/spin-serve.txt")
+  for _ in 1 2 3; do
+    for spin in 0 default; do
+      for args in "--size 4096" "--size 1048576 --inflight 4"; do
+        if [ "$spin" = 0 ]; then set -- env FERRY_COMPLETION_SPIN_US=0; else set -- env; fi
+        # shellcheck disable=SC2086  # $args: the options, split on purpose
+        echo "spin=$spin $args: $(timeout 30 "$@" PYTHONPATH="$here/python/site" "$py" \
+          "$here/bench/python_bench.py" ferry-py $args --into --seconds 2 --from "$addr" |
+          grep -o '"gbps": [0-9.]*\|"p50_us": [0-9.]*' | tr '\n' ' ')"
+      done
+    done
+  done >"$out/spin-ab.txt" 2>&1
+  kill "$serve" 2>/dev/null
+fi
 log "allreduce suite, 4 and 8 ranks"
 timeout 150 "$here/run" --suites allreduce --allreduce-reps 3 --allreduce-samples 4 \
   --allreduce-calls 8 --allreduce-warmup 2 --budget 100 --out "$out/allreduce" \

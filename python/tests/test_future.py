@@ -6,7 +6,10 @@ abort, timeout and dropped futures does not race the fetch's own completion."""
 import asyncio
 import concurrent.futures
 import gc
+import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 
@@ -397,3 +400,34 @@ def test_the_completion_thread_resolves_a_batch_in_completion_order(monkeypatch)
     monkeypatch.setattr(_completion, "_ferry", NativeQueue)
     _completion._run()  # returns once the queue says it stopped
     assert heard == [(i, f"outcome {i}") for i in range(6)]
+
+
+@pytest.mark.parametrize("spin", ["0", "50", "10000", "lots"])
+def test_the_completion_threads_spin_setting(spin):
+    """FERRY_COMPLETION_SPIN_US (read once per process: a fresh interpreter each): callbacks that
+    fetch again complete with any setting; one that is not 0 to 10000 is logged and the default
+    used."""
+    code = """
+import threading, numpy as np, ferry
+with ferry.Context(listen="127.0.0.1:0") as owner, ferry.Context() as me:
+    ref = owner.put(np.arange(16, dtype=np.int64))
+    peer = me.connect(ref)
+    left = [200]
+    done = threading.Event()
+    def again(f):
+        assert f.result().tolist() == list(range(16))
+        left[0] -= 1
+        if left[0]:
+            peer.fetch(ref).add_done_callback(again)
+        else:
+            done.set()
+    peer.fetch(ref).add_done_callback(again)
+    print("done" if done.wait(60) else "stuck", flush=True)
+"""
+    env = dict(os.environ, FERRY_COMPLETION_SPIN_US=spin)
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.strip() == "done"
+    warned = "FERRY_COMPLETION_SPIN_US=lots is not 0 to 10000" in r.stderr
+    assert warned == (spin == "lots"), r.stderr[-2000:]
