@@ -2,8 +2,8 @@
 # One run of every open performance target that needs a machine with cores to spare, for one
 # device call: make demo's ratio to ferry-bench fetch (the receive memory target), the python
 # suite (Python against C++ and torch-gloo, latency), the allreduce suite at 4 and 8 ranks and the
-# TCP suite. About 6 minutes; every part is bounded (--budget, timeout) and what it measured is
-# kept even when it is cut short. With bin/ferry-old present (another build of the CLI), make
+# TCP suite. About 6 minutes; every part is bounded (--budget, timeout), no part starts after
+# $VERIFY_SECONDS (default 420) and the tarball is written whatever ran. With bin/ferry-old present (another build of the CLI), make
 # demo's pass alternates it with bin/ferry first. torch-gloo runs under the machine's own python3
 # when that one imports torch.
 # Usage: ./verify.sh [OUT]   (default ./ferry-verify; also writes OUT.tar.gz)
@@ -12,6 +12,14 @@ here=$(cd "$(dirname "$0")" && pwd)
 out=${1:-$PWD/ferry-verify}
 mkdir -p "$out"
 log() { printf '%s %s\n' "$(date +%T)" "$*" | tee -a "$out/verify.log"; }
+start=$(date +%s)
+limit=${VERIFY_SECONDS:-420}
+# Whether a part may start: false, logged, once the time is up.
+time_left() {
+  [ $(($(date +%s) - start)) -lt "$limit" ] && return 0
+  log "SKIPPED: $1 (no part starts after ${limit} s)"
+  return 1
+}
 torch_python=
 if command -v python3 >/dev/null && python3 -c 'import torch' 2>/dev/null; then
   torch_python=$(command -v python3)
@@ -21,21 +29,23 @@ if [ -x "$here/bin/ferry-old" ]; then
   log "make demo, bin/ferry-old against bin/ferry, 5 pairs"
   for _ in 1 2 3 4 5; do
     for f in ferry-old ferry; do
-      echo "$f $(timeout 30 "$here/demo.sh" "$here/bin/$f" 2>/dev/null |
+      echo "$f $(timeout 20 "$here/demo.sh" "$here/bin/$f" 2>/dev/null |
         sed -n 's/^ *throughput *\([0-9.]*\) GB.*/\1/p')"
     done
   done >"$out/demo-ab.txt"
 fi
-log "make demo against ferry-bench fetch (demo_ratio.sh 5)"
-timeout 120 "$here/demo_ratio.sh" 5 >"$out/demo-ratio.txt" 2>&1
-tail -1 "$out/demo-ratio.txt" | tee -a "$out/verify.log"
-log "python suite"
-timeout 200 "$here/run" --suites python --sizes 4096,1048576,8388608 --reps 2 --seconds 1 \
-  --budget 150 ${torch_python:+--torch-python "$torch_python"} --out "$out/python" \
+if time_left "make demo against ferry-bench fetch"; then
+  log "make demo against ferry-bench fetch (demo_ratio.sh 5)"
+  timeout 80 "$here/demo_ratio.sh" 5 >"$out/demo-ratio.txt" 2>&1
+  tail -1 "$out/demo-ratio.txt" | tee -a "$out/verify.log"
+fi
+time_left "python suite" && log "python suite" &&
+timeout 170 "$here/run" --suites python --sizes 4096,1048576,8388608 --reps 2 --seconds 1 \
+  --budget 120 ${torch_python:+--torch-python "$torch_python"} --out "$out/python" \
   >"$out/python.log" 2>&1
-log "Python's completion-thread spin: FERRY_COMPLETION_SPIN_US=0 against the default, 3 rounds"
 py=$here/python/bin/python3
-if [ -x "$py" ]; then
+if [ -x "$py" ] && time_left "the completion-thread spin A/B"; then
+  log "Python's completion-thread spin: FERRY_COMPLETION_SPIN_US=0 against the default, 3 rounds"
   "$here/bin/ferry-bench" serve --listen 127.0.0.1:0 --sizes 4K,1M >"$out/spin-serve.txt" 2>&1 &
   serve=$!
   sleep 1
@@ -45,7 +55,7 @@ if [ -x "$py" ]; then
       for args in "--size 4096" "--size 1048576 --inflight 4"; do
         if [ "$spin" = 0 ]; then set -- env FERRY_COMPLETION_SPIN_US=0; else set -- env; fi
         # shellcheck disable=SC2086  # $args: the options, split on purpose
-        echo "spin=$spin $args: $(timeout 30 "$@" PYTHONPATH="$here/python/site" "$py" \
+        echo "spin=$spin $args: $(timeout 15 "$@" PYTHONPATH="$here/python/site" "$py" \
           "$here/bench/python_bench.py" ferry-py $args --into --seconds 2 --from "$addr" |
           grep -o '"gbps": [0-9.]*\|"p50_us": [0-9.]*' | tr '\n' ' ')"
       done
@@ -53,13 +63,13 @@ if [ -x "$py" ]; then
   done >"$out/spin-ab.txt" 2>&1
   kill "$serve" 2>/dev/null
 fi
-log "allreduce suite, 4 and 8 ranks"
-timeout 150 "$here/run" --suites allreduce --allreduce-reps 3 --allreduce-samples 4 \
-  --allreduce-calls 8 --allreduce-warmup 2 --budget 100 --out "$out/allreduce" \
+time_left "allreduce suite" && log "allreduce suite, 4 and 8 ranks" &&
+timeout 120 "$here/run" --suites allreduce --allreduce-reps 3 --allreduce-samples 4 \
+  --allreduce-calls 8 --allreduce-warmup 2 --budget 80 --out "$out/allreduce" \
   >"$out/allreduce.log" 2>&1
-log "tcp suite"
-timeout 100 "$here/run" --suites tcp --sizes 65536,1048576,8388608 --reps 3 --seconds 1 \
-  --budget 70 --out "$out/tcp" >"$out/tcp.log" 2>&1
+time_left "tcp suite" && log "tcp suite" &&
+timeout 80 "$here/run" --suites tcp --sizes 65536,1048576,8388608 --reps 3 --seconds 1 \
+  --budget 50 --out "$out/tcp" >"$out/tcp.log" 2>&1
 for part in python allreduce tcp; do
   sed -n '/^Targets/,/^$/p' "$out/$part/report.txt" 2>/dev/null | tee -a "$out/verify.log"
 done
