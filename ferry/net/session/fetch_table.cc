@@ -347,8 +347,14 @@ void FetchTable::complete(uint64_t request_id, std::error_code ec) {
       if (!pending.targets[i].empty()) pending.combine(pending.targets[i], pending.slots[i]);
     }
   }
-  pending.state->result().elapsed = link_.now() - pending.started;
-  pending.state->complete(ec);
+  // Everything else of the fetch goes before its waiter wakes, and this thread's reference to
+  // its state right after: a result dropped as soon as the wait returns comes back to the pool
+  // without waiting longer than complete() takes.
+  auto state = std::move(pending.state);
+  state->result().elapsed = link_.now() - pending.started;
+  pending = PendingFetch{};
+  state->complete(ec);
+  state.reset();
   link_.fetch_completed();
 }
 
