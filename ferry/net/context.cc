@@ -5,7 +5,6 @@
 #include <boost/asio/post.hpp>
 #include <boost/asio/write.hpp>
 #include <cctype>
-#include <charconv>
 #include <cstdlib>
 #include <future>
 #include <random>
@@ -352,19 +351,6 @@ size_t pool_bytes_from_environment(size_t fallback) {
   return bytes;
 }
 
-// $FERRY_POOL_POPULATE_THREADS: a count from 1 to 256, else `fallback` (logged when set).
-unsigned populate_threads_from_environment(unsigned fallback) {
-  const std::string v = env_text("FERRY_POOL_POPULATE_THREADS");
-  if (v.empty()) return fallback;
-  unsigned n = 0;
-  const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), n);
-  if (ec != std::errc() || end != v.data() + v.size() || n < 1 || n > 256) {
-    FERRY_LOG_WARN("FERRY_POOL_POPULATE_THREADS={} is not a count from 1 to 256: {}", v, fallback);
-    return fallback;
-  }
-  return n;
-}
-
 }  // namespace
 
 ContextOptions ContextOptions::from_environment() {
@@ -373,7 +359,8 @@ ContextOptions ContextOptions::from_environment() {
   o.secret = env_text("FERRY_SECRET");
   o.tls = TlsOptions::from_environment();
   o.pool_bytes = pool_bytes_from_environment(o.pool_bytes);
-  o.pool_populate_threads = populate_threads_from_environment(o.pool_populate_threads);
+  o.pool_populate_threads = static_cast<unsigned>(
+      env_integer("FERRY_POOL_POPULATE_THREADS", 1, 256, o.pool_populate_threads));
   for (const auto& entry : detail::registry_snapshot()) {
     if (entry.from_environment) o.transport_options[entry.name] = entry.from_environment();
   }

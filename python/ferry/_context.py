@@ -271,8 +271,8 @@ class Peer:
         """
         if not isinstance(ref, ObjectRef):
             raise TypeError(f"fetch: expected a ferry.ObjectRef, got {type(ref).__name__}")
+        timeout_ms = _milliseconds(timeout, "timeout")
         if type(into) is np.ndarray:  # the common case, checked in C++ (None: not this array)
-            timeout_ms = _milliseconds(timeout, "timeout")
             future = Future(self, ref, into, into)
             request = self._native.fetch_array(ref._native, into, timeout_ms, transport or "",
                                                future)
@@ -282,7 +282,6 @@ class Peer:
         targets = []
         if into is not None:
             targets = _targets(ref, into)
-        timeout_ms = _milliseconds(timeout, "timeout")
         future = Future(self, ref, into, tuple(t.keep for t in targets))
         future._request = self._native.fetch(
             ref._native, [(t.address, t.nbytes) for t in targets], timeout_ms,
@@ -326,10 +325,6 @@ def _native_ref(ref):
 
 def _targets(ref, into):
     specs = ref.tensors
-    if type(into) is np.ndarray and len(specs) == 1:  # the common case, checked as below
-        t = target(into)
-        if t.nbytes == specs[0].nbytes:
-            return [t]
     if isinstance(into, (list, tuple)):
         buffers = list(into)
     elif len(specs) == 1:

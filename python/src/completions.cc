@@ -7,12 +7,11 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
-#include <cstdlib>
 #include <deque>
 #include <mutex>
 
-#include "ferry/net/log.h"
 #include "ferry/net/system/cpus.h"
+#include "ferry/net/system/env.h"
 #include "python/src/bindings.h"
 
 namespace py = pybind11;
@@ -27,7 +26,7 @@ class CompletionQueue {
       std::lock_guard lock(mu_);
       items_.push_back(std::move(item));
       ++pushed_;
-      queued_.store(items_.size(), std::memory_order_release);
+      ready_.store(true, std::memory_order_release);
     }
     cv_.notify_one();
   }
@@ -39,14 +38,13 @@ class CompletionQueue {
   std::deque<Completion> take() {
     if (const auto spin = spin_us(); spin.count() > 0) {
       const auto until = std::chrono::steady_clock::now() + spin;
-      while (queued_.load(std::memory_order_acquire) == 0 &&
-             std::chrono::steady_clock::now() < until) {
+      while (!ready_.load(std::memory_order_acquire) && std::chrono::steady_clock::now() < until) {
         sched_yield();
       }
     }
     std::unique_lock lock(mu_);
     cv_.wait(lock, [&] { return !items_.empty() || stopped_; });
-    queued_.store(0, std::memory_order_relaxed);
+    ready_.store(false, std::memory_order_relaxed);
     return std::exchange(items_, {});
   }
 
@@ -70,23 +68,13 @@ class CompletionQueue {
   // this process may run on at least 4 cores, else 0 (with fewer the spin takes time the io
   // threads and the peer's copies need: 1 MiB bandwidth on 2 cores moved either way with it).
   static std::chrono::microseconds spin_us() {
-    static const std::chrono::microseconds spin = [] {
-      const long kDefault = usable_cores() >= 4 ? 50 : 0;
-      const char* v = std::getenv("FERRY_COMPLETION_SPIN_US");
-      if (!v) return std::chrono::microseconds(kDefault);
-      char* end = nullptr;
-      const long n = std::strtol(v, &end, 10);
-      if (*v == '\0' || *end != '\0' || n < 0 || n > 10000) {
-        FERRY_LOG_WARN("FERRY_COMPLETION_SPIN_US={} is not 0 to 10000 (us): {}", v, kDefault);
-        return std::chrono::microseconds(kDefault);
-      }
-      return std::chrono::microseconds(n);
-    }();
+    static const std::chrono::microseconds spin(
+        env_integer("FERRY_COMPLETION_SPIN_US", 0, 10000, usable_cores() >= 4 ? 50 : 0));
     return spin;
   }
 
   std::deque<Completion> items_;
-  std::atomic<size_t> queued_{0};  // items_.size() as of the last push; 0 once taken
+  std::atomic<bool> ready_{false};  // items_ not empty, for the spin to read without the lock
   uint64_t pushed_ = 0;
   bool stopped_ = false;
 };

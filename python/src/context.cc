@@ -137,6 +137,15 @@ TensorMeta meta_of(int dtype, const std::vector<int64_t>& shape, uint64_t nbytes
   return m;
 }
 
+// A fetch's options from what ferry.Peer.fetch passes: milliseconds (< 0: none) and a transport
+// name ("" or "auto": the negotiated one).
+FetchOptions fetch_options(int64_t timeout_ms, std::string transport) {
+  FetchOptions options;
+  options.timeout = milliseconds(timeout_ms);
+  options.transport = std::move(transport);
+  return options;
+}
+
 class PeerHandle {
  public:
   PeerHandle(Peer peer, std::shared_ptr<InflightFetches> inflight, std::string address,
@@ -162,11 +171,9 @@ class PeerHandle {
     for (const auto& [address, size] : targets) {
       buffers.emplace_back(reinterpret_cast<std::byte*>(address), size);
     }
-    FetchOptions options;
-    options.timeout = milliseconds(timeout_ms);
-    options.transport = std::move(transport);
-    return start_fetch(peer_, inflight_, std::move(ref), std::move(buffers), std::move(options),
-                       std::move(future), wait_mode_);
+    return start_fetch(peer_, inflight_, std::move(ref), std::move(buffers),
+                       fetch_options(timeout_ms, std::move(transport)), std::move(future),
+                       wait_mode_);
   }
 
   // fetch() into one numpy array for a ref of one tensor, the common case checked here rather
@@ -184,11 +191,9 @@ class PeerHandle {
     }
     std::vector<MutableBuffer> buffers{
         MutableBuffer(static_cast<std::byte*>(into.mutable_data()), tensors[0].nbytes)};
-    FetchOptions options;
-    options.timeout = milliseconds(timeout_ms);
-    options.transport = std::move(transport);
-    return start_fetch(peer_, inflight_, ref, std::move(buffers), std::move(options),
-                       std::move(future), wait_mode_);
+    return start_fetch(peer_, inflight_, ref, std::move(buffers),
+                       fetch_options(timeout_ms, std::move(transport)), std::move(future),
+                       wait_mode_);
   }
 
   void hold(const ObjectRef& ref, int64_t timeout_ms) {

@@ -1,8 +1,11 @@
 // Reading ferry's settings from the environment ($FERRY_*), for the defaults of its options.
 #pragma once
 
+#include <charconv>
 #include <cstdlib>
 #include <string>
+
+#include "ferry/net/log.h"
 
 namespace ferry {
 
@@ -11,6 +14,20 @@ namespace ferry {
 inline std::string env_text(const char* name) {
   const char* v = std::getenv(name);
   return v ? v : "";
+}
+
+// The environment variable as a whole number from `lo` to `hi`; `fallback` when it is unset, and
+// when it holds anything else (logged, with the value kept).
+inline long env_integer(const char* name, long lo, long hi, long fallback) {
+  const std::string v = env_text(name);
+  if (v.empty()) return fallback;
+  long n = 0;
+  const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), n);
+  if (ec != std::errc() || end != v.data() + v.size() || n < lo || n > hi) {
+    FERRY_LOG_WARN("{}={} is not {} to {}: {}", name, v, lo, hi, fallback);
+    return fallback;
+  }
+  return n;
 }
 
 }  // namespace ferry
