@@ -43,10 +43,12 @@ demo: build
 	@scripts/demo.sh $(BUILD)/cli/ferry
 
 # The rdma-labelled tests run inside the soft-RoCE guest (the rdma_softroce test), not here. A
-# tier that could not run says SKIPPED, with the reason, after the summary.
+# tier that could not run says SKIPPED, with the reason, after the summary; a test that failed in
+# the guest says FAILED there, with its failure lines.
 test: build
 	@cd $(BUILD) && status=0 && ctest --output-on-failure --timeout 600 -LE '^rdma$$' || status=$$?; \
-	  grep -h '^SKIPPED' Testing/Temporary/LastTest.log 2>/dev/null | sort -u; exit $$status
+	  grep -h '^SKIPPED' Testing/Temporary/LastTest.log 2>/dev/null | sort -u; \
+	  grep -h '^FAILED in the guest' Testing/Temporary/LastTest.log 2>/dev/null; exit $$status
 
 # The suite under AddressSanitizer + UBSan, and under ThreadSanitizer (Debug builds of their own;
 # the soft-RoCE tier is left out: emulated RDMA under a sanitizer is too slow to be useful; so is
