@@ -19,9 +19,11 @@ namespace {
 
 constexpr uint64_t kReadChunk = 1u << 20;  // bytes per READ work request
 // READs one fetch may have posted at once. Bounds what an abort must wait for (posted READs
-// cannot be recalled) and keeps a large fetch from starving small ones; 8 MiB in flight is
-// well above the bandwidth-delay product of any RDMA link.
+// cannot be recalled).
 constexpr uint32_t kWindow = 8;
+// Bytes of READs the queue pair may have posted at once, over all its fetches (post_reads fills
+// it oldest first): 8 MiB in flight is well above the bandwidth-delay product of any RDMA link.
+constexpr uint64_t kPipeBytes = 8u << 20;
 constexpr unsigned kAckBatch = 64;  // CQ events acknowledged at once
 constexpr int kPollBatch = 32;
 constexpr auto kSafetyNet = std::chrono::seconds(1);
@@ -194,6 +196,7 @@ void RdmaChannel::drain() {
         --it->second.posted;
         const uint32_t length = it->second.posted_lengths.front();
         it->second.posted_lengths.pop_front();
+        posted_bytes_ -= std::min<uint64_t>(posted_bytes_, length);
         if (wc.status == IBV_WC_SUCCESS) it->second.op.request.report_landed(length);
       }
       if (wc.status != IBV_WC_SUCCESS) {
@@ -344,49 +347,50 @@ void RdmaChannel::on_grant(uint64_t request_id, const wire::Grant& grant) {
 
 void RdmaChannel::post_reads() {
   bool posted_any = false;
-  size_t idle = 0;  // consecutive fetches that could not post (window full)
-  while (!closed_ && connected_ && in_flight_ < sq_depth_ && !ready_.empty() &&
-         idle < ready_.size()) {
-    const uint64_t id = ready_.front();
-    ready_.pop_front();
-    auto it = fetches_.find(id);
+  // Oldest first: a fetch posts its READs before any younger one, as far as its window and the
+  // pipe allow; a fetch that one READ finishes goes ahead of the pipe's bound (it is never stuck
+  // behind a large one). The queue pair executes READs in posting order, so this is the order
+  // in which the bytes land: large fetches complete one after another instead of all together
+  // at the end, and the fetcher holds few partly received objects.
+  for (auto pos = ready_.begin(); pos != ready_.end();) {
+    if (closed_ || !connected_ || in_flight_ >= sq_depth_) break;
+    auto it = fetches_.find(*pos);
     if (it == fetches_.end() || it->second.reads.empty() || it->second.aborted ||
         it->second.error) {
+      pos = ready_.erase(pos);
       continue;
     }
     auto& f = it->second;
-    if (f.posted >= kWindow) {
-      ready_.push_back(id);
-      ++idle;
-      continue;
+    const bool one_read = f.posted == 0 && f.reads.size() == 1;
+    while (!f.reads.empty() && f.posted < kWindow && in_flight_ < sq_depth_ &&
+           (posted_bytes_ < kPipeBytes || one_read)) {
+      const Read r = f.reads.front();
+      ibv_sge sge{};
+      sge.addr = r.local;
+      sge.length = r.length;
+      sge.lkey = r.lkey;
+      ibv_send_wr wr{};
+      wr.wr_id = *pos;
+      wr.sg_list = &sge;
+      wr.num_sge = 1;
+      wr.opcode = IBV_WR_RDMA_READ;
+      wr.send_flags = IBV_SEND_SIGNALED;
+      wr.wr.rdma.remote_addr = r.remote;
+      wr.wr.rdma.rkey = r.rkey;
+      ibv_send_wr* bad = nullptr;
+      if (int rc = ibv_post_send(qp_.get(), &wr, &bad); rc != 0) {
+        if (posted_any) watch_posted();
+        if (rc != ENOMEM) fail(std::error_code(rc, std::system_category()));
+        return;  // ENOMEM: the send queue is fuller than we counted; a completion posts again
+      }
+      f.reads.pop_front();
+      ++in_flight_;
+      ++f.posted;
+      posted_bytes_ += r.length;
+      f.posted_lengths.push_back(r.length);
+      posted_any = true;
     }
-    const Read r = f.reads.front();
-    ibv_sge sge{};
-    sge.addr = r.local;
-    sge.length = r.length;
-    sge.lkey = r.lkey;
-    ibv_send_wr wr{};
-    wr.wr_id = id;
-    wr.sg_list = &sge;
-    wr.num_sge = 1;
-    wr.opcode = IBV_WR_RDMA_READ;
-    wr.send_flags = IBV_SEND_SIGNALED;
-    wr.wr.rdma.remote_addr = r.remote;
-    wr.wr.rdma.rkey = r.rkey;
-    ibv_send_wr* bad = nullptr;
-    if (int rc = ibv_post_send(qp_.get(), &wr, &bad); rc != 0) {
-      ready_.push_front(id);
-      if (rc == ENOMEM) break;  // the send queue is fuller than we counted: wait
-      fail(std::error_code(rc, std::system_category()));
-      return;
-    }
-    f.reads.pop_front();
-    ++in_flight_;
-    ++f.posted;
-    f.posted_lengths.push_back(r.length);
-    idle = 0;
-    posted_any = true;
-    if (!f.reads.empty()) ready_.push_back(id);
+    pos = f.reads.empty() ? ready_.erase(pos) : std::next(pos);
   }
   if (posted_any) watch_posted();
 }

@@ -3,11 +3,12 @@
 // Completions are event-driven: the completion channel's fd sits on the io_context; on wake-up
 // the channel collects the events, acks them in batches, re-arms, then drains the CQ. A slow
 // safety-net timer drains too while READs are in flight; busy_poll replaces the fd wait with a
-// polling loop on the strand. When the send queue is full, READs wait in a queue.
+// polling loop on the strand.
 //
 // Fetcher side: a fetch waits for the owner's grant, then becomes READs straight into the
-// target buffers (split at kReadChunk); the last completion resolves it and a release message
-// ends the owner's lease. Owner side: a lease pins the object until the release, an abort, the
+// target buffers (split at kReadChunk), posted oldest fetch first within a bound on the bytes in
+// flight (a fetch that one READ finishes goes ahead); the last completion resolves it and a
+// release message ends the owner's lease. Owner side: a lease pins the object until the release, an abort, the
 // lease timeout or the channel's end.
 #pragma once
 
@@ -186,9 +187,10 @@ class RdmaChannel final : public TransportChannel,
   bool safety_armed_ = false;
 
   uint32_t in_flight_ = 0;
+  uint64_t posted_bytes_ = 0;   // of the READs in flight
   uint64_t completions_ = 0;    // polled so far
   unsigned idle_ticks_ = 0;     // safety-net ticks in a row without a completion
-  std::deque<uint64_t> ready_;  // fetches with READs to post, served round-robin
+  std::deque<uint64_t> ready_;  // fetches with READs to post, oldest first (post_reads)
   std::unordered_map<uint64_t, Fetch> fetches_;
   std::unordered_map<uint64_t, Lease> leases_;
   std::deque<uint64_t> binds_waiting_;  // leases with windows still to bind (send queue full)
