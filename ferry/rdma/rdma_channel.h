@@ -8,8 +8,8 @@
 // Fetcher side: a fetch waits for the owner's grant, then becomes READs straight into the
 // target buffers (split at kReadChunk), posted oldest fetch first within a bound on the bytes in
 // flight (a fetch that one READ finishes goes ahead); the last completion resolves it and a
-// release message ends the owner's lease. Owner side: a lease pins the object until the release, an abort, the
-// lease timeout or the channel's end.
+// release message ends the owner's lease. Owner side: a lease pins the object until the release, an
+// abort, the lease timeout or the channel's end.
 #pragma once
 
 #include <atomic>
