@@ -9,7 +9,8 @@
 # built here (python/: the ferry package needs the interpreter it was built for; torch does not
 # fit, so that suite's torch-gloo tool reports SKIPPED there).
 #
-# Usage: scripts/bench-bundle.sh BUILD_DIR OUT_DIR   (the binaries must be built; make does it)
+# Usage: [FERRY_OLD=path/to/older/ferry] scripts/bench-bundle.sh BUILD_DIR OUT_DIR   (the binaries
+# must be built; make does it)
 set -euo pipefail
 
 build=${1:?build folder}
@@ -33,6 +34,12 @@ rm -rf "$out"
 mkdir -p "$out"/{bin,lib,bench,ompi/bin,ompi/lib,ompi/share,ompi/etc,pmix/lib,pmix/share}
 cp "$build"/bench/ferry-bench "$build"/cli/ferry "$build"/bench/gloo-allreduce \
   "$build"/bench/mpi-allreduce "$(command -v iperf3)" "$out"/bin/
+# Another build of the CLI to compare with (FERRY_OLD=path): bin/ferry-old, for verify.sh's
+# make demo A/B; its libraries come along and its RUNPATH is set like the others'.
+if [[ -n ${FERRY_OLD:-} ]]; then
+  [[ -x $FERRY_OLD ]] || die "FERRY_OLD=$FERRY_OLD is not an executable"
+  cp "$FERRY_OLD" "$out"/bin/ferry-old
+fi
 cp "$(command -v orterun)" "$(command -v orted)" "$out"/ompi/bin/
 ln -s orterun "$out"/ompi/bin/mpirun
 # Plugins: the whole set (Open MPI picks among them at run time); PMIx's likewise.

@@ -2,7 +2,8 @@
 # make demo's cold pass (demo.sh: 1 GiB of 4 KiB-64 MiB objects, 8 in flight, every byte verified)
 # against `ferry-bench fetch` at its sizes (16 and 64 MiB, 8 in flight, into preallocated
 # buffers), alternating, REPS times (default 3): the receive memory issue's demo target is
-# demo >= 0.8 x ferry-bench. Prints one line per measurement and the ratio of the medians.
+# demo >= 0.8 x ferry-bench. Prints one line per measurement (the demo's with the receive pool
+# memory its pass ended on) and the ratio of the medians.
 # Usage: ./demo_ratio.sh [REPS]   (from the bundle's folder or the source tree's bench/bundle)
 set -eu
 here=$(cd "$(dirname "$0")" && pwd)
@@ -25,7 +26,8 @@ for _ in $(seq 100); do
 done
 [ -n "$address" ] || { echo "demo_ratio: ferry-bench serve was not ready" >&2; exit 1; }
 for i in $(seq "$reps"); do
-  "$demo" "$ferry" 2>/dev/null | sed -n 's/^ *throughput *\([0-9.]*\) GB.*/demo \1/p' | tee -a "$tmp/demo"
+  "$demo" "$ferry" 2>/dev/null | sed -n 's/^ *throughput *\([0-9.]*\) GB.*/\1/p; s/^ *memory *\([0-9.]*\) MiB held.*/\1/p' |
+    tr '\n' ' ' | awk '{printf "demo %s (%s MiB of receive pool held at the end)\n", $1, $2}' | tee -a "$tmp/demo"
   for size in 16M 64M; do
     "$bench" fetch --from "$address" --size "$size" --inflight 8 --seconds 1 |
       sed -n 's/.*"gbps": \([0-9.]*\).*/ferry-bench '"$size"' \1/p' | tee -a "$tmp/bench"

@@ -3,9 +3,10 @@
 # device call: make demo's ratio to ferry-bench fetch (the receive memory target), the python
 # suite (Python against C++ and torch-gloo, latency), the allreduce suite at 4 and 8 ranks and the
 # TCP suite. About 6 minutes; every part is bounded (--budget, timeout), no part starts after
-# $VERIFY_SECONDS (default 420) and the tarball is written whatever ran. With bin/ferry-old present (another build of the CLI), make
-# demo's pass alternates it with bin/ferry first. torch-gloo runs under the machine's own python3
-# when that one imports torch.
+# $VERIFY_SECONDS (default 420) and the tarball is written whatever ran. With bin/ferry-old
+# present (another build of the CLI: `FERRY_OLD=path make bench-bundle`), make demo's pass
+# alternates it with bin/ferry first, throughput and receive pool held at the end. torch-gloo runs
+# under the machine's own python3 when that one imports torch.
 # Usage: ./verify.sh [OUT]   (default ./ferry-verify; also writes OUT.tar.gz)
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
@@ -30,7 +31,8 @@ if [ -x "$here/bin/ferry-old" ]; then
   for _ in 1 2 3 4 5; do
     for f in ferry-old ferry; do
       echo "$f $(timeout 20 "$here/demo.sh" "$here/bin/$f" 2>/dev/null |
-        sed -n 's/^ *throughput *\([0-9.]*\) GB.*/\1/p')"
+        sed -n 's/^ *throughput *\([0-9.]*\) GB.*/\1 GB\/s/p; s/^ *memory *\([0-9.]*\) MiB held.*/\1 MiB held/p' |
+        tr '\n' ' ')"
     done
   done >"$out/demo-ab.txt"
 fi

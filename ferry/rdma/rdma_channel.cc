@@ -352,7 +352,8 @@ void RdmaChannel::post_reads() {
   // behind a large one). The queue pair executes READs in posting order, so this is the order
   // in which the bytes land: large fetches complete one after another instead of all together
   // at the end, and the fetcher holds few partly received objects.
-  for (auto pos = ready_.begin(); pos != ready_.end();) {
+  bool full = false;
+  for (auto pos = ready_.begin(); pos != ready_.end() && !full;) {
     if (closed_ || !connected_ || in_flight_ >= sq_depth_) break;
     auto it = fetches_.find(*pos);
     if (it == fetches_.end() || it->second.reads.empty() || it->second.aborted ||
@@ -379,9 +380,9 @@ void RdmaChannel::post_reads() {
       wr.wr.rdma.rkey = r.rkey;
       ibv_send_wr* bad = nullptr;
       if (int rc = ibv_post_send(qp_.get(), &wr, &bad); rc != 0) {
-        if (posted_any) watch_posted();
-        if (rc != ENOMEM) fail(std::error_code(rc, std::system_category()));
-        return;  // ENOMEM: the send queue is fuller than we counted; a completion posts again
+        if (rc != ENOMEM) return fail(std::error_code(rc, std::system_category()));
+        full = true;  // the send queue is fuller than we counted: a completion posts again
+        break;
       }
       f.reads.pop_front();
       ++in_flight_;
