@@ -11,7 +11,7 @@ import pytest
 
 ferry = pytest.importorskip("ferry", reason="ferry is not built (PYTHONPATH=build/python)")
 
-from conftest import HOST  # noqa: E402
+from conftest import HOST, time_scale  # noqa: E402
 from ferry_helper import encode  # noqa: E402
 
 
@@ -143,4 +143,4 @@ def test_exit_with_fetches_in_flight(owner, child, extra):
     out = process.rest()
     assert rc == 0, process.stderr()
     assert "callback ContextClosedError" in out or "callback ConnectionError" in out, out
-    assert elapsed < 20
+    assert elapsed < 20 * time_scale()
