@@ -15,6 +15,7 @@
 #include "cli/progress.h"
 #include "cli/report.h"
 #include "cli/status.h"
+#include "cli/units.h"
 #include "ferry/ferry.h"
 
 namespace ferry::cli {
@@ -167,9 +168,11 @@ int finish_object(const FetchArgs& args, const Target& target, const FetchResult
   return kExitOk;
 }
 
-// Fetches every target with at most `args.concurrency` in flight, and so at most that many
-// objects in memory: a new fetch starts only once a finished one has been verified, written and
-// released. Fills `summary`; returns an exit code, stopping at the first failed fetch.
+// Fetches every target with at most `args.concurrency` in flight and, beyond two, at most
+// `args.window_bytes` of them, and so at most that much in memory: a new fetch starts only once a
+// finished one has been verified, written and released. Two in flight keep the peer busy while
+// one is verified (a peer serves a window oldest first, so more large ones only wait, holding
+// their memory). Fills `summary`; returns an exit code, stopping at the first failed fetch.
 int fetch_targets(const FetchArgs& args, Peer& peer, const std::vector<Target>& targets,
                   FetchSummary& summary) {
   FetchOptions options;
@@ -197,10 +200,20 @@ int fetch_targets(const FetchArgs& args, Peer& peer, const std::vector<Target>& 
 
   const auto start = Clock::now();
   const auto window = static_cast<size_t>(args.concurrency);
+  const uint64_t window_bytes = parse_size(args.window_bytes).value_or(UINT64_MAX);
+  const auto size_of = [&](size_t i) { return targets[i].ref.metadata.total_bytes(); };
   size_t next = 0, in_flight = 0;
+  uint64_t bytes_in_flight = 0;
+  const auto may_issue = [&] {
+    return next < targets.size() && in_flight < window &&
+           (in_flight < 2 || bytes_in_flight + size_of(next) <= window_bytes);
+  };
   int rc = kExitOk;
   while (rc == kExitOk && (next < targets.size() || in_flight > 0)) {
-    for (; in_flight < window && next < targets.size(); ++next, ++in_flight) issue(next);
+    for (; may_issue(); ++next, ++in_flight) {
+      bytes_in_flight += size_of(next);
+      issue(next);
+    }
     // Each fetch has its own deadline; this bound only guards against a lost completion. The
     // progress moves meanwhile, with the bytes of the fetches in flight.
     const auto give_up = Clock::now() + options.timeout + std::chrono::seconds(5);
@@ -215,6 +228,7 @@ int fetch_targets(const FetchArgs& args, Peer& peer, const std::vector<Target>& 
       break;
     }
     --in_flight;
+    bytes_in_flight -= size_of(done->index);
     running.erase(done->index);
     if (done->ec) {
       progress.clear();
@@ -301,7 +315,8 @@ int run_fetch(const FetchArgs& args, ContextOptions options) {
     // Pure JSON on stdout, success or not: what completed, and "error" (null on success).
     std::fputs(summary_json(summary).c_str(), stdout);
   } else if ((rc == kExitOk || rc == kExitVerifyFailed) && !args.quiet) {
-    std::printf("ferry fetch from %s, %d in flight\n", from.c_str(), args.concurrency);
+    std::printf("ferry fetch from %s, %d in flight (at most %s beyond two)\n", from.c_str(),
+                args.concurrency, format_bytes(*parse_size(args.window_bytes)).c_str());
     print_table(stdout, summary);
   }
   return rc;

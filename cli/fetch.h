@@ -15,17 +15,19 @@ struct FetchArgs {
   std::string manifest;           // refs and checksums to verify against
   bool all = false;               // everything the peer's store holds
   int concurrency = 8;
-  std::string out;                 // directory for <object_id>.<tensor_index>.bin files
-  std::string transport = "auto";  // main sets the environment's (ContextOptions::transport)
-  int64_t timeout_ms = 60000;      // per fetch
+  std::string window_bytes = "128M";  // bytes of objects in flight at most (two go regardless)
+  std::string out;                    // directory for <object_id>.<tensor_index>.bin files
+  std::string transport = "auto";     // main sets the environment's (ContextOptions::transport)
+  int64_t timeout_ms = 60000;         // per fetch
   bool json = false;
   std::string progress = "auto";  // auto | always | never
   bool quiet = false;
   int threads = 1;
 };
 
-// Connects, fetches every requested object with at most `concurrency` in flight (each one's
-// memory is released once it is verified and written), and prints the summary. `options`: what
+// Connects, fetches every requested object with at most `concurrency` in flight and, beyond two,
+// at most `window_bytes` of them (each one's memory is released once it is verified and
+// written), and prints the summary. `options`: what
 // its context starts from (main's ContextOptions::from_environment()). Returns the process exit
 // code (see status.h).
 int run_fetch(const FetchArgs& args, ContextOptions options);

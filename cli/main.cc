@@ -125,6 +125,11 @@ void add_fetch(CLI::App& app, FetchArgs& a) {
       ->type_name("N")
       ->check(CLI::Range(1, 4096))
       ->capture_default_str();
+  cmd->add_option("--window-bytes", a.window_bytes,
+                  "Bytes of objects in flight at most; two objects are always in flight")
+      ->type_name("SIZE")
+      ->check(check_size)
+      ->capture_default_str();
   cmd->add_option("--out", a.out, "Write tensors to DIR/<object_id>.<tensor_index>.bin")
       ->type_name("DIR");
   add_transport_option(cmd, a.transport,
@@ -143,8 +148,9 @@ void add_fetch(CLI::App& app, FetchArgs& a) {
   add_threads_option(cmd, a.threads);
   set_footer(cmd,
              "Fetches the refs given, a manifest's objects (verifying every byte against its\n"
-             "checksums) or everything the peer holds (--all), at most --concurrency at a\n"
-             "time, then prints a summary: bytes, throughput, fetch latency, verification.\n\n");
+             "checksums) or everything the peer holds (--all), at most --concurrency and\n"
+             "--window-bytes at a time, then prints a summary: bytes, throughput, fetch\n"
+             "latency, verification.\n\n");
 }
 
 void add_collective(CLI::App& app, CollectiveArgs& a) {

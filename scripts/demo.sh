@@ -37,7 +37,7 @@ trap cleanup EXIT
 trap 'exit 130' INT TERM
 
 echo "demo: two processes on $host: ferry serve ($objects objects, $total in all) ->" \
-     "ferry fetch (8 in flight), verifying every byte"
+     "ferry fetch (8 in flight, 128 MiB beyond two), verifying every byte"
 
 "$ferry" serve --listen "$host:0" --objects "$objects" --tensors 1-3 --sizes "$sizes" \
   --total "$total" \

@@ -35,7 +35,14 @@ done
 addr=$(awk '/^ready /{print $2}' "$tmp/serve.out")
 [[ -n "$addr" ]] || { echo "server did not become ready"; cat "$tmp/serve.err"; exit 1; }
 
-"$ferry" fetch --from "$addr" --manifest "$tmp/manifest.json" --concurrency 4 --out "$tmp/out"
+# A byte window of 5 MiB over objects of 1-4 MiB: two in flight, a third only when it fits.
+"$ferry" fetch --from "$addr" --manifest "$tmp/manifest.json" --concurrency 4 --window-bytes 5M \
+  --out "$tmp/out" >"$tmp/fetch.out"
+grep -q 'in flight (at most 5.00 MiB beyond two)' "$tmp/fetch.out" && grep -q 'verified *yes' "$tmp/fetch.out" ||
+  { echo "ferry fetch --window-bytes 5M:"; cat "$tmp/fetch.out"; exit 1; }
+rc=0
+"$ferry" fetch --from "$addr" --manifest "$tmp/manifest.json" --window-bytes lots 2>/dev/null || rc=$?
+[[ $rc == 1 ]] || { echo "ferry fetch --window-bytes lots exited $rc, not 1 (usage)"; exit 1; }
 ls "$tmp/out" | grep -q '^object-[0-9]*\.[0-9]*\.bin$' || { echo "no files written by --out"; exit 1; }
 # A served file keeps its name through --out.
 head -c 300000 /dev/urandom >"$tmp/weights.bin"
