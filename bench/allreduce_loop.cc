@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include <sys/resource.h>
+
 #include "bench/measure.h"
 
 namespace ferry::bench {
@@ -79,6 +81,21 @@ class Pattern {
   float tolerance_;  // relative; 0: bit for bit
 };
 
+// What the whole process (every thread) has used so far: CPU seconds, user and system, and
+// context switches, voluntary (it slept) and involuntary (it was preempted).
+struct Usage {
+  double cpu_s = 0, voluntary = 0, involuntary = 0;
+};
+Usage usage_now() {
+  rusage ru{};
+  getrusage(RUSAGE_SELF, &ru);
+  const auto secs = [](const timeval& t) {
+    return static_cast<double>(t.tv_sec) + t.tv_usec * 1e-6;
+  };
+  return {secs(ru.ru_utime) + secs(ru.ru_stime), static_cast<double>(ru.ru_nvcsw),
+          static_cast<double>(ru.ru_nivcsw)};
+}
+
 std::string json_array(const std::vector<double>& v) {
   std::string out = "[";
   char buf[32];
@@ -121,6 +138,8 @@ int run_allreduce_loop(const AllreduceLoopArgs& args, const AllreduceOps& ops) {
   for (uint64_t size : args.sizes) {
     const auto bytes = static_cast<unsigned long long>(size);
     std::span<float> data(buffer.data(), size / sizeof(float));
+    // What the timed calls of this size used, on this rank (Usage, summed over its samples).
+    Usage used;
     // Fill, barrier, `calls` calls back to back, check. Returns this rank's seconds, or -1.
     auto run = [&](int calls) -> double {
       pattern.fill(data);
@@ -128,6 +147,7 @@ int run_allreduce_loop(const AllreduceLoopArgs& args, const AllreduceOps& ops) {
         std::fprintf(stderr, "%s rank %d: barrier: %s\n", tool, args.rank, e.c_str());
         return -1;
       }
+      const Usage u0 = usage_now();
       const auto t0 = Clock::now();
       for (int c = 0; c < calls; ++c) {
         if (auto e = ops.allreduce(data); !e.empty()) {
@@ -137,6 +157,12 @@ int run_allreduce_loop(const AllreduceLoopArgs& args, const AllreduceOps& ops) {
         }
       }
       const double secs = seconds_between(t0, Clock::now());
+      const Usage u1 = usage_now();
+      if (calls > 1) {
+        used.cpu_s += u1.cpu_s - u0.cpu_s;
+        used.voluntary += u1.voluntary - u0.voluntary;
+        used.involuntary += u1.involuntary - u0.involuntary;
+      }
       const bool sample = calls > 1;
       if (auto i = pattern.first_wrong(data, sample); i >= 0) {
         std::fprintf(
@@ -163,6 +189,16 @@ int run_allreduce_loop(const AllreduceLoopArgs& args, const AllreduceOps& ops) {
       }
       samples.push_back(static_cast<double>(mean[0]) / n / args.calls);
     }
+    // Per call, the mean over ranks (one more allreduce, untimed): what each tool costs the
+    // machine beside its time, and how often it sleeps.
+    const double timed_calls = static_cast<double>(args.reps) * args.calls;
+    std::vector<float> per_call{static_cast<float>(used.cpu_s / timed_calls),
+                                static_cast<float>(used.voluntary / timed_calls),
+                                static_cast<float>(used.involuntary / timed_calls)};
+    if (auto e = ops.allreduce(per_call); !e.empty()) {
+      std::fprintf(stderr, "%s rank %d: allreduce of the usage: %s\n", tool, args.rank, e.c_str());
+      return 1;
+    }
     if (args.rank != 0) continue;
     std::vector<double> sorted = samples;
     const double median = quantile(sorted, 0.5);
@@ -183,6 +219,9 @@ int run_allreduce_loop(const AllreduceLoopArgs& args, const AllreduceOps& ops) {
         .add("max_s", sorted.back())
         .add("algbw_gbps", algbw)
         .add("busbw_gbps", algbw * bus_factor)
+        .add("cpu_us_per_call", static_cast<double>(per_call[0]) / n * 1e6)
+        .add("voluntary_switches_per_call", static_cast<double>(per_call[1]) / n)
+        .add("involuntary_switches_per_call", static_cast<double>(per_call[2]) / n)
         .add("verified", "every warm-up call and every sample")
         .add_raw("samples_s", json_array(samples));
     std::printf("%s\n", out.str().c_str());

@@ -5,8 +5,10 @@
 // the clock), its time per call the mean over the ranks of each rank's time over `calls`. The
 // buffer is checked after every warm-up call and every sample. Rank 0 prints one JSON line per
 // size: every sample and the median of seconds per allreduce, and algbw / busbw as NCCL's tests
-// define them (algbw = bytes / time, busbw = algbw * 2(n-1)/n), in GB/s (10^9 B/s). Nothing in
-// here depends on ferry.
+// define them (algbw = bytes / time, busbw = algbw * 2(n-1)/n), in GB/s (10^9 B/s), and per
+// call of the timed samples, the mean over ranks of the process's CPU time (every thread, user
+// and system: cpu_us_per_call) and context switches (voluntary: it slept; involuntary: it was
+// preempted). Nothing in here depends on ferry.
 #pragma once
 
 #include <cstdint>

@@ -1096,6 +1096,25 @@ def allreduce_table(samples, n):
             ratio = paired_ratios(samples, "allreduce", "bw", p, "busbw_gbps", size)
             row += f" | {fmt(ps):>22} {fmt(ratio, 2):>16}"
         lines.append(row)
+    usage = []
+    for size in sorted(ferry):
+        cells = []
+        for tool in ["ferry"] + peers:
+            raw = [s["raw"] for s in samples if s.get("suite") == "allreduce" and
+                   s.get("tool") == tool and s.get("size") == size and
+                   "cpu_us_per_call" in (s.get("raw") or {})]
+            if raw:
+                cpu, vol, inv = (stat([r[k] for r in raw])["median"] for k in (
+                    "cpu_us_per_call", "voluntary_switches_per_call",
+                    "involuntary_switches_per_call"))
+                cells.append(f"{tool} {cpu:.3g} us, {vol:.2g} / {inv:.2g}")
+        if cells:
+            usage.append(f"{human(size):>6} " + "; ".join(cells))
+    if usage:
+        lines.append(f"\nPer call, {n} ranks, the mean over ranks (median of the runs): the "
+                     "process's CPU time, every thread, and its context switches, voluntary "
+                     "(it slept) / involuntary (it was preempted)")
+        lines.extend(usage)
     variants = sorted({s["tool"] for s in samples if s.get("suite") == "allreduce" and
                        s.get("tool", "").startswith("ferry:") and "busbw_gbps" in s})
     if variants:
