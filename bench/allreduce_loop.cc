@@ -85,6 +85,15 @@ class Pattern {
 // context switches, voluntary (it slept) and involuntary (it was preempted).
 struct Usage {
   double cpu_s = 0, voluntary = 0, involuntary = 0;
+  Usage& operator+=(const Usage& o) {
+    cpu_s += o.cpu_s;
+    voluntary += o.voluntary;
+    involuntary += o.involuntary;
+    return *this;
+  }
+  Usage operator-(const Usage& o) const {
+    return {cpu_s - o.cpu_s, voluntary - o.voluntary, involuntary - o.involuntary};
+  }
 };
 Usage usage_now() {
   rusage ru{};
@@ -157,13 +166,8 @@ int run_allreduce_loop(const AllreduceLoopArgs& args, const AllreduceOps& ops) {
         }
       }
       const double secs = seconds_between(t0, Clock::now());
-      const Usage u1 = usage_now();
-      if (calls > 1) {
-        used.cpu_s += u1.cpu_s - u0.cpu_s;
-        used.voluntary += u1.voluntary - u0.voluntary;
-        used.involuntary += u1.involuntary - u0.involuntary;
-      }
       const bool sample = calls > 1;
+      if (sample) used += usage_now() - u0;
       if (auto i = pattern.first_wrong(data, sample); i >= 0) {
         std::fprintf(
             stderr, "%s rank %d: allreduce of %llu B, %d call(s): element %lld is %.9g, not %.9g\n",

@@ -196,7 +196,7 @@ void RdmaChannel::drain() {
         --it->second.posted;
         const uint32_t length = it->second.posted_lengths.front();
         it->second.posted_lengths.pop_front();
-        posted_bytes_ -= std::min<uint64_t>(posted_bytes_, length);
+        posted_bytes_ -= length;
         if (wc.status == IBV_WC_SUCCESS) it->second.op.request.report_landed(length);
       }
       if (wc.status != IBV_WC_SUCCESS) {
@@ -345,6 +345,23 @@ void RdmaChannel::on_grant(uint64_t request_id, const wire::Grant& grant) {
   post_reads();
 }
 
+int RdmaChannel::post_read(uint64_t request_id, const Read& r) {
+  ibv_sge sge{};
+  sge.addr = r.local;
+  sge.length = r.length;
+  sge.lkey = r.lkey;
+  ibv_send_wr wr{};
+  wr.wr_id = request_id;
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  wr.opcode = IBV_WR_RDMA_READ;
+  wr.send_flags = IBV_SEND_SIGNALED;
+  wr.wr.rdma.remote_addr = r.remote;
+  wr.wr.rdma.rkey = r.rkey;
+  ibv_send_wr* bad = nullptr;
+  return ibv_post_send(qp_.get(), &wr, &bad);
+}
+
 void RdmaChannel::post_reads() {
   bool posted_any = false;
   // Oldest first: a fetch posts its READs before any younger one, as far as its window and the
@@ -366,20 +383,7 @@ void RdmaChannel::post_reads() {
     while (!f.reads.empty() && f.posted < kWindow && in_flight_ < sq_depth_ &&
            (posted_bytes_ < kPipeBytes || one_read)) {
       const Read r = f.reads.front();
-      ibv_sge sge{};
-      sge.addr = r.local;
-      sge.length = r.length;
-      sge.lkey = r.lkey;
-      ibv_send_wr wr{};
-      wr.wr_id = *pos;
-      wr.sg_list = &sge;
-      wr.num_sge = 1;
-      wr.opcode = IBV_WR_RDMA_READ;
-      wr.send_flags = IBV_SEND_SIGNALED;
-      wr.wr.rdma.remote_addr = r.remote;
-      wr.wr.rdma.rkey = r.rkey;
-      ibv_send_wr* bad = nullptr;
-      if (int rc = ibv_post_send(qp_.get(), &wr, &bad); rc != 0) {
+      if (int rc = post_read(*pos, r); rc != 0) {
         if (rc != ENOMEM) return fail(std::error_code(rc, std::system_category()));
         full = true;  // the send queue is fuller than we counted: a completion posts again
         break;

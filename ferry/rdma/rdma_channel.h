@@ -123,6 +123,9 @@ class RdmaChannel final : public TransportChannel,
     std::vector<MwHandle> windows;
   };
 
+  // Posts one signalled READ of `r` for fetch `request_id`; ibv_post_send's result (0 posted,
+  // ENOMEM the send queue is full, anything else the queue pair is broken).
+  int post_read(uint64_t request_id, const Read& r);
   void on_grant(uint64_t request_id, const wire::Grant& grant);
   // True when nothing is in flight for it any more (see TransportChannel::abort).
   bool abort_fetch(uint64_t request_id);

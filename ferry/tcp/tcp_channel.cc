@@ -274,13 +274,10 @@ bool TcpChannel::on_ack(uint64_t request_id) {
   auto it = awaiting_ack_.find(request_id);
   if (it == awaiting_ack_.end()) {
     // The fetcher can answer before this side has seen its last write complete.
-    for (auto& s : sends_) {
-      if (s.request_id == request_id && s.sent_end && s.done) {
-        s.acked = true;
-        return true;
-      }
-    }
-    return false;
+    auto s = find_send(request_id);
+    if (s == sends_.end() || !s->sent_end || !s->done) return false;
+    s->acked = true;
+    return true;
   }
   auto done = std::move(it->second);
   awaiting_ack_.erase(it);
@@ -386,17 +383,15 @@ bool TcpChannel::abort(uint64_t request_id) {
   }
   // Send side: a chunk being written finishes first (its bytes are in flight), then the send
   // ends with an end marker missing: the fetcher has dropped the request already.
-  for (auto it = sends_.begin(); it != sends_.end(); ++it) {
-    if (it->request_id != request_id) continue;
-    if (writing_ && it->request_id == writing_request_) {
-      it->sent_end = true;  // finish after this chunk
-      auto done = std::move(it->done);
-      it->done = nullptr;
-      if (done) done(errc::aborted);
-    } else {
-      finish_send(it, errc::aborted);
-    }
-    return true;
+  auto it = find_send(request_id);
+  if (it == sends_.end()) return true;
+  if (writing_ && request_id == writing_request_) {
+    it->sent_end = true;  // finish after this chunk
+    auto done = std::move(it->done);
+    it->done = nullptr;
+    if (done) done(errc::aborted);
+  } else {
+    finish_send(it, errc::aborted);
   }
   return true;
 }
