@@ -142,6 +142,78 @@ TEST(Reduce, RejectsBadInput) {
   EXPECT_TRUE(collective::reduce_into(DType::kBool, ReduceOp::kSum, a, a));
 }
 
+// reduce_to() gives the bits reduce_into() gives on a copy of its first operand, with the result
+// in its first operand, its second (no copy), or elsewhere: the operands' order kept for every
+// dtype and op, NaNs and signed zeros included (min and max of -0 and +0 depend on it).
+// Whether two results of a reduction agree: the same bits, or both NaN (which NaN two NaNs give
+// is the hardware's and the compiler's choice).
+bool same_result(DType t, const std::vector<std::byte>& got, const std::vector<std::byte>& want) {
+  if (got.size() != want.size()) return false;
+  const size_t esize = dtype_size(t);
+  const auto nan = [t, esize](const std::byte* e) {
+    uint64_t bits = 0;
+    std::memcpy(&bits, e, esize);  // little-endian
+    switch (t) {
+      case DType::kFloat16:
+        return (bits & 0x7fff) > 0x7c00;
+      case DType::kBFloat16:
+        return (bits & 0x7fff) > 0x7f80;
+      case DType::kFloat32:
+        return (bits & 0x7fffffff) > 0x7f800000;
+      case DType::kFloat64:
+        return (bits & 0x7fffffffffffffff) > 0x7ff0000000000000;
+      default:
+        return false;
+    }
+  };
+  for (size_t i = 0; i < got.size(); i += esize) {
+    if (nan(&want[i]) && nan(&got[i])) continue;
+    if (std::memcmp(&got[i], &want[i], esize) != 0) return false;
+  }
+  return true;
+}
+
+TEST(Reduce, ReduceToKeepsTheOperandsOrderWhereverTheResultGoes) {
+  std::mt19937 rng(17);
+  for (DType t : {DType::kFloat32, DType::kFloat64, DType::kInt32, DType::kInt64, DType::kFloat16,
+                  DType::kBFloat16, DType::kUInt8, DType::kInt8, DType::kInt16}) {
+    const size_t esize = dtype_size(t);
+    for (size_t n : {0, 1, 15, 16, 17, 1003}) {
+      std::vector<std::byte> a(n * esize), b(n * esize);
+      for (auto& x : a) x = std::byte(rng());
+      for (auto& x : b) x = std::byte(rng());
+      // A few elements of -0 against +0 (every dtype's zeros, a float's sign bit set in a).
+      for (size_t i = 0; i < n; i += 5) {
+        std::fill_n(&a[i * esize], esize, std::byte{0});
+        std::fill_n(&b[i * esize], esize, std::byte{0});
+        if (t != DType::kInt32 && t != DType::kInt64) a[i * esize + esize - 1] = std::byte{0x80};
+      }
+      for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kProd, ReduceOp::kMin, ReduceOp::kMax}) {
+        SCOPED_TRACE(std::to_string(static_cast<int>(t)) + " " +
+                     std::string(collective::reduce_op_name(op)) + " n=" + std::to_string(n));
+        auto want = a;
+        ASSERT_FALSE(collective::reduce_into(t, op, want, b));
+        auto first = a;
+        ASSERT_FALSE(collective::reduce_to(t, op, first, first, b));
+        EXPECT_TRUE(same_result(t, first, want));
+        auto second = b;
+        ASSERT_FALSE(collective::reduce_to(t, op, second, a, second));
+        EXPECT_TRUE(same_result(t, second, want));
+        std::vector<std::byte> elsewhere(a.size(), std::byte{0x5a});
+        ASSERT_FALSE(collective::reduce_to(t, op, elsewhere, a, b));
+        EXPECT_TRUE(same_result(t, elsewhere, want));
+      }
+    }
+  }
+  std::vector<std::byte> buf(64), c(32);
+  const auto f32 = DType::kFloat32;
+  auto out = std::span(buf).subspan(0, 32);
+  EXPECT_TRUE(collective::reduce_to(f32, ReduceOp::kSum, out, std::span(buf).subspan(16, 32), c));
+  EXPECT_TRUE(collective::reduce_to(f32, ReduceOp::kSum, out, c, std::span(buf).subspan(4, 32)));
+  EXPECT_TRUE(collective::reduce_to(f32, ReduceOp::kSum, out, c, std::span(c).subspan(0, 16)));
+  EXPECT_TRUE(collective::reduce_to(DType::kBool, ReduceOp::kSum, out, c, c));
+}
+
 // reducing_combine() over pieces of every length, split mid-element too, gives what one
 // reduce_into() over the whole does, bit for bit.
 TEST(Reduce, AReducingCombineReducesPiecesOfAnyLength) {

@@ -35,6 +35,25 @@ struct Max {
   T operator()(T a, T b) const { return a < b ? b : a; }
 };
 
+// `F` with its operands swapped: the loops compute acc = f(in, acc) with it (reduce_to() into its
+// second operand).
+template <typename F>
+struct Flipped {
+  F f;
+  template <typename T>
+  T operator()(T a, T b) const {
+    return f(b, a);
+  }
+};
+template <bool Flip, typename F>
+auto oriented(F f) {
+  if constexpr (Flip) {
+    return Flipped<F>{f};
+  } else {
+    return f;
+  }
+}
+
 // Integers reduce as their unsigned counterpart for sum and prod (wrapping, no UB).
 template <typename T>
 using Wrap = std::make_unsigned_t<T>;
@@ -70,31 +89,31 @@ void loop(std::byte* acc, const std::byte* in, size_t n, F f) {
   elementwise<T>(acc, in, n, f);
 }
 
-template <typename T>
+template <typename T, bool Flip>
 void reduce_int(ReduceOp op, std::byte* acc, const std::byte* in, size_t n) {
   switch (op) {
     case ReduceOp::kSum:
-      return loop<Wrap<T>>(acc, in, n, Sum<Wrap<T>>{});
+      return loop<Wrap<T>>(acc, in, n, oriented<Flip>(Sum<Wrap<T>>{}));
     case ReduceOp::kProd:
-      return loop<Wrap<T>>(acc, in, n, Prod<Wrap<T>>{});
+      return loop<Wrap<T>>(acc, in, n, oriented<Flip>(Prod<Wrap<T>>{}));
     case ReduceOp::kMin:
-      return loop<T>(acc, in, n, Min<T>{});
+      return loop<T>(acc, in, n, oriented<Flip>(Min<T>{}));
     case ReduceOp::kMax:
-      return loop<T>(acc, in, n, Max<T>{});
+      return loop<T>(acc, in, n, oriented<Flip>(Max<T>{}));
   }
 }
 
-template <typename T>
+template <typename T, bool Flip>
 void reduce_float(ReduceOp op, std::byte* acc, const std::byte* in, size_t n) {
   switch (op) {
     case ReduceOp::kSum:
-      return loop<T>(acc, in, n, Sum<T>{});
+      return loop<T>(acc, in, n, oriented<Flip>(Sum<T>{}));
     case ReduceOp::kProd:
-      return loop<T>(acc, in, n, Prod<T>{});
+      return loop<T>(acc, in, n, oriented<Flip>(Prod<T>{}));
     case ReduceOp::kMin:
-      return loop<T>(acc, in, n, Min<T>{});
+      return loop<T>(acc, in, n, oriented<Flip>(Min<T>{}));
     case ReduceOp::kMax:
-      return loop<T>(acc, in, n, Max<T>{});
+      return loop<T>(acc, in, n, oriented<Flip>(Max<T>{}));
   }
 }
 
@@ -182,6 +201,11 @@ __attribute__((target("avx2"))) inline __m256 apply(__m256 a, __m256 b) {
   if constexpr (Op == ReduceOp::kMin) return _mm256_min_ps(b, a);
   if constexpr (Op == ReduceOp::kMax) return _mm256_max_ps(b, a);
 }
+// apply() on (acc, in), or on (in, acc) when Flip.
+template <ReduceOp Op, bool Flip>
+__attribute__((target("avx2"))) inline __m256 apply_to(__m256 acc, __m256 in) {
+  return Flip ? apply<Op>(in, acc) : apply<Op>(acc, in);
+}
 
 // CPUID's F16C bit (clang's __builtin_cpu_supports does not know "f16c").
 bool cpu_has_f16c() {
@@ -190,21 +214,22 @@ bool cpu_has_f16c() {
 }
 
 // float16 with the CPU's conversions (F16C: every AVX2 CPU has it, the baseline does not).
-template <ReduceOp Op>
+template <ReduceOp Op, bool Flip>
 __attribute__((target("avx2,f16c"))) void loop_half(std::byte* acc, const std::byte* in, size_t n) {
   size_t i = 0;
   for (; i + 8 <= n; i += 8) {
     auto* at = reinterpret_cast<__m128i*>(acc + 2 * i);
     const __m256 a = _mm256_cvtph_ps(_mm_loadu_si128(at));
     const __m256 b = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(in + 2 * i)));
-    _mm_storeu_si128(at, _mm256_cvtps_ph(apply<Op>(a, b), _MM_FROUND_TO_NEAREST_INT));
+    _mm_storeu_si128(at, _mm256_cvtps_ph(apply_to<Op, Flip>(a, b), _MM_FROUND_TO_NEAREST_INT));
   }
-  elementwise<uint16_t>(acc + 2 * i, in + 2 * i, n - i, Widened<Half, FloatOp<Op>>{});
+  elementwise<uint16_t>(acc + 2 * i, in + 2 * i, n - i,
+                        oriented<Flip>(Widened<Half, FloatOp<Op>>{}));
 }
 
 // bfloat16 -> float: the bits shifted up. Interleaving zeros below each element widens elements
 // 0-3 and 8-11 (lo) and 4-7 and 12-15 (hi); packing lo with hi puts them back in order.
-template <ReduceOp Op>
+template <ReduceOp Op, bool Flip>
 __attribute__((target("avx2"))) void loop_bfloat(std::byte* acc, const std::byte* in, size_t n) {
   const __m256i zero = _mm256_setzero_si256(), one = _mm256_set1_epi32(1);
   const __m256i below_half = _mm256_set1_epi32(0x7fff), quiet = _mm256_set1_epi32(0x40);
@@ -223,41 +248,76 @@ __attribute__((target("avx2"))) void loop_bfloat(std::byte* acc, const std::byte
     auto* at = reinterpret_cast<__m256i*>(acc + 2 * i);
     const __m256i a = _mm256_loadu_si256(at);
     const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(in + 2 * i));
-    const __m256 lo = apply<Op>(_mm256_castsi256_ps(_mm256_unpacklo_epi16(zero, a)),
-                                _mm256_castsi256_ps(_mm256_unpacklo_epi16(zero, b)));
-    const __m256 hi = apply<Op>(_mm256_castsi256_ps(_mm256_unpackhi_epi16(zero, a)),
-                                _mm256_castsi256_ps(_mm256_unpackhi_epi16(zero, b)));
+    const __m256 lo = apply_to<Op, Flip>(_mm256_castsi256_ps(_mm256_unpacklo_epi16(zero, a)),
+                                         _mm256_castsi256_ps(_mm256_unpacklo_epi16(zero, b)));
+    const __m256 hi = apply_to<Op, Flip>(_mm256_castsi256_ps(_mm256_unpackhi_epi16(zero, a)),
+                                         _mm256_castsi256_ps(_mm256_unpackhi_epi16(zero, b)));
     _mm256_storeu_si256(at, _mm256_packus_epi32(narrow(lo), narrow(hi)));
   }
-  elementwise<uint16_t>(acc + 2 * i, in + 2 * i, n - i, Widened<BFloat, FloatOp<Op>>{});
+  elementwise<uint16_t>(acc + 2 * i, in + 2 * i, n - i,
+                        oriented<Flip>(Widened<BFloat, FloatOp<Op>>{}));
 }
 #endif
 
-template <typename Format, ReduceOp Op>
+template <typename Format, ReduceOp Op, bool Flip>
 void loop_16(std::byte* acc, const std::byte* in, size_t n) {
 #if defined(__x86_64__)
   static const bool fast =
       __builtin_cpu_supports("avx2") && (!std::is_same_v<Format, Half> || cpu_has_f16c());
   if (fast) {
-    if constexpr (std::is_same_v<Format, Half>) return loop_half<Op>(acc, in, n);
-    if constexpr (std::is_same_v<Format, BFloat>) return loop_bfloat<Op>(acc, in, n);
+    if constexpr (std::is_same_v<Format, Half>) return loop_half<Op, Flip>(acc, in, n);
+    if constexpr (std::is_same_v<Format, BFloat>) return loop_bfloat<Op, Flip>(acc, in, n);
   }
 #endif
-  loop<uint16_t>(acc, in, n, Widened<Format, FloatOp<Op>>{});
+  loop<uint16_t>(acc, in, n, oriented<Flip>(Widened<Format, FloatOp<Op>>{}));
 }
 
-template <typename Format>
+template <typename Format, bool Flip>
 void reduce_16(ReduceOp op, std::byte* acc, const std::byte* in, size_t n) {
   switch (op) {
     case ReduceOp::kSum:
-      return loop_16<Format, ReduceOp::kSum>(acc, in, n);
+      return loop_16<Format, ReduceOp::kSum, Flip>(acc, in, n);
     case ReduceOp::kProd:
-      return loop_16<Format, ReduceOp::kProd>(acc, in, n);
+      return loop_16<Format, ReduceOp::kProd, Flip>(acc, in, n);
     case ReduceOp::kMin:
-      return loop_16<Format, ReduceOp::kMin>(acc, in, n);
+      return loop_16<Format, ReduceOp::kMin, Flip>(acc, in, n);
     case ReduceOp::kMax:
-      return loop_16<Format, ReduceOp::kMax>(acc, in, n);
+      return loop_16<Format, ReduceOp::kMax, Flip>(acc, in, n);
   }
+}
+
+// acc = op(acc, in), or op(in, acc) when Flip, over n elements of `dtype` (checked by the caller:
+// one the reductions cover).
+template <bool Flip>
+void reduce_elements(DType dtype, ReduceOp op, std::byte* a, const std::byte* b, size_t n) {
+  switch (dtype) {
+    case DType::kUInt8:
+      return reduce_int<uint8_t, Flip>(op, a, b, n);
+    case DType::kInt8:
+      return reduce_int<int8_t, Flip>(op, a, b, n);
+    case DType::kInt16:
+      return reduce_int<int16_t, Flip>(op, a, b, n);
+    case DType::kInt32:
+      return reduce_int<int32_t, Flip>(op, a, b, n);
+    case DType::kInt64:
+      return reduce_int<int64_t, Flip>(op, a, b, n);
+    case DType::kFloat16:
+      return reduce_16<Half, Flip>(op, a, b, n);
+    case DType::kBFloat16:
+      return reduce_16<BFloat, Flip>(op, a, b, n);
+    case DType::kFloat32:
+      return reduce_float<float, Flip>(op, a, b, n);
+    case DType::kFloat64:
+      return reduce_float<double, Flip>(op, a, b, n);
+    case DType::kBool:
+      return;
+  }
+}
+
+// Whether `dtype` is one the reductions cover and `bytes` whole elements of it.
+bool reducible(DType dtype, size_t bytes) {
+  const size_t size = dtype_size(dtype);
+  return size != 0 && dtype != DType::kBool && bytes % size == 0;
 }
 
 }  // namespace
@@ -283,43 +343,28 @@ uint16_t float_to_bf16(float f) { return BFloat::narrow(f); }
 
 std::error_code reduce_into(DType dtype, ReduceOp op, std::span<std::byte> acc,
                             std::span<const std::byte> in) {
-  const size_t size = dtype_size(dtype);
-  if (size == 0 || dtype == DType::kBool || acc.size() != in.size() || acc.size() % size) {
+  if (!reducible(dtype, acc.size()) || acc.size() != in.size()) return errc::invalid_argument;
+  reduce_elements<false>(dtype, op, acc.data(), in.data(), acc.size() / dtype_size(dtype));
+  return {};
+}
+
+std::error_code reduce_to(DType dtype, ReduceOp op, std::span<std::byte> out,
+                          std::span<const std::byte> a, std::span<const std::byte> b) {
+  if (!reducible(dtype, out.size()) || a.size() != out.size() || b.size() != out.size()) {
     return errc::invalid_argument;
   }
-  const size_t n = acc.size() / size;
-  std::byte* a = acc.data();
-  const std::byte* b = in.data();
-  switch (dtype) {
-    case DType::kUInt8:
-      reduce_int<uint8_t>(op, a, b, n);
-      break;
-    case DType::kInt8:
-      reduce_int<int8_t>(op, a, b, n);
-      break;
-    case DType::kInt16:
-      reduce_int<int16_t>(op, a, b, n);
-      break;
-    case DType::kInt32:
-      reduce_int<int32_t>(op, a, b, n);
-      break;
-    case DType::kInt64:
-      reduce_int<int64_t>(op, a, b, n);
-      break;
-    case DType::kFloat16:
-      reduce_16<Half>(op, a, b, n);
-      break;
-    case DType::kBFloat16:
-      reduce_16<BFloat>(op, a, b, n);
-      break;
-    case DType::kFloat32:
-      reduce_float<float>(op, a, b, n);
-      break;
-    case DType::kFloat64:
-      reduce_float<double>(op, a, b, n);
-      break;
-    case DType::kBool:
-      return errc::invalid_argument;
+  const size_t n = out.size() / dtype_size(dtype);
+  if (out.data() == a.data()) {
+    reduce_elements<false>(dtype, op, out.data(), b.data(), n);
+  } else if (out.data() == b.data()) {
+    reduce_elements<true>(dtype, op, out.data(), a.data(), n);
+  } else {
+    const auto overlaps = [&](std::span<const std::byte> x) {
+      return !x.empty() && x.data() < out.data() + out.size() && out.data() < x.data() + x.size();
+    };
+    if (overlaps(a) || overlaps(b)) return errc::invalid_argument;
+    if (!out.empty()) std::memcpy(out.data(), a.data(), out.size());
+    reduce_elements<false>(dtype, op, out.data(), b.data(), n);
   }
   return {};
 }

@@ -39,6 +39,16 @@ std::string_view reduce_op_name(ReduceOp op);
 std::error_code reduce_into(DType dtype, ReduceOp op, std::span<std::byte> acc,
                             std::span<const std::byte> in);
 
+/// out = op(a, b), element-wise, with the same bits as reduce_into() on a copy of `a`: the
+/// operands' order is kept (it decides which NaN or signed zero min, max and the 16-bit formats
+/// give). `out` may be `a` (reduce_into()) or `b` (in place into the second operand, no copy:
+/// what lets a rank reduce into the buffer a peer's bytes landed in whatever its place in the
+/// order); else it must overlap neither, and `a` is copied into it first. Sizes and dtype as for
+/// reduce_into(), errc::invalid_argument otherwise or for a partial overlap. Any thread; no
+/// allocation.
+std::error_code reduce_to(DType dtype, ReduceOp op, std::span<std::byte> out,
+                          std::span<const std::byte> a, std::span<const std::byte> b);
+
 /// A FetchOptions::combine that reduces what arrives into the target: target = op(target,
 /// arrived), element-wise, whatever the pieces' lengths (an element split between two pieces is
 /// reduced when its rest arrives). The pieces must come in order and follow each other in the

@@ -16,8 +16,9 @@ namespace ferry::collective {
 // not yet offered waits on its owner). Memory: the caller's `data` is offered at step 0 (or to
 // the odd partner, folded) and written only after Call::finish (every offer sent), from the
 // last step's result in the scratch; a folded rank's result lands in `data` only after its
-// partner read it (it reduces the pair before the doubling it ends with). Each step writes a
-// slot no offer reads.
+// partner read it (it reduces the pair before the doubling it ends with). Each step reduces into
+// the slot the partner's value landed in (reduce_to keeps lower op upper whichever rank this
+// is), a slot no offer reads: no copy per step.
 Status allreduce_doubling(Call& call, std::span<std::byte> data, DType dtype, ReduceOp op) {
   const size_t bytes = data.size();
   const int n = call.size();
@@ -30,9 +31,9 @@ Status allreduce_doubling(Call& call, std::span<std::byte> data, DType dtype, Re
   const bool paired = rank < 2 * rem;
   const int nr = paired ? rank / 2 : rank - rem;
   const auto real = [rem](int v) { return v < rem ? 2 * v + 1 : v + rem; };
-  // Slots of the scratch: 0, what the folded partner sends; 1 + 2i, the partner's value at step
-  // i; 2 + 2i, this rank's result of step i (when it is the lower one).
-  auto space = call.scratch((2 * k + 1) * bytes);
+  // Slots of the scratch: 0, what the folded partner sends; 1 + i, the partner's value at step i,
+  // then the result of step i.
+  auto space = call.scratch((k + 1) * bytes);
   if (!space) return call.fail(-1, space.error(), "receive space");
   const auto slot = [&](int j) { return space->subspan(j * bytes, bytes); };
   const size_t first = call.taken();
@@ -43,7 +44,7 @@ Status allreduce_doubling(Call& call, std::span<std::byte> data, DType dtype, Re
   }
   if (paired) call.take(rank - 1, "fold", slot(0));
   for (int i = 0; i < k; ++i) {
-    call.take(real(nr ^ (1 << i)), "rd" + std::to_string(i), slot(1 + 2 * i));
+    call.take(real(nr ^ (1 << i)), "rd" + std::to_string(i), slot(1 + i));
   }
   std::span<std::byte> cur = data;
   size_t next_pending = first;
@@ -56,19 +57,11 @@ Status allreduce_doubling(Call& call, std::span<std::byte> data, DType dtype, Re
     const int pnr = nr ^ (1 << i);
     if (auto s = call.offer("rd" + std::to_string(i), cur, {real(pnr)}); !s) return s;
     if (auto s = call.wait(next_pending++); !s) return s;
-    auto theirs = slot(1 + 2 * i);
-    std::span<std::byte> next;
-    std::error_code ec;
-    if (nr < pnr) {
-      next = slot(2 + 2 * i);
-      copy_into(next, cur);
-      ec = reduce_into(dtype, op, next, theirs);
-    } else {
-      next = theirs;
-      ec = reduce_into(dtype, op, next, cur);
-    }
+    auto theirs = slot(1 + i);
+    const auto ec = nr < pnr ? reduce_to(dtype, op, theirs, cur, theirs)
+                             : reduce_to(dtype, op, theirs, theirs, cur);
     if (ec) return call.fail(-1, ec, "reduce");
-    cur = next;
+    cur = theirs;
   }
   if (paired) {
     if (auto s = call.offer("unfold", cur, {rank - 1}); !s) return s;

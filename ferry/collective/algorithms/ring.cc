@@ -98,13 +98,9 @@ Status ring(Call& call, std::span<const std::byte> in, DType dtype, ReduceOp op,
     if (p.step < n - 2) {
       ec = reduce_into(dtype, op, sum, own);
     } else {
+      // In place when `out` is `in` (this chunk is read by no one else), else copied into it.
       sum = out.subspan(p.off - out_base, p.len);
-      if (sum.data() == own.data()) {
-        ec = reduce_into(dtype, op, sum, p.into);  // in place: this chunk is read by no one else
-      } else {
-        std::memcpy(sum.data(), p.into.data(), p.len);
-        ec = reduce_into(dtype, op, sum, own);
-      }
+      ec = reduce_to(dtype, op, sum, p.into, own);
     }
     if (ec) return call.fail(-1, ec, "reduce");
     const bool last = p.step == n - 2;
