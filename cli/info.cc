@@ -67,6 +67,11 @@ std::vector<Setting> settings_of(const ContextOptions& o) {
        o.pool_bytes ? bytes_text(o.pool_bytes) : std::string("0 (receive pool off)"), ""},
       {"FERRY_POOL_POPULATE_THREADS", "pool_populate_threads",
        std::to_string(o.pool_populate_threads) + " (at most one per core and per 4 MiB)", ""},
+      {"FERRY_IO_SPIN_US", "idle_spin",
+       o.idle_spin.count() > 0
+           ? std::to_string(o.idle_spin.count()) + " us (an io thread polls that long after work)"
+           : std::string("0 (io threads sleep as soon as they are idle)"),
+       ""},
       {"FERRY_LOG", "log level", std::string(log::level_name(log::current_level())), ""},
   };
   for (auto& s : out) s.source = std::getenv(s.variable.c_str()) ? "environment" : "default";

@@ -323,6 +323,58 @@ TEST_F(Loopback, ABusyPollWithLingerKeepsTheIoThreadsParkedForThatLong) {
   EXPECT_GE(time_to_fetch(peer, ref, *bytes), 300ms);
 }
 
+// ContextOptions::idle_spin, with one io thread: after work the thread keeps polling the
+// context for that long (the process's CPU time grows while nothing happens), a BusyPoll taken
+// meanwhile parks it as ever, and once the spin has passed it sleeps (the CPU time stops
+// growing). Heartbeats are far apart so that nothing but the test's fetches wakes it; the CPU
+// bounds hold on a busy machine too (a spinning thread still gets its share of a core there, and
+// a sleeping one uses none).
+TEST(IdleSpin, TheIoThreadPollsForTheSpinAfterWorkThenSleeps) {
+  ContextOptions quiet;
+  quiet.heartbeat_interval = 60s;
+  quiet.peer_timeout = 120s;
+  Server server(quiet);
+  auto bytes = make_pattern(1 << 16, 9);
+  auto ref = server.put(bytes);
+  auto options = client_options("spinning");
+  options.threads = 1;
+  options.heartbeat_interval = 60s;
+  options.peer_timeout = 120s;
+  {
+    options.idle_spin = scaled(5s);
+    Context client(options);
+    Peer peer = connect_or_fail(client, server.address());
+    ASSERT_TRUE(fetch_completes(peer, ref, *bytes, 10s));
+    const double cpu0 = cpu_seconds();
+    std::this_thread::sleep_for(scaled(300ms));
+    EXPECT_GE(cpu_seconds() - cpu0, 0.1 * std::chrono::duration<double>(scaled(300ms)).count())
+        << "the io thread did not poll after the fetch";
+    {
+      Context::BusyPoll busy(client);
+      auto req = peer.fetch(ref);
+      std::this_thread::sleep_for(200ms);
+      EXPECT_FALSE(req.done()) << "the spinning io thread ran the context under a BusyPoll";
+      const auto deadline = std::chrono::steady_clock::now() + scaled(10s);
+      while (!req.done() && std::chrono::steady_clock::now() < deadline) busy.poll();
+      ASSERT_TRUE(req.done());
+      EXPECT_FALSE(req.wait(0ms));
+    }
+    const auto closing = std::chrono::steady_clock::now();
+    client.close();  // while it spins: at once, not after the spin
+    EXPECT_LT(std::chrono::steady_clock::now() - closing, scaled(2s));
+  }
+  options.idle_spin = 20ms;
+  Context client(options);
+  Peer peer = connect_or_fail(client, server.address());
+  ASSERT_TRUE(fetch_completes(peer, ref, *bytes, 10s));
+  std::this_thread::sleep_for(scaled(200ms));
+  const double cpu0 = cpu_seconds();
+  std::this_thread::sleep_for(500ms);
+  // Spinning throughout would cost about 0.5 s (less on a busy machine); a timer of the context's
+  // own firing in the window (the pool's trim) adds at most one spin, 20 ms.
+  EXPECT_LT(cpu_seconds() - cpu0, 0.15) << "the io thread kept polling after the spin";
+}
+
 TEST_F(Loopback, FutureStyleDeliversValueOrThrows) {
   auto bytes = make_pattern(1 << 16, 4);
   auto ref = server.put(bytes);

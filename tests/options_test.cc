@@ -53,8 +53,10 @@ TEST(ContextOptions, FromEnvironmentReadsEveryVariable) {
       cert("FERRY_TLS_CERT", "/certs/server.pem"), key("FERRY_TLS_KEY", "/certs/server.key"),
       ca("FERRY_TLS_CA", "/certs/ca.pem"), pool("FERRY_POOL_BYTES", "512M"),
       congestion("FERRY_TCP_CONGESTION", "cubic"), grants("FERRY_RDMA_GRANTS", "registrations"),
-      cma("FERRY_CMA_PREFERRED", "1"), populate("FERRY_POOL_POPULATE_THREADS", "12");
+      cma("FERRY_CMA_PREFERRED", "1"), populate("FERRY_POOL_POPULATE_THREADS", "12"),
+      spin("FERRY_IO_SPIN_US", "250");
   const ContextOptions o = ContextOptions::from_environment();
+  EXPECT_EQ(o.idle_spin, std::chrono::microseconds(250));
   EXPECT_EQ(o.transport, "TCP");
   EXPECT_EQ(o.secret, "s3cret");
   EXPECT_EQ(o.tls.certificate, "/certs/server.pem");
@@ -77,8 +79,10 @@ TEST(ContextOptions, TheDefaultsReadNothingFromTheEnvironment) {
   ScopedEnv transport("FERRY_TRANSPORT", "tcp"), secret("FERRY_SECRET", "s3cret"),
       cert("FERRY_TLS_CERT", "/certs/server.pem"), pool("FERRY_POOL_BYTES", "512M"),
       congestion("FERRY_TCP_CONGESTION", "cubic"), grants("FERRY_RDMA_GRANTS", "regions"),
-      populate("FERRY_POOL_POPULATE_THREADS", "12");
+      populate("FERRY_POOL_POPULATE_THREADS", "12"), spin("FERRY_IO_SPIN_US", "250");
   const ContextOptions o;
+  EXPECT_EQ(o.idle_spin, ContextOptions::default_idle_spin());
+  EXPECT_EQ(ContextOptions::default_idle_spin().count(), usable_cores() >= 4 ? 50 : 0);
   EXPECT_EQ(o.transport, "auto");
   EXPECT_TRUE(o.secret.empty());
   EXPECT_FALSE(o.tls.enabled());
@@ -99,6 +103,13 @@ TEST(ContextOptions, FromEnvironmentKeepsTheDefaultForWhatItCannotUse) {
       ScopedEnv populate("FERRY_POOL_POPULATE_THREADS", bad);
       EXPECT_EQ(ContextOptions::from_environment().pool_populate_threads, 4u) << bad;
     }
+    for (const char* bad : {"fast", "50us", "10001", "-1"}) {
+      ScopedEnv spin("FERRY_IO_SPIN_US", bad);
+      EXPECT_EQ(ContextOptions::from_environment().idle_spin, ContextOptions::default_idle_spin())
+          << bad;
+    }
+    ScopedEnv off("FERRY_IO_SPIN_US", "0");
+    EXPECT_EQ(ContextOptions::from_environment().idle_spin.count(), 0);
     EXPECT_FALSE(o.transport_options_for<cma::CmaOptions>(cma::kTransportName).preferred);
     EXPECT_EQ(o.transport, "auto");
     EXPECT_EQ(o.pool_bytes, ContextOptions::default_pool_bytes());

@@ -56,13 +56,6 @@ struct RoceDropped {
   Qdisc prio{"root handle 1: prio"};
 };
 
-double cpu_seconds() {
-  rusage ru{};
-  getrusage(RUSAGE_SELF, &ru);
-  return ru.ru_utime.tv_sec + ru.ru_stime.tv_sec +
-         (ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e6;
-}
-
 // User-mode CPU only: where a completion loop that polls instead of sleeping spends its time.
 double user_cpu_seconds() {
   rusage ru{};

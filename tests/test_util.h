@@ -2,6 +2,7 @@
 #pragma once
 
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 
 #include <atomic>
 #include <chrono>
@@ -59,6 +60,14 @@ inline double time_scale() {
     return s * std::max(1.0, load / cores);
   }();
   return scale;
+}
+
+// The CPU time this process has used, user and system, every thread, in seconds.
+inline double cpu_seconds() {
+  rusage ru{};
+  getrusage(RUSAGE_SELF, &ru);
+  return static_cast<double>(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) +
+         static_cast<double>(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e6;
 }
 
 // `d` times time_scale(): a window that grows on a slow machine.

@@ -1,8 +1,8 @@
 #!/bin/sh
 # One run of every open performance target that needs a machine with cores to spare, for one
 # device call: make demo's ratio to ferry-bench fetch (the receive memory target), the python
-# suite (Python against C++ and torch-gloo, latency), the allreduce suite at 4 and 8 ranks and the
-# TCP suite. About 6 minutes; every part is bounded (--budget, timeout), no part starts after
+# suite (Python against C++ and torch-gloo, latency), the spins off against their defaults, the
+# allreduce suite at 4 and 8 ranks and the TCP suite. About 6 minutes; every part is bounded (--budget, timeout), no part starts after
 # $VERIFY_SECONDS (default 420) and the tarball is written whatever ran. With bin/ferry-old
 # present (another build of the CLI: `FERRY_OLD=path make bench-bundle`), make demo's pass
 # alternates it with bin/ferry first, throughput and receive pool held at the end. torch-gloo runs
@@ -46,24 +46,41 @@ timeout 170 "$here/run" --suites python --sizes 4096,1048576,8388608 --reps 2 --
   --budget 120 ${torch_python:+--torch-python "$torch_python"} --out "$out/python" \
   >"$out/python.log" 2>&1
 py=$here/python/bin/python3
-if [ -x "$py" ] && time_left "the completion-thread spin A/B"; then
-  log "Python's completion-thread spin: FERRY_COMPLETION_SPIN_US=0 against the default, 3 rounds"
-  "$here/bin/ferry-bench" serve --listen 127.0.0.1:0 --sizes 4K,1M >"$out/spin-serve.txt" 2>&1 &
-  serve=$!
-  sleep 1
-  addr=$(sed -n 's/^ready //p' "$out/spin-serve.txt")
+# The spins (an io thread polls FERRY_IO_SPIN_US after work, Python's completion thread
+# FERRY_COMPLETION_SPIN_US after a batch; 50 us each by default on 4 cores or more): both 0,
+# server and client, against the defaults, C++ and Python, alternating.
+if time_left "the spin A/B"; then
+  log "the spins: FERRY_IO_SPIN_US=0 FERRY_COMPLETION_SPIN_US=0 against the defaults, 3 rounds"
   for _ in 1 2 3; do
     for spin in 0 default; do
-      for args in "--size 4096" "--size 1048576 --inflight 4"; do
-        if [ "$spin" = 0 ]; then set -- env FERRY_COMPLETION_SPIN_US=0; else set -- env; fi
+      if [ "$spin" = 0 ]; then
+        set -- env FERRY_IO_SPIN_US=0 FERRY_COMPLETION_SPIN_US=0
+      else
+        set -- env
+      fi
+      "$@" "$here/bin/ferry-bench" serve --listen 127.0.0.1:0 --sizes 4K,1M,64M \
+        >"$out/spin-serve.txt" 2>&1 &
+      serve=$!
+      sleep 1
+      addr=$(sed -n 's/^ready //p' "$out/spin-serve.txt")
+      for args in "--size 4K" "--size 64M --inflight 4"; do
         # shellcheck disable=SC2086  # $args: the options, split on purpose
-        echo "spin=$spin $args: $(timeout 15 "$@" PYTHONPATH="$here/python/site" "$py" \
-          "$here/bench/python_bench.py" ferry-py $args --into --seconds 2 --from "$addr" |
-          grep -o '"gbps": [0-9.]*\|"p50_us": [0-9.]*' | tr '\n' ' ')"
+        echo "spin=$spin C++ $args: $(timeout 15 "$@" "$here/bin/ferry-bench" fetch $args \
+          --seconds 1 --from "$addr" | grep -o '"gbps": [0-9.]*\|"p50_us": [0-9.]*' |
+          tr '\n' ' ')"
       done
+      if [ -x "$py" ]; then
+        for args in "--size 4096" "--size 4096 --wait" "--size 1048576 --inflight 4"; do
+          # shellcheck disable=SC2086
+          echo "spin=$spin python $args: $(timeout 15 "$@" PYTHONPATH="$here/python/site" "$py" \
+            "$here/bench/python_bench.py" ferry-py $args --into --seconds 1 --from "$addr" |
+            grep -o '"gbps": [0-9.]*\|"p50_us": [0-9.]*' | tr '\n' ' ')"
+        done
+      fi
+      kill "$serve" 2>/dev/null
+      wait "$serve" 2>/dev/null
     done
   done >"$out/spin-ab.txt" 2>&1
-  kill "$serve" 2>/dev/null
 fi
 time_left "allreduce suite" && log "allreduce suite, 4 and 8 ranks" &&
 timeout 120 "$here/run" --suites allreduce --allreduce-reps 3 --allreduce-samples 4 \

@@ -9,6 +9,8 @@
 #include <future>
 #include <random>
 
+#include <sched.h>
+
 #include "ferry/net/address.h"
 #include "ferry/net/completion.h"
 #include "ferry/net/connection/dialer.h"
@@ -20,6 +22,7 @@
 #include "ferry/net/registry.h"
 #include "ferry/net/security/tls.h"
 #include "ferry/net/session/session.h"
+#include "ferry/net/system/cpus.h"
 #include "ferry/net/system/env.h"
 #include "ferry/net/system/socket_util.h"
 #include "ferry/net/system/system_memory.h"
@@ -326,6 +329,10 @@ size_t ContextOptions::default_pool_bytes() {
   return std::min<uint64_t>(uint64_t{2} << 30, physical_memory_bytes() / 4);
 }
 
+std::chrono::microseconds ContextOptions::default_idle_spin() {
+  return std::chrono::microseconds(usable_cores() >= 4 ? 50 : 0);
+}
+
 namespace {
 
 // $FERRY_TRANSPORT: "auto" when unset; "rdma", "tcp" and "cma" in any case name the built-ins.
@@ -361,6 +368,8 @@ ContextOptions ContextOptions::from_environment() {
   o.pool_bytes = pool_bytes_from_environment(o.pool_bytes);
   o.pool_populate_threads = static_cast<unsigned>(
       env_integer("FERRY_POOL_POPULATE_THREADS", 1, 256, o.pool_populate_threads));
+  o.idle_spin = std::chrono::microseconds(
+      env_integer("FERRY_IO_SPIN_US", 0, 10000, default_idle_spin().count()));
   for (const auto& entry : detail::registry_snapshot()) {
     if (entry.from_environment) o.transport_options[entry.name] = entry.from_environment();
   }
@@ -408,8 +417,12 @@ Context::Context(ContextOptions options) : impl_(std::make_shared<Impl>(std::mov
     impl_->threads.emplace_back([impl = impl_.get()] {
       for (;;) {
         try {
-          // Sleeps in the reactor between events; parks while a BusyPoll's holder runs the loop.
-          while (impl->io.run_one() > 0) impl->park_while_busy();
+          // Sleeps in the reactor between events (after idle_spin of polling); parks while a
+          // BusyPoll's holder runs the loop.
+          while (impl->io.run_one() > 0) {
+            impl->park_while_busy();
+            impl->spin_while_idle();
+          }
           return;
         } catch (const std::exception& e) {
           FERRY_LOG_ERROR("exception escaped a completion handler: {}", e.what());
@@ -442,6 +455,26 @@ void Context::Impl::park_while_busy() {
                                  : linger_end());
   }
   --parked;
+}
+
+void Context::Impl::spin_while_idle() {
+  using Clock = std::chrono::steady_clock;
+  if (options.idle_spin.count() <= 0 || options.threads != 1) return;
+  auto until = Clock::now() + options.idle_spin;
+  for (;;) {
+    if (closed.load() || io.stopped()) return;
+    if (busy_polls.load() > 0 || Clock::now() < linger_end()) {
+      park_while_busy();
+      return;
+    }
+    if (io.poll_one() > 0) {
+      until = Clock::now() + options.idle_spin;
+    } else if (Clock::now() >= until) {
+      return;
+    } else {
+      sched_yield();  // a thread that needs this core (the peer, the application) gets it
+    }
+  }
 }
 
 void Context::Impl::unpark() {

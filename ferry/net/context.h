@@ -90,6 +90,15 @@ struct ContextOptions {
   /// $FERRY_POOL_POPULATE_THREADS). Fresh memory costs what zeroing it costs, and more where a
   /// hypervisor backs guest memory on first touch: more threads fault it in faster.
   unsigned pool_populate_threads = 4;
+  /// How long an io thread keeps polling the io_context after it ran a handler, before it sleeps
+  /// in the reactor again (from_environment(): $FERRY_IO_SPIN_US, 0 to 10000). Work posted from
+  /// another thread (a fetch issued by the application, a Python callback's next fetch) and
+  /// the next packet then find the thread awake: no wake-up, which costs tens of microseconds
+  /// where idle CPUs halt (virtual machines), at the price of up to this much CPU after each
+  /// burst of work. Only with one io thread (`threads` 1, the default): with more, one of them
+  /// sleeps in the reactor anyway and wakes for every event. Parked threads (BusyPoll) do not
+  /// spin; 0: never. Default: default_idle_spin().
+  std::chrono::microseconds idle_spin = default_idle_spin();
   /// Each transport's own options, by the name it is registered under: tcp::TcpOptions under
   /// "TCP" (ferry/tcp/options.h), rdma::RdmaOptions under "RDMA" (ferry/rdma/options.h), a user
   /// transport's own type under its name. The core never looks inside: it hands each transport's
@@ -116,13 +125,17 @@ struct ContextOptions {
   /// The defaults with what the environment sets: the one place ferry reads its $FERRY_*
   /// variables ($FERRY_LOG aside, read once per process by the log). $FERRY_TRANSPORT,
   /// $FERRY_SECRET, $FERRY_TLS_CERT / _KEY / _CA (TlsOptions::from_environment()) and
-  /// $FERRY_POOL_BYTES and $FERRY_POOL_POPULATE_THREADS set the core's fields; each transport
+  /// $FERRY_POOL_BYTES, $FERRY_POOL_POPULATE_THREADS and $FERRY_IO_SPIN_US set the core's fields;
+  /// each transport
   /// registered now that reads variables of its own (register_transport's `from_environment`) gets
   /// its entry in transport_options from them ($FERRY_TCP_CONGESTION, $FERRY_RDMA_GRANTS). A value
   /// that cannot be used is logged and the default kept. Any thread.
   static ContextOptions from_environment();
   /// A quarter of physical memory, at most 2 GiB.
   static size_t default_pool_bytes();
+  /// 50 us where this process may run on 4 cores or more (usable_cores()), else 0: with fewer,
+  /// a spinning io thread takes the core its peer on the same machine needs.
+  static std::chrono::microseconds default_idle_spin();
 };
 
 struct Stats;  // ferry/net/stats.h

@@ -55,6 +55,12 @@ class Context:
     ``cma_copy_threads`` the same-host CMA transport's (ferry::cma::CmaOptions, ``preferred``:
     "auto" picks CMA for peers on this host; ``copy_threads``).
 
+    ``idle_spin`` (seconds, at most 0.01; None: ``$FERRY_IO_SPIN_US``, else 50 us where the
+    process may run on 4 cores or more and 0 below): how long the io thread keeps polling after
+    work before it sleeps, so that the next fetch issued (from a done-callback, say) or the next
+    reply finds it awake instead of waking it (ferry::ContextOptions::idle_spin; one io thread
+    only).
+
     ``wait_runs_loop`` (default True): a thread blocked in a fetch's ``result()`` /
     ``exception()`` (and ferry.rdt's ``wait_fetch_complete``) runs the context's event loop
     itself while it waits, and the io threads step aside, so a fetch's reply is read and its
@@ -76,14 +82,19 @@ class Context:
                  max_frame_bytes=None, max_queued_control_bytes=None,
                  max_requests_per_peer=None, tcp_chunk_bytes=None, tcp_congestion=None,
                  busy_poll=None, rdma_grants=None, cma_preferred=None, cma_copy_threads=None,
-                 pool_bytes=None, pool_populate_threads=None, wait_runs_loop: bool = True,
-                 wait_linger: float = 500e-6):
+                 pool_bytes=None, pool_populate_threads=None, idle_spin=None,
+                 wait_runs_loop: bool = True, wait_linger: float = 500e-6):
         if not isinstance(threads, int) or threads < 1:
             raise ValueError(f"threads must be an int >= 1, got {threads!r}")
         if not isinstance(wait_linger, (int, float)) or not 0 <= wait_linger <= 1:
             raise ValueError(f"wait_linger must be seconds in [0, 1], got {wait_linger!r}")
         options = {"name": str(name), "threads": threads, "wait_runs_loop": bool(wait_runs_loop),
                    "wait_linger_us": int(round(wait_linger * 1e6))}
+        if idle_spin is not None:
+            if (isinstance(idle_spin, bool) or not isinstance(idle_spin, (int, float))
+                    or not 0 <= idle_spin <= 0.01):
+                raise ValueError(f"idle_spin must be seconds in [0, 0.01], got {idle_spin!r}")
+            options["idle_spin_us"] = int(round(idle_spin * 1e6))
         given = dict(transport=transport, max_frame_bytes=max_frame_bytes,
                      max_queued_control_bytes=max_queued_control_bytes,
                      max_requests_per_peer=max_requests_per_peer,

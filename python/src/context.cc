@@ -61,6 +61,8 @@ void set_option(ContextOptions& o, const py::handle& v) {
   using T = std::remove_cvref_t<decltype(field)>;
   if constexpr (std::is_same_v<T, milliseconds>) {
     field = milliseconds(v.cast<int64_t>());
+  } else if constexpr (std::is_same_v<T, std::chrono::microseconds>) {
+    field = std::chrono::microseconds(v.cast<int64_t>());
   } else {
     field = v.cast<T>();
   }
@@ -101,6 +103,7 @@ constexpr std::pair<std::string_view, OptionSetter> kOptionSetters[] = {
     {"tls", set_tls},
     {"pool_bytes", set_option<&ContextOptions::pool_bytes>},
     {"pool_populate_threads", set_option<&ContextOptions::pool_populate_threads>},
+    {"idle_spin_us", set_option<&ContextOptions::idle_spin>},
     {"tcp_chunk_bytes", set_option<&tcp::TcpOptions::chunk_bytes, tcp_options>},
     {"tcp_congestion", set_option<&tcp::TcpOptions::congestion, tcp_options>},
     {"busy_poll", set_option<&rdma::RdmaOptions::busy_poll, rdma_options>},

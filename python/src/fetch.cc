@@ -6,6 +6,8 @@
 #include <optional>
 #include <utility>
 
+#include <sched.h>
+
 #include "ferry/net/errors.h"
 #include "ferry/net/peer.h"
 #include "python/src/bindings.h"
@@ -84,6 +86,11 @@ bool PendingFetch::run_loop_until_finished(Context& context, std::chrono::micros
   constexpr std::chrono::microseconds kSlice = std::chrono::milliseconds(1);
   Context::BusyPoll hold(context, linger);
   auto& io = context.io_context();
+  // As an io thread would (ContextOptions::idle_spin): polls, yielding the core when nothing was
+  // ready, until the spin has passed since the last handler ran, and only then sleeps in the
+  // reactor.
+  const auto spin = context.options().idle_spin;
+  auto spin_until = std::chrono::steady_clock::now() + spin;
   for (;;) {
     {
       std::lock_guard lock(mu_);
@@ -92,9 +99,17 @@ bool PendingFetch::run_loop_until_finished(Context& context, std::chrono::micros
     if (!others.empty()) return true;
     const auto now = std::chrono::steady_clock::now();
     if (now >= deadline) return true;
-    const auto left = std::chrono::duration_cast<std::chrono::microseconds>(deadline - now);
-    const auto slice = std::clamp(left, std::chrono::microseconds(1), kSlice);
-    if (hold.poll_or_wait(slice) == 0 && io.stopped()) {
+    size_t ran;
+    if (now < spin_until) {
+      ran = hold.poll();
+      if (ran == 0 && !io.stopped()) sched_yield();
+    } else {
+      const auto left = std::chrono::duration_cast<std::chrono::microseconds>(deadline - now);
+      ran = hold.poll_or_wait(std::clamp(left, std::chrono::microseconds(1), kSlice));
+    }
+    if (ran > 0) {
+      spin_until = std::chrono::steady_clock::now() + spin;
+    } else if (io.stopped()) {
       return false;
     }
   }

@@ -59,7 +59,8 @@ class PendingFetch {
   WaitResult wait(std::chrono::steady_clock::time_point deadline, const WaitMode& mode);
 
  private:
-  // wait()'s part when the waiting thread runs the loop: returns with finished_ set, at
+  // wait()'s part when the waiting thread runs the loop (polling for the context's idle_spin after
+  // each handler, then sleeping in its reactor): returns with finished_ set, at
   // `deadline` or when `others` is not empty, or early (false) when the context stopped running
   // (closed): the rest of the wait is on cv_. mu_ not held.
   bool run_loop_until_finished(Context& context, std::chrono::microseconds linger,

@@ -86,23 +86,34 @@ def test_cancelling_an_awaiting_task_aborts_the_fetch(stopped):
         future.result(timeout=30)
 
 
-def test_done_callback_fetches_again(owner, ctx):
-    peer = ctx.connect(owner.refs["np_float16"])
+@pytest.mark.parametrize("idle_spin", [None, 0.0, 0.002])
+def test_done_callback_fetches_again(owner, idle_spin):
+    """A chain of fetches, each issued from the callback of the one before, with the io
+    thread's spin as the machine's default (None), off (it sleeps as soon as it is idle, and each
+    fetch wakes it) and long (the next fetch finds it polling)."""
     ref = owner.refs["np_float16"]
-    results, finished = [], threading.Event()
+    with ferry.Context(name="chain", idle_spin=idle_spin) as ctx:
+        peer = ctx.connect(ref)
+        results, finished = [], threading.Event()
 
-    def chain(future):
-        results.append(future.result())  # done: returns at once
-        if len(results) < 20:
-            peer.fetch(ref).add_done_callback(chain)
-        else:
-            finished.set()
+        def chain(future):
+            results.append(future.result())  # done: returns at once
+            if len(results) < 20:
+                peer.fetch(ref).add_done_callback(chain)
+            else:
+                finished.set()
 
-    peer.fetch(ref).add_done_callback(chain)
-    assert finished.wait(60)
+        peer.fetch(ref).add_done_callback(chain)
+        assert finished.wait(60)
     want = objects(False)["np_float16"]
     for r in results:
         same(want, r)
+
+
+@pytest.mark.parametrize("spin", [-1e-6, 0.02, "1", True])
+def test_idle_spin_is_checked(spin):
+    with pytest.raises(ValueError, match="idle_spin"):
+        ferry.Context(idle_spin=spin)
 
 
 def test_waiting_inside_a_callback_raises_instead_of_deadlocking(stopped):

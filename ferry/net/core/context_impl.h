@@ -101,6 +101,10 @@ struct Context::Impl : std::enable_shared_from_this<Context::Impl> {
         std::chrono::steady_clock::duration(linger_until.load()));
   }
   void park_while_busy();
+  // After a handler ran on the io thread: polls the io_context for up to options.idle_spin more
+  // (from the last handler that ran), parking instead if a BusyPoll is taken meanwhile. Returns
+  // at once when idle_spin is 0 or there is more than one io thread. The io thread.
+  void spin_while_idle();
   void unpark();
   std::map<std::string, uint64_t> negotiated;  // under mu
   // Context::stats()'s counters (fetches count themselves through FetchState).
