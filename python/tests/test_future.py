@@ -322,14 +322,18 @@ def test_bytes_landed_reach_the_total(owner, ctx):
     assert future.bytes_landed == future.nbytes == objects(False)["np_big"].nbytes
 
 
-@pytest.mark.parametrize("runs_loop,linger", [(True, 500e-6), (True, 0.0), (False, 0.0)])
-def test_a_loop_of_waits_in_each_wait_mode(owner, runs_loop, linger):
+@pytest.mark.parametrize("runs_loop,linger,spin", [(True, 500e-6, 0.0), (True, 0.0, 0.0),
+                                                   (True, 500e-6, 0.002), (False, 0.0, 0.0),
+                                                   (False, 0.0, 0.002)])
+def test_a_loop_of_waits_in_each_wait_mode(owner, runs_loop, linger, spin):
     """wait_runs_loop: the waiting thread runs the context's loop (its io threads park, for
-    `wait_linger` after each wait too); False: it sleeps until the io thread hands it the
-    outcome. Either way every fetch of a loop of fetch().result() lands whole."""
+    `wait_linger` after each wait too), polling for `idle_spin` before it sleeps in the reactor;
+    False: it sleeps until the io thread (spinning or not) hands it the outcome. Either way every
+    fetch of a loop of fetch().result() lands whole."""
     ref = owner.refs["np_big"]
     want = objects(False)["np_big"]
-    with ferry.Context(name="wait-mode", wait_runs_loop=runs_loop, wait_linger=linger) as c:
+    with ferry.Context(name="wait-mode", wait_runs_loop=runs_loop, wait_linger=linger,
+                       idle_spin=spin) as c:
         peer = c.connect(ref)
         into = np.empty_like(want)
         for _ in range(100):
