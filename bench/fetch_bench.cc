@@ -36,6 +36,62 @@ int run_idle(const FetchArgs& args, Peer& peer) {
   return 0;
 }
 
+// One fetch at a time from this thread, each peer.fetch() then wait(): the plainest code's
+// latency (the completion hands over to a waiting thread, where a window reissues from the io
+// thread). Into one buffer, or into ferry's memory.
+int run_wait_loop(const FetchArgs& args, Peer& peer, const ObjectRef& ref) {
+  std::vector<std::byte> buffer(args.ferry_allocates ? 0 : args.size);
+  std::vector<double> latencies;
+  std::string transport;
+  const auto once = [&]() -> std::error_code {
+    const auto t0 = Clock::now();
+    std::vector<MutableBuffer> targets;
+    if (!args.ferry_allocates) targets.push_back(MutableBuffer(buffer));
+    auto req = peer.fetch(ref, std::move(targets));
+    if (auto ec = req.wait(30s)) return ec;
+    latencies.push_back(seconds_between(t0, Clock::now()) * 1e6);
+    transport = req.result().transport;
+    return {};
+  };
+  const auto run_for = [&](double seconds) -> std::error_code {
+    const auto until = Clock::now() + std::chrono::duration<double>(seconds);
+    while (Clock::now() < until) {
+      if (auto ec = once()) return ec;
+    }
+    return {};
+  };
+  if (auto ec = run_for(args.warmup)) return report_failure("fetch", "", ec);
+  latencies.clear();
+  const double server_cpu0 = args.server_pid ? process_cpu_seconds(args.server_pid) : -1;
+  const double cpu0 = self_cpu_seconds();
+  const auto t0 = Clock::now();
+  if (auto ec = run_for(args.seconds)) return report_failure("fetch", "", ec);
+  const double secs = seconds_between(t0, Clock::now());
+  const double fetches = static_cast<double>(latencies.size());
+  const double bytes = fetches * static_cast<double>(args.size);
+  const double client_s = self_cpu_seconds() - cpu0;
+  const double server_s =
+      args.server_pid ? process_cpu_seconds(args.server_pid) - server_cpu0 : -1.0;
+  JsonLine out;
+  out.add("tool", "ferry")
+      .add("bench", "wait")
+      .add("transport", transport)
+      .add("size", args.size)
+      .add("inflight", 1)
+      .add("ferry_allocates", args.ferry_allocates ? 1 : 0)
+      .add("fetches", fetches)
+      .add("seconds", secs)
+      .add("gbps", bytes / secs / 1e9)
+      .add("fetches_per_s", fetches / secs)
+      .add("p50_us", quantile(latencies, 0.5))
+      .add("p99_us", quantile(latencies, 0.99))
+      .add("cpu_client_s", client_s)
+      .add("cpu_server_s", server_s);
+  if (bytes > 0) out.add("cpu_s_per_gb", (client_s + std::max(0.0, server_s)) / (bytes / 1e9));
+  std::printf("%s\n", out.str().c_str());
+  return 0;
+}
+
 }  // namespace
 
 int run_fetch(const FetchArgs& args) {
@@ -50,6 +106,7 @@ int run_fetch(const FetchArgs& args) {
     return 1;
   }
   if (args.inflight == 0) return run_idle(args, *peer);
+  if (args.wait) return run_wait_loop(args, *peer, *ref);
   Window window({*peer}, *ref, std::max(1, args.inflight), args.size, args.ferry_allocates);
   window.start();
   std::this_thread::sleep_for(std::chrono::duration<double>(args.warmup));

@@ -19,6 +19,8 @@ struct FetchArgs {
   double warmup = 0.3;   // not measured
   pid_t server_pid = 0;  // for the server's CPU time (same machine); 0 = not measured
   bool ferry_allocates = false;  // no targets: ferry allocates each result (first-touch cost)
+  bool wait = false;  // one at a time, each issued and waited for (FetchRequest::wait) on the
+                      // main thread, as the plainest code does, instead of a callback window
   int threads = 1;
   bool busy_poll = false;  // rdma::RdmaOptions::busy_poll
 };

@@ -59,6 +59,8 @@ int main(int argc, char** argv) {
   f->add_option("--warmup", fetch.warmup, "Unmeasured seconds first")->capture_default_str();
   f->add_option("--server-pid", fetch.server_pid, "Server process, for its CPU time");
   f->add_flag("--ferry-allocates", fetch.ferry_allocates, "No targets: ferry allocates");
+  f->add_flag("--wait", fetch.wait,
+              "One at a time from the main thread, each fetch().wait() (not a callback window)");
   f->add_option("--threads", fetch.threads, "io_context threads")->capture_default_str();
   f->add_flag("--busy-poll", fetch.busy_poll, "Poll RDMA completion queues");
 

@@ -150,6 +150,32 @@ TEST(FetchState, OutcomeSeparatesTheFetchsResultFromTheWaits) {
   EXPECT_EQ(FetchRequest().outcome(), std::error_code(errc::invalid_argument));
 }
 
+// With a wait spin (the context's idle_spin), wait() polls before it sleeps: a poll still only
+// looks, a wait still ends at its timeout (the spin does not extend it), and a completion from
+// another thread during the spin or after it is seen.
+TEST(FetchState, AWaitThatSpinsFirstKeepsItsTimeoutAndSeesTheCompletion) {
+  boost::asio::io_context io;
+  auto state = std::make_shared<detail::FetchState>(1, io.get_executor(), 300ms);
+  FetchRequest req(state);
+  auto t0 = std::chrono::steady_clock::now();
+  EXPECT_EQ(req.wait(0ms), errc::timed_out);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, test::scaled(100ms));  // a poll does not spin
+  t0 = std::chrono::steady_clock::now();
+  EXPECT_EQ(req.wait(40ms), errc::timed_out);
+  const auto waited = std::chrono::steady_clock::now() - t0;
+  EXPECT_GE(waited, 40ms);
+  EXPECT_LT(waited, 40ms + test::scaled(200ms)) << "the spin outlasted the wait's timeout";
+  for (auto delay : {10ms, 400ms}) {  // during the spin, and after it (asleep)
+    auto spinning = std::make_shared<detail::FetchState>(2, io.get_executor(), 300ms);
+    std::thread completer([&] {
+      std::this_thread::sleep_for(delay);
+      spinning->complete(make_error_code(errc::aborted));
+    });
+    EXPECT_EQ(FetchRequest(spinning).wait(-1ms), errc::aborted) << delay.count();
+    completer.join();
+  }
+}
+
 TEST(FetchState, CompletesExactlyOnceAndWaitsAreBounded) {
   boost::asio::io_context io;
   auto state = std::make_shared<detail::FetchState>(1, io.get_executor());

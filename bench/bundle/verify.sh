@@ -63,7 +63,7 @@ if time_left "the spin A/B"; then
       serve=$!
       sleep 1
       addr=$(sed -n 's/^ready //p' "$out/spin-serve.txt")
-      for args in "--size 4K" "--size 64M --inflight 4"; do
+      for args in "--size 4K" "--size 4K --wait" "--size 64M --inflight 4"; do
         # shellcheck disable=SC2086  # $args: the options, split on purpose
         echo "spin=$spin C++ $args: $(timeout 15 "$@" "$here/bin/ferry-bench" fetch $args \
           --seconds 1 --from "$addr" | grep -o '"gbps": [0-9.]*\|"p50_us": [0-9.]*' |

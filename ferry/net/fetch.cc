@@ -1,13 +1,18 @@
 #include "ferry/net/fetch.h"
 
+#include <sched.h>
+
+#include <algorithm>
+
 #include "ferry/net/completion.h"
 #include "ferry/net/errors.h"
 #include "ferry/net/stats.h"
 
 namespace ferry::detail {
 
-FetchState::FetchState(uint64_t id, boost::asio::any_io_executor io_executor)
-    : id_(id), io_executor_(std::move(io_executor)) {}
+FetchState::FetchState(uint64_t id, boost::asio::any_io_executor io_executor,
+                       std::chrono::microseconds wait_spin)
+    : id_(id), io_executor_(std::move(io_executor)), wait_spin_(wait_spin) {}
 
 bool FetchState::complete(std::error_code ec) {
   std::optional<FetchHandler> handler;
@@ -33,10 +38,21 @@ bool FetchState::complete(std::error_code ec) {
 }
 
 std::error_code FetchState::wait(std::chrono::milliseconds timeout) {
+  using Clock = std::chrono::steady_clock;
+  const auto start = Clock::now();
+  if (wait_spin_.count() > 0 && timeout.count() != 0) {
+    const Clock::duration spin = timeout.count() > 0
+                                     ? std::min<Clock::duration>(wait_spin_, timeout)
+                                     : Clock::duration(wait_spin_);
+    while (Clock::now() - start < spin) {
+      if (auto o = outcome()) return *o;
+      sched_yield();
+    }
+  }
   std::unique_lock lock(mu_);
   if (timeout.count() < 0) {
     cv_.wait(lock, [&] { return done_; });
-  } else if (!cv_.wait_for(lock, timeout, [&] { return done_; })) {
+  } else if (!cv_.wait_until(lock, start + timeout, [&] { return done_; })) {
     return make_error_code(errc::timed_out);
   }
   return ec_;

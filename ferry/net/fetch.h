@@ -79,7 +79,9 @@ class StatsRecorder;
 // Shared by the FetchRequest handle, the session that runs the fetch and the handler.
 class FetchState {
  public:
-  FetchState(uint64_t id, boost::asio::any_io_executor io_executor);
+  // `wait_spin`: how long wait() polls before it sleeps (the context's idle_spin).
+  FetchState(uint64_t id, boost::asio::any_io_executor io_executor,
+             std::chrono::microseconds wait_spin = {});
 
   uint64_t id() const { return id_; }
 
@@ -87,8 +89,10 @@ class FetchState {
   // (never runs it inline).
   bool complete(std::error_code ec);
 
-  // Blocks until completion or `timeout` (negative: no limit; zero: poll). Returns the fetch's
-  // error, or errc::timed_out when the wait itself ran out (the fetch goes on).
+  // Blocks until completion or `timeout` (negative: no limit; zero: poll), polling for up to
+  // wait_spin first (yielding the core at each turn), so that a fetch done soon hands over
+  // without a wake-up. Returns the fetch's error, or errc::timed_out when the wait itself ran out
+  // (the fetch goes on).
   std::error_code wait(std::chrono::milliseconds timeout);
   bool done() const;
   // std::nullopt while in flight; then the fetch's own result (empty on success).
@@ -115,6 +119,7 @@ class FetchState {
  private:
   const uint64_t id_;
   boost::asio::any_io_executor io_executor_;
+  const std::chrono::microseconds wait_spin_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
   bool done_ = false;
@@ -146,7 +151,9 @@ class FetchRequest {
 
   /// -1 (any negative) waits without limit, 0 polls, a positive timeout returns errc::timed_out
   /// when it expires (the fetch itself continues). Otherwise returns the fetch's own result:
-  /// success, or the error it completed with. Do not call from a ferry completion handler.
+  /// success, or the error it completed with. It polls for the context's
+  /// ContextOptions::idle_spin before it sleeps, so a fetch that completes soon is handed over
+  /// without a wake-up. Do not call from a ferry completion handler.
   std::error_code wait(std::chrono::milliseconds timeout) const;
   /// Whether the fetch has completed (false for an invalid request). Never blocks.
   bool done() const { return state_ && state_->done(); }
