@@ -375,6 +375,28 @@ TEST(IdleSpin, TheIoThreadPollsForTheSpinAfterWorkThenSleeps) {
   EXPECT_LT(cpu_seconds() - cpu0, 0.15) << "the io thread kept polling after the spin";
 }
 
+// FetchOptions::wait_spin: FetchRequest::wait() polls that long before it sleeps (the process's
+// CPU time grows during a wait on a fetch that cannot complete: a name nobody offers), and with 0
+// it sleeps at once (it does not).
+TEST_F(Loopback, AWaitPollsForItsFetchsWaitSpinThenSleeps) {
+  auto ref = ObjectRef::named(server.address(), "nobody-offers-this", {TensorMeta::bytes(8)});
+  std::vector<std::byte> a(8), b(8);
+  const auto window = scaled(300ms);
+  const double seconds = std::chrono::duration<double>(window).count();
+  auto spinning = peer.fetch(ref, {MutableBuffer(a)}, {.wait_spin = std::chrono::seconds(30)});
+  double cpu0 = cpu_seconds();
+  EXPECT_EQ(spinning.wait(window), errc::timed_out);
+  EXPECT_GE(cpu_seconds() - cpu0, 0.1 * seconds) << "the wait did not poll";
+  auto sleeping = peer.fetch(ref, {MutableBuffer(b)}, {.wait_spin = std::chrono::microseconds(0)});
+  cpu0 = cpu_seconds();
+  EXPECT_EQ(sleeping.wait(window), errc::timed_out);
+  EXPECT_LT(cpu_seconds() - cpu0, 0.3 * seconds) << "the wait polled with no spin";
+  spinning.abort();
+  sleeping.abort();
+  EXPECT_EQ(spinning.wait(scaled(10s)), errc::aborted);
+  EXPECT_EQ(sleeping.wait(scaled(10s)), errc::aborted);
+}
+
 TEST_F(Loopback, FutureStyleDeliversValueOrThrows) {
   auto bytes = make_pattern(1 << 16, 4);
   auto ref = server.put(bytes);

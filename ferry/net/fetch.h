@@ -62,6 +62,9 @@ struct FetchOptions {
   /// whole anywhere; others land them in a buffer of their own and call it once per non-empty
   /// tensor when the fetch succeeds. On failure the targets may hold a partial combination (TCP).
   CombineFn combine;
+  /// How long FetchRequest::wait() polls before it sleeps; unset: the context's
+  /// ContextOptions::idle_spin.
+  std::optional<std::chrono::microseconds> wait_spin;
 };
 
 /// Completion signature of async_fetch. The error_code wraps a std::error_code of ferry's category

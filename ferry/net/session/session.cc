@@ -278,8 +278,8 @@ FetchRequest Session::fetch(ObjectRef ref, std::vector<MutableBuffer> targets, F
   if (targets.empty() && ctx_->stats->fetches_in_flight() > 0) {
     storage = FetchTable::allocate_slots(*ctx_->pool, ref, targets);
   }
-  auto state =
-      std::make_shared<detail::FetchState>(id, ctx_->io.get_executor(), ctx_->options.idle_spin);
+  auto state = std::make_shared<detail::FetchState>(
+      id, ctx_->io.get_executor(), options.wait_spin.value_or(ctx_->options.idle_spin));
   state->set_stats(ctx_->stats, Clock::now());
   if (handler) state->set_handler(std::move(handler));
   state->set_abort_hook([weak = weak_from_this(), weak_state = std::weak_ptr(state), id] {
