@@ -126,10 +126,9 @@ struct ContextOptions {
   /// variables ($FERRY_LOG aside, read once per process by the log). $FERRY_TRANSPORT,
   /// $FERRY_SECRET, $FERRY_TLS_CERT / _KEY / _CA (TlsOptions::from_environment()) and
   /// $FERRY_POOL_BYTES, $FERRY_POOL_POPULATE_THREADS and $FERRY_IO_SPIN_US set the core's fields;
-  /// each transport
-  /// registered now that reads variables of its own (register_transport's `from_environment`) gets
-  /// its entry in transport_options from them ($FERRY_TCP_CONGESTION, $FERRY_RDMA_GRANTS). A value
-  /// that cannot be used is logged and the default kept. Any thread.
+  /// each transport registered now that reads variables of its own (register_transport's
+  /// `from_environment`) gets its entry in transport_options from them ($FERRY_TCP_CONGESTION,
+  /// $FERRY_RDMA_GRANTS). A value that cannot be used is logged and the default kept. Any thread.
   static ContextOptions from_environment();
   /// A quarter of physical memory, at most 2 GiB.
   static size_t default_pool_bytes();

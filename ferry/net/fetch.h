@@ -82,7 +82,8 @@ class StatsRecorder;
 // Shared by the FetchRequest handle, the session that runs the fetch and the handler.
 class FetchState {
  public:
-  // `wait_spin`: how long wait() polls before it sleeps (the context's idle_spin).
+  // `wait_spin`: how long wait() polls before it sleeps (the fetch's FetchOptions::wait_spin, else
+  // the context's idle_spin).
   FetchState(uint64_t id, boost::asio::any_io_executor io_executor,
              std::chrono::microseconds wait_spin = {});
 
