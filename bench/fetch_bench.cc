@@ -36,6 +36,23 @@ int run_idle(const FetchArgs& args, Peer& peer) {
   return 0;
 }
 
+// The measured part of a fetch line: `fetches` of `size` bytes in `secs`, their latencies and the
+// CPU both processes took.
+void add_measured(JsonLine& out, uint64_t size, double fetches, double secs,
+                  std::vector<double>& latencies_us, const WindowCpu& cpu) {
+  const double bytes = fetches * static_cast<double>(size);
+  out.add("seconds", secs)
+      .add("gbps", bytes / secs / 1e9)
+      .add("fetches_per_s", fetches / secs)
+      .add("p50_us", quantile(latencies_us, 0.5))
+      .add("p99_us", quantile(latencies_us, 0.99))
+      .add("cpu_client_s", cpu.client_s)
+      .add("cpu_server_s", cpu.server_s);
+  if (bytes > 0) {
+    out.add("cpu_s_per_gb", (cpu.client_s + std::max(0.0, cpu.server_s)) / (bytes / 1e9));
+  }
+}
+
 // One fetch at a time from this thread, each peer.fetch() then wait(): the plainest code's
 // latency (the completion hands over to a waiting thread, where a window reissues from the io
 // thread). Into one buffer, or into ferry's memory.
@@ -67,11 +84,10 @@ int run_wait_loop(const FetchArgs& args, Peer& peer, const ObjectRef& ref) {
   const auto t0 = Clock::now();
   if (auto ec = run_for(args.seconds)) return report_failure("fetch", "", ec);
   const double secs = seconds_between(t0, Clock::now());
+  WindowCpu cpu;
+  cpu.client_s = self_cpu_seconds() - cpu0;
+  if (args.server_pid) cpu.server_s = process_cpu_seconds(args.server_pid) - server_cpu0;
   const double fetches = static_cast<double>(latencies.size());
-  const double bytes = fetches * static_cast<double>(args.size);
-  const double client_s = self_cpu_seconds() - cpu0;
-  const double server_s =
-      args.server_pid ? process_cpu_seconds(args.server_pid) - server_cpu0 : -1.0;
   JsonLine out;
   out.add("tool", "ferry")
       .add("bench", "wait")
@@ -79,15 +95,8 @@ int run_wait_loop(const FetchArgs& args, Peer& peer, const ObjectRef& ref) {
       .add("size", args.size)
       .add("inflight", 1)
       .add("ferry_allocates", args.ferry_allocates ? 1 : 0)
-      .add("fetches", fetches)
-      .add("seconds", secs)
-      .add("gbps", bytes / secs / 1e9)
-      .add("fetches_per_s", fetches / secs)
-      .add("p50_us", quantile(latencies, 0.5))
-      .add("p99_us", quantile(latencies, 0.99))
-      .add("cpu_client_s", client_s)
-      .add("cpu_server_s", server_s);
-  if (bytes > 0) out.add("cpu_s_per_gb", (client_s + std::max(0.0, server_s)) / (bytes / 1e9));
+      .add("fetches", fetches);
+  add_measured(out, args.size, fetches, secs, latencies, cpu);
   std::printf("%s\n", out.str().c_str());
   return 0;
 }
@@ -114,8 +123,6 @@ int run_fetch(const FetchArgs& args) {
   if (window.error()) return report_failure("fetch", "", window.error());
   const double secs = window.measured_seconds();
   const double fetches = window.measured_fetches();
-  const double bytes = fetches * static_cast<double>(args.size);
-  auto& lat = window.latencies_us();
   JsonLine out;
   out.add("tool", "ferry")
       .add("transport", window.transport())
@@ -124,22 +131,13 @@ int run_fetch(const FetchArgs& args) {
       .add("ferry_allocates", args.ferry_allocates ? 1 : 0)
       .add("busy_poll", args.busy_poll ? 1 : 0)
       .add("fetches", fetches)
-      .add("reissued", window.reissued())
-      .add("seconds", secs)
-      .add("gbps", bytes / secs / 1e9)
-      .add("fetches_per_s", fetches / secs)
-      .add("p50_us", quantile(lat, 0.5))
-      .add("p99_us", quantile(lat, 0.99))
-      .add("cpu_client_s", cpu.client_s)
-      .add("cpu_server_s", cpu.server_s);
+      .add("reissued", window.reissued());
+  add_measured(out, args.size, fetches, secs, window.latencies_us(), cpu);
   const auto pool = (*ctx)->pool_stats();
   out.add("pool_hits", pool.hits)
       .add("pool_misses", pool.misses)
       .add("pool_fallbacks", pool.fallbacks)
       .add("pool_held_bytes", pool.held_bytes);
-  if (bytes > 0) {
-    out.add("cpu_s_per_gb", (cpu.client_s + std::max(0.0, cpu.server_s)) / (bytes / 1e9));
-  }
   std::printf("%s\n", out.str().c_str());
   return 0;
 }

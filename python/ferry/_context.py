@@ -20,6 +20,13 @@ def _control_timeout(seconds):
     return _milliseconds(seconds, "timeout", none=_FOREVER_MS)
 
 
+def _seconds_to(seconds, what, unit):
+    """`seconds` (a number >= 0, not a bool) in `unit`s per second, rounded."""
+    if not isinstance(seconds, (int, float)) or isinstance(seconds, bool) or seconds < 0:
+        raise ValueError(f"{what} must be a number of seconds >= 0, got {seconds!r}")
+    return int(round(seconds * unit))
+
+
 class TlsOptions(NamedTuple):
     """TLS for the metadata channel (ferry::TlsOptions): paths of PEM files."""
 
@@ -91,10 +98,9 @@ class Context:
         options = {"name": str(name), "threads": threads, "wait_runs_loop": bool(wait_runs_loop),
                    "wait_linger_us": int(round(wait_linger * 1e6))}
         if idle_spin is not None:
-            if (isinstance(idle_spin, bool) or not isinstance(idle_spin, (int, float))
-                    or not 0 <= idle_spin <= 0.01):
-                raise ValueError(f"idle_spin must be seconds in [0, 0.01], got {idle_spin!r}")
-            options["idle_spin_us"] = int(round(idle_spin * 1e6))
+            options["idle_spin_us"] = _seconds_to(idle_spin, "idle_spin", 1e6)
+            if idle_spin > 0.01:
+                raise ValueError(f"idle_spin must be at most 0.01 s, got {idle_spin!r}")
         given = dict(transport=transport, max_frame_bytes=max_frame_bytes,
                      max_queued_control_bytes=max_queued_control_bytes,
                      max_requests_per_peer=max_requests_per_peer,

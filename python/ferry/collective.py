@@ -31,7 +31,7 @@ from typing import List, NamedTuple, Optional
 import numpy as np
 
 from . import _ferry
-from ._context import Context, _milliseconds
+from ._context import Context, _milliseconds, _seconds_to
 from ._errors import _SUBCLASSES, FerryError, from_info
 from ._ref import ObjectRef
 from ._tensors import _FERRY_DTYPES, TensorSpec, _torch_module, source, target
@@ -167,12 +167,6 @@ def _empty(t, shape, x):
     if t.spec.kind == "torch":
         return _torch_module().empty(shape, dtype=x.dtype)
     return np.empty(shape, dtype=np.dtype(t.spec.dtype))
-
-
-def _seconds_to(seconds, what, unit):
-    if not isinstance(seconds, (int, float)) or isinstance(seconds, bool) or seconds < 0:
-        raise ValueError(f"{what} must be a number of seconds >= 0, got {seconds!r}")
-    return int(round(seconds * unit))
 
 
 def _size(value, what, minimum=0):
