@@ -221,7 +221,10 @@ __attribute__((target("avx2,f16c"))) void loop_half(std::byte* acc, const std::b
     auto* at = reinterpret_cast<__m128i*>(acc + 2 * i);
     const __m256 a = _mm256_cvtph_ps(_mm_loadu_si128(at));
     const __m256 b = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(in + 2 * i)));
-    _mm_storeu_si128(at, _mm256_cvtps_ph(apply_to<Op, Flip>(a, b), _MM_FROUND_TO_NEAREST_INT));
+    // Named first: without optimisation _mm256_cvtps_ph is a macro, and the template's comma
+    // would split its arguments.
+    const __m256 r = apply_to<Op, Flip>(a, b);
+    _mm_storeu_si128(at, _mm256_cvtps_ph(r, _MM_FROUND_TO_NEAREST_INT));
   }
   elementwise<uint16_t>(acc + 2 * i, in + 2 * i, n - i,
                         oriented<Flip>(Widened<Half, FloatOp<Op>>{}));
