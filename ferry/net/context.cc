@@ -667,10 +667,12 @@ void Context::start_connect(std::shared_ptr<Impl> impl, std::string address,
 }
 
 Result<Peer> Context::connect(std::string address) {
-  std::promise<std::pair<std::error_code, Peer>> promise;
-  auto future = promise.get_future();
-  start_connect(impl_, std::move(address), [&promise](boost::system::error_code ec, Peer peer) {
-    promise.set_value({std::error_code(ec), std::move(peer)});
+  // Shared with the handler: should the guard below give up first, the handler still has a
+  // promise to complete.
+  auto promise = std::make_shared<std::promise<std::pair<std::error_code, Peer>>>();
+  auto future = promise->get_future();
+  start_connect(impl_, std::move(address), [promise](boost::system::error_code ec, Peer peer) {
+    promise->set_value({std::error_code(ec), std::move(peer)});
   });
   // Both phases carry their own deadlines; this one only guards against a bug.
   const auto limit =
