@@ -72,9 +72,10 @@ int main(int argc, char** argv) {
 
   std::string reduce_size = "4M";
   double reduce_seconds = 0.5;
-  auto* rd = app.add_subcommand("reduce", "Single-core reduction kernels (sum) per dtype");
+  auto* rd = app.add_subcommand(
+      "reduce", "Single-core reduction kernels (sum, max) per dtype and place of the result");
   rd->add_option("--size", reduce_size, "Buffer size")->capture_default_str();
-  rd->add_option("--seconds", reduce_seconds, "Measured seconds per dtype")->capture_default_str();
+  rd->add_option("--seconds", reduce_seconds, "Measured seconds per line")->capture_default_str();
 
   PingPongArgs pp;
   std::string pp_size = "8";

@@ -6,8 +6,10 @@
 
 namespace ferry::bench {
 
-// Runs collective::reduce_into (sum) on two `size`-byte buffers for `seconds` per dtype, and
-// memcpy on the same buffers; prints one JSON line each (gbps: bytes of `acc` per second).
+// Runs collective::reduce_to (sum, max) on two `size`-byte buffers for `seconds` per dtype, op and
+// place of the result ("into": a, in place into the first operand as reduce_into does; b, into
+// the second; c, into a third buffer), and memcpy on the same buffers; prints one JSON line each
+// (gbps: bytes of the result per second).
 int run_reduce(uint64_t size, double seconds);
 
 }  // namespace ferry::bench

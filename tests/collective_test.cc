@@ -13,6 +13,7 @@
 #include <stdexcept>
 #include <thread>
 
+#include "ferry/collective/call.h"
 #include "ferry/collective/group.h"
 #include "ferry/collective/service.h"
 #include "ferry/rdma/rdma.h"
@@ -738,6 +739,34 @@ TEST(CollectiveDoubling, RanksBeyondAPowerOfTwoFoldIntoAPartner) {
       }
     }
   }
+}
+
+// Call::sent: false while the rank an offer is for has not fetched it, true once it has been sent
+// (and for a tag with no offer). Recursive doubling writes its last step into the offered tensor
+// before finish() on this alone. One thread plays both ranks, so the calls do not poll: both
+// contexts' io threads run them.
+TEST(CollectiveCall, AnOfferIsSentOnlyOnceItsRankHasFetchedIt) {
+  FERRY_REQUIRE_TEST_HOST();
+  collective::GroupOptions o;
+  o.busy_wait = false;
+  Ranks ranks(2, o);
+  std::vector<std::byte> mine(4096, std::byte{7}), theirs(4096);
+  collective::Call owner(ranks.group(0), "test", mine.size());
+  collective::Call fetcher(ranks.group(1), "test", mine.size());
+  ASSERT_TRUE(owner.offer("x", mine, {1}).ok());
+  EXPECT_TRUE(owner.sent("y"));
+  EXPECT_FALSE(owner.sent("x"));
+  fetcher.take(0, "x", theirs);
+  ASSERT_TRUE(fetcher.wait(0).ok());
+  EXPECT_EQ(theirs, mine);
+  // Sent once the owner's write (or the fetcher's release) has completed: a moment after.
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (!owner.sent("x") && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  EXPECT_TRUE(owner.sent("x"));
+  EXPECT_TRUE(fetcher.finish().ok());
+  EXPECT_TRUE(owner.finish().ok());
 }
 
 INSTANTIATE_TEST_SUITE_P(Ranks, Collective, ::testing::Values(2, 3, 4, 8),

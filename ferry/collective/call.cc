@@ -223,6 +223,13 @@ size_t Call::taken() const { return pending_.size(); }
 
 void Call::forget(size_t first) { pending_.resize(first); }
 
+bool Call::sent(const std::string& tag) {
+  return offers_are([&] {
+    return std::all_of(offers_->entries.begin(), offers_->entries.end(),
+                       [&](const Offers::Entry& e) { return e.sent || e.tag != tag; });
+  });
+}
+
 // A fetch whose data channel broke under it (a queue pair flushed, stalled or reset by the
 // owner) while its peer lives was started again by ferry itself (Peer::fetch, at most
 // kMaxFetchRestarts times, within the deadline): the owner still offers it (an offer lasts

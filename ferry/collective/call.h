@@ -87,6 +87,9 @@ class Call {
   // Forgets the fetches from index `first` on, every one of them waited for: finish() waits
   // only for the rest.
   void forget(size_t first);
+  // Whether every offer made as `tag` has been sent (true when there is none): the memory it
+  // views is read no more, and the caller may write into it before finish(). Never blocks.
+  bool sent(const std::string& tag);
   // Ends the call once this rank's fetches are done: waits until every offer has been sent to
   // the rank that fetches it, so that no rank needs anything more from this one (~Call then
   // withdraws them). No barrier: a rank that is done goes on while the others still fetch from

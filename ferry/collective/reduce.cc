@@ -35,39 +35,23 @@ struct Max {
   T operator()(T a, T b) const { return a < b ? b : a; }
 };
 
-// `F` with its operands swapped: the loops compute acc = f(in, acc) with it (reduce_to() into its
-// second operand).
-template <typename F>
-struct Flipped {
-  F f;
-  template <typename T>
-  T operator()(T a, T b) const {
-    return f(b, a);
-  }
-};
-template <bool Flip, typename F>
-auto oriented(F f) {
-  if constexpr (Flip) {
-    return Flipped<F>{f};
-  } else {
-    return f;
-  }
-}
-
 // Integers reduce as their unsigned counterpart for sum and prod (wrapping, no UB).
 template <typename T>
 using Wrap = std::make_unsigned_t<T>;
 
-// acc[i] = f(acc[i], in[i]) for n elements of T. Each element is loaded and stored with memcpy:
-// the buffers need not be aligned for T, and the compiler turns it into unaligned vector loads.
+// out[i] = f(a[i], b[i]) for n elements of T. `out` may be `a` or `b` (each element is read before
+// it is written) or memory overlapping neither: no __restrict, so the vectorised loop checks the
+// pointers at run time (it runs for all three: `ferry-bench reduce`). Each element is loaded and
+// stored with memcpy: the buffers need not be aligned for T, and the compiler turns it into
+// unaligned vector loads.
 template <typename T, typename F>
-inline void elementwise(std::byte* __restrict acc, const std::byte* __restrict in, size_t n, F f) {
+inline void elementwise(std::byte* out, const std::byte* a, const std::byte* b, size_t n, F f) {
   for (size_t i = 0; i < n; ++i) {
-    T a, b;
-    std::memcpy(&a, acc + i * sizeof(T), sizeof(T));
-    std::memcpy(&b, in + i * sizeof(T), sizeof(T));
-    a = f(a, b);
-    std::memcpy(acc + i * sizeof(T), &a, sizeof(T));
+    T x, y;
+    std::memcpy(&x, a + i * sizeof(T), sizeof(T));
+    std::memcpy(&y, b + i * sizeof(T), sizeof(T));
+    x = f(x, y);
+    std::memcpy(out + i * sizeof(T), &x, sizeof(T));
   }
 }
 
@@ -75,45 +59,46 @@ inline void elementwise(std::byte* __restrict acc, const std::byte* __restrict i
 // The same loop compiled for AVX2 (twice the vector width of the x86-64 baseline's SSE2), used
 // when the CPU has it: the build itself targets the baseline.
 template <typename T, typename F>
-__attribute__((target("avx2"))) void loop_avx2(std::byte* acc, const std::byte* in, size_t n, F f) {
-  elementwise<T>(acc, in, n, f);
+__attribute__((target("avx2"))) void loop_avx2(std::byte* out, const std::byte* a,
+                                               const std::byte* b, size_t n, F f) {
+  elementwise<T>(out, a, b, n, f);
 }
 #endif
 
 template <typename T, typename F>
-void loop(std::byte* acc, const std::byte* in, size_t n, F f) {
+void loop(std::byte* out, const std::byte* a, const std::byte* b, size_t n, F f) {
 #if defined(__x86_64__)
   static const bool avx2 = __builtin_cpu_supports("avx2");
-  if (avx2) return loop_avx2<T>(acc, in, n, f);
+  if (avx2) return loop_avx2<T>(out, a, b, n, f);
 #endif
-  elementwise<T>(acc, in, n, f);
+  elementwise<T>(out, a, b, n, f);
 }
 
-template <typename T, bool Flip>
-void reduce_int(ReduceOp op, std::byte* acc, const std::byte* in, size_t n) {
+template <typename T>
+void reduce_int(ReduceOp op, std::byte* out, const std::byte* a, const std::byte* b, size_t n) {
   switch (op) {
     case ReduceOp::kSum:
-      return loop<Wrap<T>>(acc, in, n, oriented<Flip>(Sum<Wrap<T>>{}));
+      return loop<Wrap<T>>(out, a, b, n, Sum<Wrap<T>>{});
     case ReduceOp::kProd:
-      return loop<Wrap<T>>(acc, in, n, oriented<Flip>(Prod<Wrap<T>>{}));
+      return loop<Wrap<T>>(out, a, b, n, Prod<Wrap<T>>{});
     case ReduceOp::kMin:
-      return loop<T>(acc, in, n, oriented<Flip>(Min<T>{}));
+      return loop<T>(out, a, b, n, Min<T>{});
     case ReduceOp::kMax:
-      return loop<T>(acc, in, n, oriented<Flip>(Max<T>{}));
+      return loop<T>(out, a, b, n, Max<T>{});
   }
 }
 
-template <typename T, bool Flip>
-void reduce_float(ReduceOp op, std::byte* acc, const std::byte* in, size_t n) {
+template <typename T>
+void reduce_float(ReduceOp op, std::byte* out, const std::byte* a, const std::byte* b, size_t n) {
   switch (op) {
     case ReduceOp::kSum:
-      return loop<T>(acc, in, n, oriented<Flip>(Sum<T>{}));
+      return loop<T>(out, a, b, n, Sum<T>{});
     case ReduceOp::kProd:
-      return loop<T>(acc, in, n, oriented<Flip>(Prod<T>{}));
+      return loop<T>(out, a, b, n, Prod<T>{});
     case ReduceOp::kMin:
-      return loop<T>(acc, in, n, oriented<Flip>(Min<T>{}));
+      return loop<T>(out, a, b, n, Min<T>{});
     case ReduceOp::kMax:
-      return loop<T>(acc, in, n, oriented<Flip>(Max<T>{}));
+      return loop<T>(out, a, b, n, Max<T>{});
   }
 }
 
@@ -201,11 +186,6 @@ __attribute__((target("avx2"))) inline __m256 apply(__m256 a, __m256 b) {
   if constexpr (Op == ReduceOp::kMin) return _mm256_min_ps(b, a);
   if constexpr (Op == ReduceOp::kMax) return _mm256_max_ps(b, a);
 }
-// apply() on (acc, in), or on (in, acc) when Flip.
-template <ReduceOp Op, bool Flip>
-__attribute__((target("avx2"))) inline __m256 apply_to(__m256 acc, __m256 in) {
-  return Flip ? apply<Op>(in, acc) : apply<Op>(acc, in);
-}
 
 // CPUID's F16C bit (clang's __builtin_cpu_supports does not know "f16c").
 bool cpu_has_f16c() {
@@ -214,26 +194,28 @@ bool cpu_has_f16c() {
 }
 
 // float16 with the CPU's conversions (F16C: every AVX2 CPU has it, the baseline does not).
-template <ReduceOp Op, bool Flip>
-__attribute__((target("avx2,f16c"))) void loop_half(std::byte* acc, const std::byte* in, size_t n) {
+// Each step loads both operands before it stores: `out` may be either of them (elementwise()).
+template <ReduceOp Op>
+__attribute__((target("avx2,f16c"))) void loop_half(std::byte* out, const std::byte* a,
+                                                    const std::byte* b, size_t n) {
   size_t i = 0;
   for (; i + 8 <= n; i += 8) {
-    auto* at = reinterpret_cast<__m128i*>(acc + 2 * i);
-    const __m256 a = _mm256_cvtph_ps(_mm_loadu_si128(at));
-    const __m256 b = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(in + 2 * i)));
-    // Named first: without optimisation _mm256_cvtps_ph is a macro, and the template's comma
+    const __m256 x = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a + 2 * i)));
+    const __m256 y = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 2 * i)));
+    // Named first: without optimisation _mm256_cvtps_ph is a macro, and a template's comma
     // would split its arguments.
-    const __m256 r = apply_to<Op, Flip>(a, b);
-    _mm_storeu_si128(at, _mm256_cvtps_ph(r, _MM_FROUND_TO_NEAREST_INT));
+    const __m256 r = apply<Op>(x, y);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 2 * i),
+                     _mm256_cvtps_ph(r, _MM_FROUND_TO_NEAREST_INT));
   }
-  elementwise<uint16_t>(acc + 2 * i, in + 2 * i, n - i,
-                        oriented<Flip>(Widened<Half, FloatOp<Op>>{}));
+  elementwise<uint16_t>(out + 2 * i, a + 2 * i, b + 2 * i, n - i, Widened<Half, FloatOp<Op>>{});
 }
 
 // bfloat16 -> float: the bits shifted up. Interleaving zeros below each element widens elements
 // 0-3 and 8-11 (lo) and 4-7 and 12-15 (hi); packing lo with hi puts them back in order.
-template <ReduceOp Op, bool Flip>
-__attribute__((target("avx2"))) void loop_bfloat(std::byte* acc, const std::byte* in, size_t n) {
+template <ReduceOp Op>
+__attribute__((target("avx2"))) void loop_bfloat(std::byte* out, const std::byte* a,
+                                                 const std::byte* b, size_t n) {
   const __m256i zero = _mm256_setzero_si256(), one = _mm256_set1_epi32(1);
   const __m256i below_half = _mm256_set1_epi32(0x7fff), quiet = _mm256_set1_epi32(0x40);
   const __m256i abs_mask = _mm256_set1_epi32(0x7fffffff), inf = _mm256_set1_epi32(0x7f800000);
@@ -248,70 +230,69 @@ __attribute__((target("avx2"))) void loop_bfloat(std::byte* acc, const std::byte
   };
   size_t i = 0;
   for (; i + 16 <= n; i += 16) {
-    auto* at = reinterpret_cast<__m256i*>(acc + 2 * i);
-    const __m256i a = _mm256_loadu_si256(at);
-    const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(in + 2 * i));
-    const __m256 lo = apply_to<Op, Flip>(_mm256_castsi256_ps(_mm256_unpacklo_epi16(zero, a)),
-                                         _mm256_castsi256_ps(_mm256_unpacklo_epi16(zero, b)));
-    const __m256 hi = apply_to<Op, Flip>(_mm256_castsi256_ps(_mm256_unpackhi_epi16(zero, a)),
-                                         _mm256_castsi256_ps(_mm256_unpackhi_epi16(zero, b)));
-    _mm256_storeu_si256(at, _mm256_packus_epi32(narrow(lo), narrow(hi)));
+    const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + 2 * i));
+    const __m256i y = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 2 * i));
+    const __m256 lo = apply<Op>(_mm256_castsi256_ps(_mm256_unpacklo_epi16(zero, x)),
+                                _mm256_castsi256_ps(_mm256_unpacklo_epi16(zero, y)));
+    const __m256 hi = apply<Op>(_mm256_castsi256_ps(_mm256_unpackhi_epi16(zero, x)),
+                                _mm256_castsi256_ps(_mm256_unpackhi_epi16(zero, y)));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 2 * i),
+                        _mm256_packus_epi32(narrow(lo), narrow(hi)));
   }
-  elementwise<uint16_t>(acc + 2 * i, in + 2 * i, n - i,
-                        oriented<Flip>(Widened<BFloat, FloatOp<Op>>{}));
+  elementwise<uint16_t>(out + 2 * i, a + 2 * i, b + 2 * i, n - i, Widened<BFloat, FloatOp<Op>>{});
 }
 #endif
 
-template <typename Format, ReduceOp Op, bool Flip>
-void loop_16(std::byte* acc, const std::byte* in, size_t n) {
+template <typename Format, ReduceOp Op>
+void loop_16(std::byte* out, const std::byte* a, const std::byte* b, size_t n) {
 #if defined(__x86_64__)
   static const bool fast =
       __builtin_cpu_supports("avx2") && (!std::is_same_v<Format, Half> || cpu_has_f16c());
   if (fast) {
-    if constexpr (std::is_same_v<Format, Half>) return loop_half<Op, Flip>(acc, in, n);
-    if constexpr (std::is_same_v<Format, BFloat>) return loop_bfloat<Op, Flip>(acc, in, n);
+    if constexpr (std::is_same_v<Format, Half>) return loop_half<Op>(out, a, b, n);
+    if constexpr (std::is_same_v<Format, BFloat>) return loop_bfloat<Op>(out, a, b, n);
   }
 #endif
-  loop<uint16_t>(acc, in, n, oriented<Flip>(Widened<Format, FloatOp<Op>>{}));
+  loop<uint16_t>(out, a, b, n, Widened<Format, FloatOp<Op>>{});
 }
 
-template <typename Format, bool Flip>
-void reduce_16(ReduceOp op, std::byte* acc, const std::byte* in, size_t n) {
+template <typename Format>
+void reduce_16(ReduceOp op, std::byte* out, const std::byte* a, const std::byte* b, size_t n) {
   switch (op) {
     case ReduceOp::kSum:
-      return loop_16<Format, ReduceOp::kSum, Flip>(acc, in, n);
+      return loop_16<Format, ReduceOp::kSum>(out, a, b, n);
     case ReduceOp::kProd:
-      return loop_16<Format, ReduceOp::kProd, Flip>(acc, in, n);
+      return loop_16<Format, ReduceOp::kProd>(out, a, b, n);
     case ReduceOp::kMin:
-      return loop_16<Format, ReduceOp::kMin, Flip>(acc, in, n);
+      return loop_16<Format, ReduceOp::kMin>(out, a, b, n);
     case ReduceOp::kMax:
-      return loop_16<Format, ReduceOp::kMax, Flip>(acc, in, n);
+      return loop_16<Format, ReduceOp::kMax>(out, a, b, n);
   }
 }
 
-// acc = op(acc, in), or op(in, acc) when Flip, over n elements of `dtype` (checked by the caller:
-// one the reductions cover).
-template <bool Flip>
-void reduce_elements(DType dtype, ReduceOp op, std::byte* a, const std::byte* b, size_t n) {
+// out = op(a, b) over n elements of `dtype` (checked by the caller: one the reductions cover);
+// `out` is `a`, `b` or memory overlapping neither (elementwise()).
+void reduce_elements(DType dtype, ReduceOp op, std::byte* out, const std::byte* a,
+                     const std::byte* b, size_t n) {
   switch (dtype) {
     case DType::kUInt8:
-      return reduce_int<uint8_t, Flip>(op, a, b, n);
+      return reduce_int<uint8_t>(op, out, a, b, n);
     case DType::kInt8:
-      return reduce_int<int8_t, Flip>(op, a, b, n);
+      return reduce_int<int8_t>(op, out, a, b, n);
     case DType::kInt16:
-      return reduce_int<int16_t, Flip>(op, a, b, n);
+      return reduce_int<int16_t>(op, out, a, b, n);
     case DType::kInt32:
-      return reduce_int<int32_t, Flip>(op, a, b, n);
+      return reduce_int<int32_t>(op, out, a, b, n);
     case DType::kInt64:
-      return reduce_int<int64_t, Flip>(op, a, b, n);
+      return reduce_int<int64_t>(op, out, a, b, n);
     case DType::kFloat16:
-      return reduce_16<Half, Flip>(op, a, b, n);
+      return reduce_16<Half>(op, out, a, b, n);
     case DType::kBFloat16:
-      return reduce_16<BFloat, Flip>(op, a, b, n);
+      return reduce_16<BFloat>(op, out, a, b, n);
     case DType::kFloat32:
-      return reduce_float<float, Flip>(op, a, b, n);
+      return reduce_float<float>(op, out, a, b, n);
     case DType::kFloat64:
-      return reduce_float<double, Flip>(op, a, b, n);
+      return reduce_float<double>(op, out, a, b, n);
     case DType::kBool:
       return;
   }
@@ -347,7 +328,7 @@ uint16_t float_to_bf16(float f) { return BFloat::narrow(f); }
 std::error_code reduce_into(DType dtype, ReduceOp op, std::span<std::byte> acc,
                             std::span<const std::byte> in) {
   if (!reducible(dtype, acc.size()) || acc.size() != in.size()) return errc::invalid_argument;
-  reduce_elements<false>(dtype, op, acc.data(), in.data(), acc.size() / dtype_size(dtype));
+  reduce_elements(dtype, op, acc.data(), acc.data(), in.data(), acc.size() / dtype_size(dtype));
   return {};
 }
 
@@ -356,19 +337,14 @@ std::error_code reduce_to(DType dtype, ReduceOp op, std::span<std::byte> out,
   if (!reducible(dtype, out.size()) || a.size() != out.size() || b.size() != out.size()) {
     return errc::invalid_argument;
   }
-  const size_t n = out.size() / dtype_size(dtype);
-  if (out.data() == a.data()) {
-    reduce_elements<false>(dtype, op, out.data(), b.data(), n);
-  } else if (out.data() == b.data()) {
-    reduce_elements<true>(dtype, op, out.data(), a.data(), n);
-  } else {
-    const auto overlaps = [&](std::span<const std::byte> x) {
-      return !x.empty() && x.data() < out.data() + out.size() && out.data() < x.data() + x.size();
-    };
-    if (overlaps(a) || overlaps(b)) return errc::invalid_argument;
-    if (!out.empty()) std::memcpy(out.data(), a.data(), out.size());
-    reduce_elements<false>(dtype, op, out.data(), b.data(), n);
-  }
+  // Either operand itself, or memory apart from both: a partial overlap would read elements
+  // already written.
+  const auto overlaps = [&](std::span<const std::byte> x) {
+    return x.data() != out.data() && !x.empty() && x.data() < out.data() + out.size() &&
+           out.data() < x.data() + x.size();
+  };
+  if (overlaps(a) || overlaps(b)) return errc::invalid_argument;
+  reduce_elements(dtype, op, out.data(), a.data(), b.data(), out.size() / dtype_size(dtype));
   return {};
 }
 

@@ -41,9 +41,9 @@ std::error_code reduce_into(DType dtype, ReduceOp op, std::span<std::byte> acc,
 
 /// out = op(a, b), element-wise, with the same bits as reduce_into() on a copy of `a`: the
 /// operands' order is kept (it decides which NaN or signed zero min, max and the 16-bit formats
-/// give). `out` may be `a` (reduce_into()) or `b` (in place into the second operand, no copy:
-/// what lets a rank reduce into the buffer a peer's bytes landed in whatever its place in the
-/// order); else it must overlap neither, and `a` is copied into it first. Sizes and dtype as for
+/// give). `out` may be `a` (reduce_into()), `b` (in place into the second operand: what lets a
+/// rank reduce into the buffer a peer's bytes landed in whatever its place in the order) or
+/// memory overlapping neither; one pass over the three in every case. Sizes and dtype as for
 /// reduce_into(), errc::invalid_argument otherwise or for a partial overlap. Any thread; no
 /// allocation.
 std::error_code reduce_to(DType dtype, ReduceOp op, std::span<std::byte> out,

@@ -14,11 +14,12 @@ namespace ferry::collective {
 // every other rank's tensor) takes N-1, each a fetch request and a reply on the wire: for a
 // small tensor that per-message CPU is the latency. Every fetch is posted at the start (a value
 // not yet offered waits on its owner). Memory: the caller's `data` is offered at step 0 (or to
-// the odd partner, folded) and written only after Call::finish (every offer sent), from the
-// last step's result in the scratch; a folded rank's result lands in `data` only after its
-// partner read it (it reduces the pair before the doubling it ends with). Each step reduces into
-// the slot the partner's value landed in (reduce_to keeps lower op upper whichever rank this
-// is), a slot no offer reads: no copy per step.
+// the odd partner, folded); a folded rank's result lands in `data` only after its partner read
+// it (it reduces the pair before the doubling it ends with). Each step reduces into the slot the
+// partner's value landed in (reduce_to keeps lower op upper whichever rank this is), a slot no
+// offer reads: no copy per step. The last step reduces straight into `data` when no offer reads
+// it any more (on an odd rank of a pair none ever does; elsewhere once step 0's offer has been
+// sent), else into its slot, copied into `data` after Call::finish (every offer sent).
 Status allreduce_doubling(Call& call, std::span<std::byte> data, DType dtype, ReduceOp op) {
   const size_t bytes = data.size();
   const int n = call.size();
@@ -58,10 +59,12 @@ Status allreduce_doubling(Call& call, std::span<std::byte> data, DType dtype, Re
     if (auto s = call.offer("rd" + std::to_string(i), cur, {real(pnr)}); !s) return s;
     if (auto s = call.wait(next_pending++); !s) return s;
     auto theirs = slot(1 + i);
-    const auto ec = nr < pnr ? reduce_to(dtype, op, theirs, cur, theirs)
-                             : reduce_to(dtype, op, theirs, theirs, cur);
+    const bool done_with_data = i == k - 1 && (paired || call.sent("rd0"));
+    const auto into = done_with_data ? data : theirs;
+    const auto ec = nr < pnr ? reduce_to(dtype, op, into, cur, theirs)
+                             : reduce_to(dtype, op, into, theirs, cur);
     if (ec) return call.fail(-1, ec, "reduce");
-    cur = theirs;
+    cur = into;
   }
   if (paired) {
     if (auto s = call.offer("unfold", cur, {rank - 1}); !s) return s;

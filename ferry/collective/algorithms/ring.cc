@@ -98,7 +98,7 @@ Status ring(Call& call, std::span<const std::byte> in, DType dtype, ReduceOp op,
     if (p.step < n - 2) {
       ec = reduce_into(dtype, op, sum, own);
     } else {
-      // In place when `out` is `in` (this chunk is read by no one else), else copied into it.
+      // In place when `out` is `in` (this chunk is read by no one else), else straight into it.
       sum = out.subspan(p.off - out_base, p.len);
       ec = reduce_to(dtype, op, sum, p.into, own);
     }
