@@ -1027,6 +1027,7 @@ TEST(CollectiveFailure, AFailedGroupsMarkersOutliveTheGroup) {
 // rank (recursive halving, the ring), and the leaver's connections going away must not fail
 // them: they need nothing more from it.
 TEST(CollectiveLeave, RanksThatEndRightAfterTheirLastCallFailNoOne) {
+  FERRY_REQUIRE_TEST_HOST();
   for (int round = 0; round < 6; ++round) {  // a race: more rounds, more chances to lose it
     collective::GroupOptions o;
     o.doubling_threshold = 64;  // recursive halving even for this small tensor

@@ -17,6 +17,7 @@ namespace ferry::test {
 namespace {
 
 TEST(Process, ServerKilledMidFetchFailsEveryPendingFutureWithPeerScope) {
+  FERRY_REQUIRE_TEST_HOST();
   constexpr size_t kBig = 256u << 20;
   ChildProcess doomed({std::to_string(kBig), std::to_string(kBig), "1000"});
   ASSERT_EQ(doomed.refs.size(), 3u);
@@ -55,6 +56,7 @@ TEST(Process, ServerKilledMidFetchFailsEveryPendingFutureWithPeerScope) {
 }
 
 TEST(Process, FetcherKilledMidFetchLeavesTheServerClean) {
+  FERRY_REQUIRE_TEST_HOST();
   Server server;
   auto big = make_pattern(64u << 20, 3);
   auto small = make_pattern(100000, 4);
@@ -93,6 +95,7 @@ TEST(Process, FetcherKilledMidFetchLeavesTheServerClean) {
 // A process the application spawns must not inherit ferry's connections: it would keep them
 // open after this process closes them (or dies), and peers would not see the reset.
 TEST(Process, SpawnedProcessesInheritNoFerrySocket) {
+  FERRY_REQUIRE_TEST_HOST();
   Server server;
   auto ref = server.put(make_pattern(100000, 9));
   Context client(client_options("client"));
@@ -114,6 +117,7 @@ TEST(Process, SpawnedProcessesInheritNoFerrySocket) {
 }
 
 TEST(Process, FrozenServerIsDeclaredDeadByHeartbeats) {
+  FERRY_REQUIRE_TEST_HOST();
   ChildProcess frozen({"1000"});
   ContextOptions options = client_options("watcher");
   options.heartbeat_interval = 100ms;
