@@ -129,16 +129,25 @@ void Window::on_done(int slot, int tries, Clock::time_point started, boost::syst
   launch(slot, 0);
 }
 
+CpuSince::CpuSince(pid_t server_pid)
+    : server_pid_(server_pid),
+      client0_(self_cpu_seconds()),
+      server0_(server_pid ? process_cpu_seconds(server_pid) : -1) {}
+
+WindowCpu CpuSince::taken() const {
+  WindowCpu cpu;
+  cpu.client_s = self_cpu_seconds() - client0_;
+  if (server_pid_) cpu.server_s = process_cpu_seconds(server_pid_) - server0_;
+  return cpu;
+}
+
 WindowCpu measure_window(Window& window, double seconds, pid_t server_pid,
                          std::chrono::seconds drain_limit, const char* who,
                          const std::function<void()>& at_end) {
-  const double server0 = server_pid ? process_cpu_seconds(server_pid) : -1;
-  const double client0 = self_cpu_seconds();
+  const CpuSince since(server_pid);
   window.begin_measuring();
   std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
-  WindowCpu cpu;
-  cpu.client_s = self_cpu_seconds() - client0;
-  if (server_pid) cpu.server_s = process_cpu_seconds(server_pid) - server0;
+  const WindowCpu cpu = since.taken();
   if (at_end) at_end();
   if (!window.stop(drain_limit)) {
     std::fprintf(stderr, "ferry-bench %s: fetches still in flight %lld s after the end\n", who,

@@ -93,6 +93,18 @@ struct WindowCpu {
   double server_s = -1;
 };
 
+// The CPU this process and the server (no pid: none) have taken since construction.
+class CpuSince {
+ public:
+  explicit CpuSince(pid_t server_pid);
+  WindowCpu taken() const;
+
+ private:
+  pid_t server_pid_;
+  double client0_;
+  double server0_;
+};
+
 // One measured stretch of a started window: begin_measuring(), `seconds`, the CPU taken (the
 // window only, not the drain after it), `at_end` run (it may sample more), then stop(). A window
 // that does not drain within `drain_limit` ends the process (its handlers reference it), with a

@@ -18,20 +18,19 @@ namespace {
 
 // Connected and idle: what waiting costs both sides (heartbeats only).
 int run_idle(const FetchArgs& args, Peer& peer) {
-  const double server_cpu0 = args.server_pid ? process_cpu_seconds(args.server_pid) : -1;
-  const double cpu0 = self_cpu_seconds();
+  const CpuSince since(args.server_pid);
   const auto t0 = Clock::now();
   std::this_thread::sleep_for(std::chrono::duration<double>(args.seconds));
   const double secs = seconds_between(t0, Clock::now());
+  const WindowCpu cpu = since.taken();
   JsonLine out;
   out.add("tool", "ferry")
       .add("bench", "idle")
       .add("transport", peer.transport())
       .add("busy_poll", args.busy_poll ? 1 : 0)
       .add("seconds", secs)
-      .add("cpu_client_s", self_cpu_seconds() - cpu0)
-      .add("cpu_server_s",
-           args.server_pid ? process_cpu_seconds(args.server_pid) - server_cpu0 : -1.0);
+      .add("cpu_client_s", cpu.client_s)
+      .add("cpu_server_s", cpu.server_s);
   std::printf("%s\n", out.str().c_str());
   return 0;
 }
@@ -79,14 +78,11 @@ int run_wait_loop(const FetchArgs& args, Peer& peer, const ObjectRef& ref) {
   };
   if (auto ec = run_for(args.warmup)) return report_failure("fetch", "", ec);
   latencies.clear();
-  const double server_cpu0 = args.server_pid ? process_cpu_seconds(args.server_pid) : -1;
-  const double cpu0 = self_cpu_seconds();
+  const CpuSince since(args.server_pid);
   const auto t0 = Clock::now();
   if (auto ec = run_for(args.seconds)) return report_failure("fetch", "", ec);
   const double secs = seconds_between(t0, Clock::now());
-  WindowCpu cpu;
-  cpu.client_s = self_cpu_seconds() - cpu0;
-  if (args.server_pid) cpu.server_s = process_cpu_seconds(args.server_pid) - server_cpu0;
+  const WindowCpu cpu = since.taken();
   const double fetches = static_cast<double>(latencies.size());
   JsonLine out;
   out.add("tool", "ferry")

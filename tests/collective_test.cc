@@ -760,11 +760,7 @@ TEST(CollectiveCall, AnOfferIsSentOnlyOnceItsRankHasFetchedIt) {
   ASSERT_TRUE(fetcher.wait(0).ok());
   EXPECT_EQ(theirs, mine);
   // Sent once the owner's write (or the fetcher's release) has completed: a moment after.
-  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  while (!owner.sent("x") && std::chrono::steady_clock::now() < until) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
-  EXPECT_TRUE(owner.sent("x"));
+  EXPECT_TRUE(eventually([&] { return owner.sent("x"); }, std::chrono::seconds(10)));
   EXPECT_TRUE(fetcher.finish().ok());
   EXPECT_TRUE(owner.finish().ok());
 }
