@@ -141,6 +141,13 @@ TEST(Reduce, RejectsBadInput) {
   std::vector<std::byte> c(6), d(6);
   EXPECT_TRUE(collective::reduce_into(DType::kFloat32, ReduceOp::kSum, c, d));  // not elements
   EXPECT_TRUE(collective::reduce_into(DType::kBool, ReduceOp::kSum, a, a));
+  // The operand partly overlapping the accumulator would be read after it was written.
+  std::vector<std::byte> e(64);
+  const auto part = [&](size_t at) { return std::span(e).subspan(at, 32); };
+  EXPECT_TRUE(collective::reduce_into(DType::kFloat32, ReduceOp::kSum, part(0), part(4)));
+  EXPECT_TRUE(collective::reduce_into(DType::kFloat32, ReduceOp::kSum, part(16), part(0)));
+  EXPECT_FALSE(collective::reduce_into(DType::kFloat32, ReduceOp::kSum, part(0), part(0)));
+  EXPECT_FALSE(collective::reduce_into(DType::kFloat32, ReduceOp::kSum, part(0), part(32)));
 }
 
 // reduce_to() gives the bits reduce_into() gives on a copy of its first operand, with the result

@@ -327,9 +327,7 @@ uint16_t float_to_bf16(float f) { return BFloat::narrow(f); }
 
 std::error_code reduce_into(DType dtype, ReduceOp op, std::span<std::byte> acc,
                             std::span<const std::byte> in) {
-  if (!reducible(dtype, acc.size()) || acc.size() != in.size()) return errc::invalid_argument;
-  reduce_elements(dtype, op, acc.data(), acc.data(), in.data(), acc.size() / dtype_size(dtype));
-  return {};
+  return reduce_to(dtype, op, acc, acc, in);
 }
 
 std::error_code reduce_to(DType dtype, ReduceOp op, std::span<std::byte> out,

@@ -34,8 +34,9 @@ enum class ReduceOp {
 std::string_view reduce_op_name(ReduceOp op);
 
 /// acc = op(acc, in), element-wise. Both spans hold whole elements of `dtype` and have the same
-/// size. errc::invalid_argument for a dtype the reductions do not cover (uint8, int8 and int16
-/// are covered too; bool is not) or mismatched sizes. Any thread; no allocation.
+/// size; `in` is `acc` itself or memory apart from it. errc::invalid_argument for a dtype the
+/// reductions do not cover (uint8, int8 and int16 are covered too; bool is not), mismatched sizes
+/// or a partial overlap. Any thread; no allocation.
 std::error_code reduce_into(DType dtype, ReduceOp op, std::span<std::byte> acc,
                             std::span<const std::byte> in);
 
