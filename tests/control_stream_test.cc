@@ -239,8 +239,14 @@ TEST_F(ControlStreamTest, APeerThatDoesNotReadItsQueueEndsTheConnection) {
   stream().send(big);
   EXPECT_TRUE(owner.ended.empty());
   stream().send(big);  // past the bound before any write: the peer is not reading
+  // Not from inside send(): its caller may be walking tables that the owner's close clears.
+  EXPECT_TRUE(owner.ended.empty());
+  stream().send(ping(1));  // dropped: the connection is ending
+  ASSERT_TRUE(run_until([&] { return !owner.ended.empty(); }));
   ASSERT_EQ(owner.ended.size(), 1u);
   EXPECT_EQ(owner.ended[0].ec, std::error_code(errc::peer_unresponsive));
+  run_until([] { return false; }, 50ms);
+  for (const auto& env : at_peer) EXPECT_FALSE(env.has_ping()) << "a frame sent after the end";
 }
 
 }  // namespace

@@ -1283,6 +1283,33 @@ TEST(Close, ClosingTheServerFailsPendingFetchesWithPeerScope) {
   EXPECT_EQ(scope_of(peer.fetch(ref).wait(scaled(5s))), Scope::peer);
 }
 
+// A Peer kept after its own Context closed is a closed shell: a fetch (every form) and a control
+// request complete at once with context_closed, though the context's loop has stopped.
+TEST(Close, APeerKeptAfterItsContextClosedFailsEveryRequestAtOnce) {
+  Server server;
+  auto ref = server.put(make_pattern(1000, 3));
+  auto client = std::make_unique<Context>(client_options("client"));
+  auto peer = connect_or_fail(*client, server.address());
+  client->close();
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_EQ(peer.fetch(ref).wait(scaled(5s)), errc::context_closed);
+  std::promise<std::error_code> handled;
+  auto req =
+      peer.fetch(ref, {}, {}, [&](std::error_code ec, FetchResult) { handled.set_value(ec); });
+  auto done = handled.get_future();
+  ASSERT_EQ(done.wait_for(scaled(5s)), std::future_status::ready) << "the handler never ran";
+  EXPECT_EQ(done.get(), errc::context_closed);
+  EXPECT_EQ(req.wait(0ms), errc::context_closed);
+  auto fut = peer.async_fetch(ref, boost::asio::use_future);
+  ASSERT_EQ(fut.wait_for(scaled(5s)), std::future_status::ready) << "the future never resolved";
+  EXPECT_THROW(fut.get(), boost::system::system_error);
+  EXPECT_EQ(peer.hold(ref, 10s), errc::context_closed);
+  EXPECT_EQ(peer.release(ref, 10s), errc::context_closed);
+  EXPECT_EQ(peer.list(10s).error(), errc::context_closed);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, scaled(5s));  // none waited for its timeout
+  client.reset();
+}
+
 // An owner that closes the moment its send of one object is done (PutOptions::on_sent: over TCP,
 // written to the data socket; 60,000 bytes, in flight at once: socket buffers hold them), reached
 // through a relay that holds each read of the data channel back `hold`: its bytes reach the

@@ -208,7 +208,11 @@ void CmaChannel::expire_leases() {
   for (const auto& [id, lease] : leases_) {
     if (lease.granted + config_.lease_timeout <= now) due.push_back(id);
   }
-  for (uint64_t id : due) end_lease(leases_.find(id), errc::timed_out);
+  for (uint64_t id : due) {
+    // Ending one lease tells the session, which may close this channel (and end the rest).
+    if (closed_) return;
+    if (auto it = leases_.find(id); it != leases_.end()) end_lease(it, errc::timed_out);
+  }
   arm_lease_timer();
 }
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <boost/asio/post.hpp>
 #include <latch>
+#include <new>
 #include <vector>
 
 #include "ferry/cma/process_memory.h"
@@ -34,15 +35,27 @@ std::error_code Copier::read(pid_t pid, std::byte* local, uint64_t remote, size_
   const size_t share = (n + shares - 1) / shares;
   std::vector<std::error_code> errors(shares);
   std::latch done(static_cast<std::ptrdiff_t>(shares - 1));
-  for (size_t i = 1; i < shares; ++i) {
+  const auto copy_share = [&](size_t i) {
     const size_t off = i * share;
-    const size_t len = std::min(share, n - off);
-    boost::asio::post(*helpers_, [&, i, off, len] {
-      errors[i] = read_process_memory(pid, local + off, remote + off, len);
+    errors[i] = read_process_memory(pid, local + off, remote + off, std::min(share, n - off));
+  };
+  size_t posted = 1;
+  try {
+    for (; posted < shares; ++posted) {
+      boost::asio::post(*helpers_, [&, i = posted] {
+        copy_share(i);
+        done.count_down();
+      });
+    }
+  } catch (const std::bad_alloc&) {
+    // A share that could not be handed over is copied here: the helpers already posted use
+    // `errors`, `done` and `local`, so this must not return before they are done.
+    for (size_t i = posted; i < shares; ++i) {
+      copy_share(i);
       done.count_down();
-    });
+    }
   }
-  errors[0] = read_process_memory(pid, local, remote, std::min(share, n));
+  copy_share(0);
   done.wait();  // every helper is done with `local` before this returns
   for (const auto& ec : errors) {
     if (ec) return ec;

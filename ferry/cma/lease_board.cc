@@ -14,11 +14,13 @@ LeaseBoard::LeaseBoard() {
 LeaseBoard::Slot LeaseBoard::acquire() {
   std::lock_guard lock(mu_);
   if (free_.empty()) {
-    auto chunk = std::make_unique<std::atomic<uint64_t>[]>(kChunk);
-    // Room for every slot the board has: revoke() never allocates.
+    // Every allocation before the board changes: one that throws leaves it as it was (no slot
+    // in free_ whose chunk was freed). Room in free_ for every slot: revoke() never allocates.
+    chunks_.reserve(chunks_.size() + 1);
     free_.reserve((chunks_.size() + 1) * kChunk);
+    chunks_.push_back(std::make_unique<std::atomic<uint64_t>[]>(kChunk));
+    auto& chunk = chunks_.back();
     for (size_t i = 0; i < kChunk; ++i) free_.push_back(&chunk[kChunk - 1 - i]);
-    chunks_.push_back(std::move(chunk));
   }
   Slot slot{free_.back(), next_token_++};
   if (slot.token == 0) slot.token = next_token_++;

@@ -27,6 +27,15 @@ std::pair<std::error_code, wire::Envelope> call(Session& session, wire::Envelope
   return future.get();
 }
 
+// Why `session` can take no request: peer_closed without one, context_closed once its
+// context's close() has begun (its loop may have stopped: a request posted to it would never
+// run, nor complete); none otherwise.
+std::error_code unusable(const std::shared_ptr<Session>& session) {
+  if (!session) return errc::peer_closed;
+  if (session->context_closed()) return errc::context_closed;
+  return {};
+}
+
 }  // namespace
 
 Peer::Peer(std::shared_ptr<Session> session) : session_(std::move(session)) {}
@@ -41,11 +50,10 @@ bool Peer::combines_as_it_arrives() const { return session_ && session_->chosen_
 
 void Peer::start_fetch(ObjectRef ref, std::vector<MutableBuffer> targets, FetchOptions options,
                        FetchHandler handler) const {
-  if (!session_) {
-    // No session, so no io_context: complete through the system executor (never inline).
+  if (auto ec = unusable(session_)) {
+    // No loop to run it: complete through the system executor (never inline).
     detail::post_completion(boost::asio::system_executor(), std::move(handler),
-                            boost::system::error_code(make_error_code(errc::peer_closed)),
-                            FetchResult{});
+                            boost::system::error_code(ec), FetchResult{});
     return;
   }
   session_->fetch(std::move(ref), std::move(targets), std::move(options), std::move(handler));
@@ -53,9 +61,9 @@ void Peer::start_fetch(ObjectRef ref, std::vector<MutableBuffer> targets, FetchO
 
 FetchRequest Peer::fetch(ObjectRef ref, std::vector<MutableBuffer> targets,
                          FetchOptions options) const {
-  if (!session_) {
+  if (auto ec = unusable(session_)) {
     auto state = std::make_shared<detail::FetchState>(0, boost::asio::system_executor());
-    state->complete(errc::peer_closed);
+    state->complete(ec);
     return FetchRequest(state);
   }
   return session_->fetch(std::move(ref), std::move(targets), std::move(options), {});
@@ -63,10 +71,10 @@ FetchRequest Peer::fetch(ObjectRef ref, std::vector<MutableBuffer> targets,
 
 FetchRequest Peer::fetch(ObjectRef ref, std::vector<MutableBuffer> targets, FetchOptions options,
                          FetchHandler handler) const {
-  if (!session_) {
+  if (auto ec = unusable(session_)) {
     auto state = std::make_shared<detail::FetchState>(0, boost::asio::system_executor());
     state->set_handler(std::move(handler));
-    state->complete(errc::peer_closed);
+    state->complete(ec);
     return FetchRequest(state);
   }
   return session_->fetch(std::move(ref), std::move(targets), std::move(options),
@@ -74,21 +82,21 @@ FetchRequest Peer::fetch(ObjectRef ref, std::vector<MutableBuffer> targets, Fetc
 }
 
 std::error_code Peer::hold(const ObjectRef& ref, std::chrono::milliseconds timeout) const {
-  if (!session_) return errc::peer_closed;
+  if (auto ec = unusable(session_)) return ec;
   wire::Envelope env;
   env.mutable_add_ref()->set_object_id(ref.object_id);
   return call(*session_, std::move(env), timeout).first;
 }
 
 std::error_code Peer::release(const ObjectRef& ref, std::chrono::milliseconds timeout) const {
-  if (!session_) return errc::peer_closed;
+  if (auto ec = unusable(session_)) return ec;
   wire::Envelope env;
   env.mutable_release_ref()->set_object_id(ref.object_id);
   return call(*session_, std::move(env), timeout).first;
 }
 
 Result<std::vector<ObjectRef>> Peer::list(std::chrono::milliseconds timeout) const {
-  if (!session_) return errc::peer_closed;
+  if (auto ec = unusable(session_)) return ec;
   wire::Envelope env;
   env.mutable_list_objects();
   auto [ec, reply] = call(*session_, std::move(env), timeout);

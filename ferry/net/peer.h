@@ -84,7 +84,8 @@ class Peer {
                      FetchOptions options = {}) const;
   /// Both at once: a handle to wait on or abort, and `handler`, which runs once when the fetch
   /// completes (on the context's executor, never inline; an invalid Peer completes it with
-  /// peer_closed through the system executor). For bindings that resolve their own futures from
+  /// peer_closed, one whose Context has closed with context_closed, through the system
+  /// executor). For bindings that resolve their own futures from
   /// the completion and still need abort().
   FetchRequest fetch(ObjectRef ref, std::vector<MutableBuffer> targets, FetchOptions options,
                      FetchHandler handler) const;
@@ -94,7 +95,8 @@ class Peer {
   std::error_code hold(const ObjectRef& ref, std::chrono::milliseconds timeout) const;
   /// Drops one hold() of `ref`; the owner collects the object once nothing else holds it.
   /// errc::object_not_found when this connection holds no reference to it, errc::timed_out without
-  /// an answer within `timeout`, errc::peer_closed on a closed (or invalid) Peer. Blocking; not
+  /// an answer within `timeout`, errc::peer_closed on a closed (or invalid) Peer,
+  /// errc::context_closed once its Context has closed. Blocking; not
   /// from an io_context thread.
   std::error_code release(const ObjectRef& ref, std::chrono::milliseconds timeout) const;
   /// The refs the peer's store holds. Blocking with `timeout`; not from an io_context thread.

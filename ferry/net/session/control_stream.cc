@@ -1,6 +1,7 @@
 #include "ferry/net/session/control_stream.h"
 
 #include <algorithm>
+#include <boost/asio/post.hpp>
 
 #include "ferry/net/core/guard.h"
 #include "ferry/net/errors.h"
@@ -105,7 +106,7 @@ void ControlStream::send(const wire::Envelope& env) {
     const PeerInfo& peer = owner_.peer_info();
     FERRY_LOG_WARN("peer '{}' ({}) is not reading its control channel; closing it", peer.name,
                    peer.address);
-    owner_.on_end(errc::peer_unresponsive, false);
+    end_soon(errc::peer_unresponsive);
     return;
   }
   // An idle connection writes at once; frames queued while a write is in flight go out together
@@ -125,7 +126,15 @@ void ControlStream::send_error(uint64_t rid, std::error_code ec, const std::stri
   close_timer_.expires_after(std::chrono::seconds(1));
   close_timer_.async_wait(
       on_expiry(*this, [this] { owner_.on_end(close_after_write_ec_, false); }));
-  if (writing_.empty()) owner_.on_end(ec, false);
+  if (writing_.empty()) end_soon(ec);  // nothing to wait for: the frame was dropped
+}
+
+void ControlStream::end_soon(std::error_code ec) {
+  // Nothing more is read or sent; the owner hears of the end from the loop, not from inside the
+  // send that its caller made while walking its own tables (which on_end clears).
+  close_after_write_ = true;
+  close_after_write_ec_ = ec;
+  boost::asio::post(guarded(*this, [this, ec] { owner_.on_end(ec, false); }));
 }
 
 void ControlStream::write_more() {

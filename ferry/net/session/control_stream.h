@@ -53,7 +53,9 @@ class ControlStream {
     // failed), the read error, peer_unresponsive (silence past peer_timeout, or a queue past
     // max_queued_bytes), handshake_failed (a malformed frame before open()), or the error a
     // fatal send_error() carried. `peer_eof`: the peer closed its side in an orderly way. The
-    // stream reads no more; the owner answers with close() or, on `peer_eof`, drain().
+    // stream reads no more; the owner answers with close() or, on `peer_eof`, drain(). Never
+    // called from inside send() or send_error(): their caller may be walking state that the
+    // owner's close clears.
     virtual void on_end(std::error_code ec, bool peer_eof) = 0;
   };
 
@@ -81,7 +83,9 @@ class ControlStream {
   // Queues a frame for the peer. On an idle connection the write starts at once (a lone request
   // costs no trip through the loop; its completion still never runs inline); frames queued while
   // a write is in flight leave together after it, in one write. Dropped while draining, once
-  // closed, or once a fatal error is on its way.
+  // closed, or once a fatal error is on its way. A frame that takes the queue past
+  // max_queued_bytes ends the connection: nothing more is sent, and Owner::on_end follows from
+  // the loop.
   void send(const wire::Envelope& env);
   // Sends an Error frame for request `rid` (a ferry error's own code, peer_closed for others).
   // With `fatal`, nothing after it is read or sent, and the connection ends (Owner::on_end with
@@ -104,6 +108,8 @@ class ControlStream {
   std::error_code on_frame(std::string_view body);
   void write_more();
   void arm_heartbeat();
+  // Stops reading and sending, and posts Owner::on_end(ec).
+  void end_soon(std::error_code ec);
 
   Owner& owner_;
   PeerStrand& strand_;

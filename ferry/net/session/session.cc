@@ -119,9 +119,15 @@ void Session::on_end(std::error_code ec, bool peer_eof) {
 
 std::error_code Session::dispatch(const wire::Envelope& env) {
   const uint64_t rid = env.request_id();
-  if (state_ == State::handshaking) {
+  // The acceptor opens its session before its answer leaves, so while this side (the initiator)
+  // still sets up its data channel the acceptor may already ping it, or announce a transport it
+  // registered: both are what an open session answers.
+  const bool answered =
+      state_ == State::handshaking && info_.initiator && !handshake_.chosen().empty();
+  const bool liveness = env.has_ping() || env.has_pong() || env.has_capabilities();
+  if (state_ == State::handshaking && !(answered && liveness)) {
     // After the answer, the chosen transport sets up its channel with its own messages.
-    if (env.has_transport_message() && !handshake_.chosen().empty() && info_.initiator) {
+    if (env.has_transport_message() && answered) {
       const auto& m = env.transport_message();
       if (auto t = ctx_->find_transport(m.transport())) {
         deliver_transport_message(*t, rid, m.payload());
@@ -265,6 +271,8 @@ void Session::finish_rpc(uint64_t rid, std::error_code ec, const wire::Envelope&
   rpcs_.erase(it);
   done(ec, env);
 }
+
+bool Session::context_closed() const { return ctx_->closed.load(); }
 
 // ---------------------------------------------------------------- fetcher side
 

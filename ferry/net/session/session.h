@@ -86,6 +86,9 @@ class Session final : public PeerLink,
   std::string chosen_transport() const;
   // Whether the chosen transport streams FetchOptions::combine (TransportManager::combines()).
   bool chosen_combines() const;
+  // Whether Context::close() has begun: nothing posted to the strand may run any more. Any
+  // thread.
+  bool context_closed() const;
 
   // The callback guard's view (ferry/net/core/guard.h; strand() is PeerLink's). out_of_memory
   // closes the session with resource_exhausted.
