@@ -231,6 +231,27 @@ TEST_F(BadInput, FetchOfAnObjectThatDoesNotExist) {
   EXPECT_FALSE(reply->error().fatal());
 }
 
+// Named fetches parked together expire together, and their timed_out errors (each repeating its
+// 1 MiB name) take the peer's control queue past its bound inside the loop that sends them: the
+// server ends that connection (it once closed the session from inside that loop, freeing the
+// table the loop walked), and serves the honest client throughout.
+TEST_F(BadInput, ExpiringParkedFetchesThatOverflowTheControlQueueEndTheConnection) {
+  RawClient c(server.port);
+  ASSERT_TRUE(c.handshake()->has_hello_answer());
+  const std::string name(1u << 20, 'n');
+  for (uint64_t i = 0; i < 80; ++i) {
+    wire::Envelope env;
+    env.set_request_id(2 * i + 1);
+    env.mutable_fetch()->set_name(name + std::to_string(i));
+    env.mutable_fetch()->add_sizes(10);
+    env.mutable_fetch()->set_wait_ms(200);
+    c.send(env);
+  }
+  // Not reading meanwhile: the errors stay queued at the server as they expire.
+  std::this_thread::sleep_for(1500ms);
+  EXPECT_TRUE(c.closed_by_server());
+}
+
 TEST_F(BadInput, ForgedDataChannelAttach) {
   RawClient c(server.port);
   wire::Envelope env;
