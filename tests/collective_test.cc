@@ -890,6 +890,54 @@ TEST(CollectiveDeclarative, RefsThatDoNotMatchTheRanksAreRefusedAtOnce) {
   EXPECT_EQ(driver_ctx.refs().size(), offered) << "a refused submission offered a command";
 }
 
+// A command one rank cannot run (its input is gone from its store) fails the Group for every
+// rank at once, naming that rank: the others' call must not wait for the deadline, nor pair with
+// that rank's next command (which ran as their call before, and returned a mix of both commands'
+// inputs as its result). The next command fails too: the Group has failed for good.
+TEST(CollectiveDeclarative, ACommandOneRankCannotRunFailsTheGroupAtOnce) {
+  FERRY_REQUIRE_TEST_HOST();
+  const int n = 3;
+  collective::GroupOptions o;
+  o.timeout = std::chrono::seconds(60);  // the failure must come long before this
+  Ranks ranks(n, o);
+  Context driver_ctx(client_options("driver"));
+  auto port = driver_ctx.listen(test_host() + ":0");
+  ASSERT_TRUE(port.ok());
+  std::vector<ObjectRef> good, bad;
+  std::vector<std::string> addresses;
+  for (int r = 0; r < n; ++r) {
+    auto bytes = std::make_shared<std::vector<std::byte>>(rank_data(DType::kFloat32, r, 1000));
+    auto ref = ranks.context(r).put({Tensor::bytes(*bytes)}, bytes);
+    ASSERT_TRUE(ref.ok());
+    good.push_back(*ref);
+    addresses.push_back(ranks.context(r).address());
+  }
+  bad = good;
+  auto gone = std::make_shared<std::vector<std::byte>>(4000);
+  auto ref = ranks.context(2).put({Tensor::bytes(*gone)}, gone);
+  ASSERT_TRUE(ref.ok());
+  bad[2] = *ref;
+  ranks.context(2).release(*ref);
+  std::vector<std::unique_ptr<collective::Service>> services;
+  for (int r = 0; r < n; ++r) {
+    services.push_back(std::make_unique<collective::Service>(
+        ranks.context(r), ranks.group(r), test_host() + ":" + std::to_string(*port)));
+  }
+  auto driver = collective::Driver::create(driver_ctx, addresses);
+  ASSERT_TRUE(driver.ok());
+  const auto t0 = std::chrono::steady_clock::now();
+  auto first = (*driver)->allreduce(bad, DType::kFloat32, ReduceOp::kSum);
+  auto second = (*driver)->allreduce(good, DType::kFloat32, ReduceOp::kSum);
+  for (auto* s : {&first, &second}) {
+    ASSERT_EQ(s->done.wait_for(scaled(std::chrono::seconds(30))), std::future_status::ready);
+    const auto status = s->done.get();
+    EXPECT_FALSE(status.ok()) << "a command ran on a Group one rank had left";
+    EXPECT_EQ(status.rank, 2) << status.message;
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, scaled(std::chrono::seconds(20)));
+  services.clear();
+}
+
 // A Service waiting for its driver's next command (a long poll the driver holds for up to a
 // second) stops at once when destroyed: its poll is aborted, not waited out.
 TEST(CollectiveDeclarative, AnIdleServiceStopsAtOnce) {

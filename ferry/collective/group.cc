@@ -189,6 +189,12 @@ Status Group::allreduce(std::span<std::byte> data, DType dtype, ReduceOp op) {
   return allreduce_exchange(call, data, dtype, op);
 }
 
+Status Group::abandon(const std::string& what, std::error_code ec, const std::string& why) {
+  if (failed_) return *failed_;
+  Call call(*this, what, 0);
+  return call.fail(-1, ec, why);
+}
+
 Status Group::broadcast(std::span<std::byte> data, int root) {
   if (failed_) return *failed_;
   if (root < 0 || root >= size()) return {errc::invalid_argument, root, "broadcast: bad root"};

@@ -151,6 +151,15 @@ class Group {
   /// The balanced split the collectives use: elements [first, last) of `count` for `rank`.
   static std::pair<size_t, size_t> chunk_range(size_t count, int rank, int size);
 
+  /// Fails the Group for every rank as a failed call does (the other ranks' calls fail at once,
+  /// naming this one; later calls here return the failure): for a rank that cannot make a call
+  /// the others make, such as a declarative command whose input is missing here, so that their
+  /// call does not pair with this rank's next one (calls are matched by their number). `what`
+  /// names the call, `why` says what kept this rank out. Returns the Group's failure (the earlier
+  /// one if it had failed already). Blocking, bounded by the call timeout; not from an io_context
+  /// thread.
+  Status abandon(const std::string& what, std::error_code ec, const std::string& why);
+
  private:
   friend class Call;  // one call's machinery (call.h) runs on the Group's connections and state
   using Clock = std::chrono::steady_clock;

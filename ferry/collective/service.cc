@@ -166,6 +166,14 @@ void Service::run() {
         s = {errc::resource_exhausted, rank, "out of memory for the result"};
       }
     }
+    if (!s.ok()) {
+      // A failed call has failed the Group already; one this rank did not make (its input is
+      // missing here, it ran out of memory, the Group refused its arguments) must fail it for
+      // all: the others are in that call, which would otherwise pair with this rank's next
+      // command (the calls of a Group are matched by their number). They fail at once, naming
+      // this rank; the driver hears the command's own reason.
+      group_.abandon("command " + std::to_string(id), s.ec, s.message);
+    }
     pin = {};
     auto done = std::make_shared<Done>();
     if (s.ok()) {
@@ -304,6 +312,16 @@ Submitted Driver::submit(int kind, const std::vector<ObjectRef>& refs, DType dty
            commands = commands_]() mutable -> Status {
             std::vector<Done> done(peers.size());
             std::vector<FetchRequest> reqs;
+            // Whatever this returns with, no fetch writes into `done` after it: those still
+            // pending end first (aborted, each bounded by its own timeout as well).
+            struct EndAll {
+              std::vector<FetchRequest>& reqs;
+              milliseconds bound;
+              ~EndAll() {
+                for (auto& q : reqs) q.abort();
+                for (auto& q : reqs) q.wait(bound);
+              }
+            } end_all{reqs, timeout + milliseconds(1000)};
             for (size_t r = 0; r < peers.size(); ++r) {
               auto ref =
                   ObjectRef::named(ranks[r], name_of("done", name, id) + "/" + std::to_string(r),
