@@ -108,8 +108,8 @@ class Future(concurrent.futures.Future):
         return super().exception(self._wait_native(timeout))
 
     def _wait_native(self, timeout):
-        """Waits for the fetch in C++ (GIL released) and resolves the future here when this
-        thread is handed the outcome. Returns the time left of `timeout` for the wait on the
+        """Waits for the fetch in C++ (GIL released), which resolves the future on this thread
+        when the outcome comes to it. Returns the time left of `timeout` for the wait on the
         future itself (which then only waits when another thread resolves it)."""
         request = self._request
         if request is None or self.done():
@@ -120,10 +120,8 @@ class Future(concurrent.futures.Future):
             start = time.monotonic()
             got = request.wait(max(0, math.ceil(timeout * 1000)))
             timeout = max(0.0, timeout - (time.monotonic() - start))
-        if got is False:
+        if not got:
             return 0  # timed out: the future's own wait says so (or sees it done just now)
-        if got is not True:
-            self._ferry_complete(got)
         return timeout
 
     def __await__(self):

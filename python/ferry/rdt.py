@@ -222,7 +222,13 @@ class FerryTensorTransport(TensorTransportManager):
                              "tensors")
         future = _process.peer(ref.owner).fetch(ref, into=into, timeout=_fetch_timeout())
         with _process.lock:
-            _process.fetches.setdefault(obj_id, weakref.WeakSet()).add(future)
+            # An abort_transport() since the check above found no future to abort: this one is
+            # aborted here (it still completes, with AbortedError, once ferry lets go of it).
+            aborted = obj_id in _process.aborted
+            if not aborted:
+                _process.fetches.setdefault(obj_id, weakref.WeakSet()).add(future)
+        if aborted:
+            future.abort()
         future.add_done_callback(lambda f, obj_id=obj_id: _forget_fetch(obj_id, f))
         return FerryFetchRequest(obj_id=obj_id, tensors=[], future=future)
 

@@ -31,20 +31,42 @@ py::array_t<uint8_t> view_of(const std::shared_ptr<std::byte[]>& storage, Mutabl
 // handlers finish with no thread waiting for them are collected here.
 thread_local std::vector<Completion>* t_collecting = nullptr;
 
-// Resolves each future with its outcome (`future._ferry_complete(outcome)`). GIL held. One that
-// cannot be (no memory for the outcome's Python object) goes to the completion queue instead.
-void resolve(std::vector<Completion>& completions) {
-  for (auto& c : completions) {
-    auto future = py::reinterpret_steal<py::object>(c.future);
+// Resolves `c`'s future with its outcome (`future._ferry_complete(outcome)`). GIL held. A Python
+// exception that leaves it before the future is resolved (a signal handler's, raised as the call
+// began) does not lose the outcome: the call is made again (a few times at most), and the first
+// such exception is returned for the caller to raise once every future it holds is resolved. One
+// that cannot be made (no memory for the outcome's Python object) goes to the completion queue.
+std::optional<py::error_already_set> resolve_one(Completion& c) {
+  auto future = py::reinterpret_steal<py::object>(std::exchange(c.future, nullptr));
+  py::object outcome;
+  try {
+    outcome = py::cast(std::move(c.outcome));
+  } catch (const std::exception&) {
+    if (c.outcome) queue_completion(future.release().ptr(), std::move(c.outcome));
+    return std::nullopt;
+  }
+  std::optional<py::error_already_set> error;
+  for (int tries = 0; tries < 3; ++tries) {
     try {
-      future.attr("_ferry_complete")(py::cast(std::move(c.outcome)));
+      future.attr("_ferry_complete")(outcome);
+      return error;
     } catch (py::error_already_set& e) {
-      e.discard_as_unraisable("ferry: resolving a fetch's future");
-    } catch (const std::exception&) {
-      if (c.outcome) queue_completion(future.release().ptr(), std::move(c.outcome));
+      if (!error) error = std::move(e);
+      // An instance attribute: reading it runs no Python code (no signal handler).
+      if (py::str(future.attr("_state")).equal(py::str("FINISHED"))) return error;
     }
   }
+  return error;
+}
+
+// resolve_one() for each; the first exception one returned.
+std::optional<py::error_already_set> resolve(std::vector<Completion>& completions) {
+  std::optional<py::error_already_set> first;
+  for (auto& c : completions) {
+    if (auto e = resolve_one(c); e && !first) first = std::move(e);
+  }
   completions.clear();
+  return first;
 }
 
 }  // namespace
@@ -227,24 +249,32 @@ void bind_fetch(py::module_& m) {
           "wait",
           [](NativeFetch& f, int64_t timeout_ms) -> py::object {
             using Clock = std::chrono::steady_clock;
-            const auto deadline = timeout_ms < 0
+            // Saturated: a timeout past what the clock can hold waits without limit.
+            const auto now = Clock::now();
+            const auto room = std::chrono::duration_cast<std::chrono::milliseconds>(
+                Clock::time_point::max() - now);
+            const auto deadline = timeout_ms < 0 || timeout_ms >= room.count()
                                       ? Clock::time_point::max()
-                                      : Clock::now() + std::chrono::milliseconds(timeout_ms);
+                                      : now + std::chrono::milliseconds(timeout_ms);
             for (;;) {
               PendingFetch::WaitResult r;
               {
                 py::gil_scoped_release nogil;
                 r = f.pending->wait(deadline, f.wait_mode);
               }
-              resolve(r.others);  // other fetches' callbacks run here, on this thread
+              // Other fetches' callbacks run here, on this thread; then this one's. An
+              // exception (a signal's) is raised once every future is resolved.
+              auto error = resolve(r.others);
+              if (r.how == PendingFetch::Waited::mine) {
+                if (auto e = resolve_one(r.mine); e && !error) error = std::move(e);
+              }
+              if (error) throw std::move(*error);
               switch (r.how) {
                 case PendingFetch::Waited::mine:
-                  py::reinterpret_steal<py::object>(r.mine.future);  // the future's own reference
-                  return py::cast(std::move(r.mine.outcome));
-                case PendingFetch::Waited::collected:
-                  continue;  // resolved them: wait on
                 case PendingFetch::Waited::elsewhere:
                   return py::bool_(true);
+                case PendingFetch::Waited::collected:
+                  continue;  // resolved them: wait on
                 case PendingFetch::Waited::timed_out:
                   return py::bool_(false);
               }
@@ -252,10 +282,11 @@ void bind_fetch(py::module_& m) {
           },
           py::arg("timeout_ms"),
           "Waits (GIL released) up to timeout_ms (negative: no limit) for the fetch to end. "
-          "Returns its FetchOutcome when this thread is to resolve the future with it, True "
-          "when the completion thread (or another waiter) resolves it, False on timeout. Other "
+          "Returns True once it has ended: resolved here (when the outcome came to this "
+          "thread) or by the completion thread (or another waiter); False on timeout. Other "
           "fetches that this thread finishes meanwhile (it runs the loop) are resolved here, "
-          "their done-callbacks run on this thread.");
+          "their done-callbacks run on this thread. A signal handler's exception is raised "
+          "after every future this thread was handed is resolved.");
 
   py::class_<FetchOutcome>(m, "FetchOutcome", "What one fetch ended with")
       .def_property_readonly("error",

@@ -446,3 +446,35 @@ with ferry.Context(listen="127.0.0.1:0") as owner, ferry.Context() as me:
     assert r.stdout.strip() == "done"
     warned = "FERRY_COMPLETION_SPIN_US=lots is not 0 to 10000" in r.stderr
     assert warned == (spin == "lots"), r.stderr[-2000:]
+
+
+def test_a_signal_handler_that_raises_during_result_loses_no_outcome(stopped, owner):
+    # The outcome reaches the thread waiting in result() in C++, where no signal handler runs; a
+    # handler's exception raised as Python code resumes must neither lose the outcome (the future
+    # stayed unresolved for good, and every later result() waited in vain) nor be swallowed.
+    peer, ref = stopped
+    future = peer.fetch(ref)
+
+    class Boom(Exception):
+        pass
+
+    def handler(signum, frame):
+        raise Boom()
+
+    def later():
+        time.sleep(0.2)
+        os.kill(os.getpid(), signal.SIGUSR1)  # handled once the fetch has ended
+        time.sleep(0.1)
+        owner.child.signal(signal.SIGCONT)
+
+    old = signal.signal(signal.SIGUSR1, handler)
+    thread = threading.Thread(target=later)
+    thread.start()
+    try:
+        with pytest.raises(Boom):
+            future.result(30 * time_scale())
+    finally:
+        thread.join()
+        signal.signal(signal.SIGUSR1, old)
+    assert future.done()
+    same(objects(False)["np_float32"], future.result(0))

@@ -206,6 +206,34 @@ def test_abort_on_the_destination_ends_its_fetch_and_refuses_later_ones(actors):
         destination.call("fetch", "obj-a", meta, None)
 
 
+def test_an_abort_while_the_fetch_starts_is_not_lost(monkeypatch):
+    # abort_transport() from another thread between the fetch's check of the aborted ids and its
+    # registration found no fetch to abort, and the fetch ran on. Played in this process: the
+    # abort runs as the fetch connects to the owner (a context of this process, 64 MiB, so that
+    # the fetch is still in flight when it is aborted).
+    np = pytest.importorskip("numpy")
+    monkeypatch.setenv("FERRY_RDT_HOST", "127.0.0.1")
+    owner = ferry.Context(listen="127.0.0.1:0")
+    try:
+        ref = owner.put(np.zeros(16 << 20, dtype=np.float32))
+        meta = rdt.FerryTransportMetadata(tensor_meta=[], tensor_device="cpu",
+                                          ferry_ref=bytes(ref))
+        transport, comm = rdt.FerryTensorTransport(), rdt.FerryCommunicatorMetadata()
+        real_peer = rdt._process.peer
+
+        def racing_peer(address):
+            peer = real_peer(address)
+            transport.abort_transport("obj-race", comm)
+            return peer
+
+        monkeypatch.setattr(rdt._process, "peer", racing_peer)
+        request = transport.fetch_multiple_tensors("obj-race", meta, comm)
+        with pytest.raises(ferry.AbortedError):
+            transport.wait_fetch_complete(request, 10 * time_scale())
+    finally:
+        owner.close()
+
+
 def test_abort_on_the_source_withdraws_the_object(actors):
     source, destination = actors(), actors()
     meta, digests = source.call("extract", "obj-b", "numpy", 5, [(1000,)])
