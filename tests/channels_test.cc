@@ -53,6 +53,19 @@ TEST_F(ChannelsTest, AFailedOpenFailsItsWaitersAndTheNextEnsureOpensAgain) {
   EXPECT_EQ(transport->opens, 2);
 }
 
+// An open that throws (out of memory in the transport) leaves nothing behind: ensure() throws,
+// and the next one opens again instead of waiting behind an open that never started.
+TEST_F(ChannelsTest, AnOpenThatThrowsIsForgottenAndTheNextEnsureOpensAgain) {
+  transport->open_throws = true;
+  EXPECT_THROW(ensure(), std::bad_alloc);
+  EXPECT_TRUE(outcomes.empty());
+  ensure();
+  EXPECT_EQ(transport->opens, 2);
+  ASSERT_EQ(transport->pending_opens.size(), 1u);
+  transport->pending_opens[0]({}, std::make_shared<FakeChannel>());
+  EXPECT_EQ(outcomes, (std::vector<std::error_code>{{}}));
+}
+
 TEST_F(ChannelsTest, TheAcceptingSideOpensNone) {
   FakeSessionLink acceptor(false);
   Channels theirs(acceptor);

@@ -45,6 +45,7 @@ class FakeTransport : public TransportManager {
   TransportInfo local_info() const override { return {name_, {}, {}, 0}; }
   void async_open_channel(std::shared_ptr<PeerLink>, ChannelOpenHandler done) override {
     ++opens;
+    if (std::exchange(open_throws, false)) throw std::bad_alloc();
     if (hold_opens) return pending_opens.push_back(std::move(done));
     done(errc::transport_unavailable, nullptr);
   }
@@ -68,6 +69,7 @@ class FakeTransport : public TransportManager {
   bool launch_throws = false;  // their fetch/recv_multiple record the fetch, then throw bad_alloc
   int opens = 0;               // async_open_channel() calls
   bool hold_opens = false;     // async_open_channel waits in `pending_opens` (else it fails)
+  bool open_throws = false;    // the next async_open_channel throws std::bad_alloc
   std::vector<ChannelOpenHandler> pending_opens;
 
   // What its channels do with a fetch: records it, or fails it with fail_launch.

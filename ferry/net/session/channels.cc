@@ -30,6 +30,17 @@ void Channels::ensure(const std::shared_ptr<TransportManager>& transport,
   }
   slot.opening = true;
   // The session, which owns this table, lives until the transport has called back.
+  try {
+    open(transport);
+  } catch (...) {
+    // Nothing was started: forget the open and its one waiter (the caller hears of the
+    // exception), so that the next ensure() opens again instead of queuing behind it for good.
+    slots_.erase(transport->name());
+    throw;
+  }
+}
+
+void Channels::open(const std::shared_ptr<TransportManager>& transport) {
   transport->async_open_channel(peer_.shared_link(),
                                 [keep = peer_.shared_link(), this, name = transport->name()](
                                     std::error_code ec, std::shared_ptr<TransportChannel> ch) {

@@ -32,6 +32,8 @@ class Channels {
   // the side that connected opens one (one open at a time per transport, however many wait)
   // and `done` runs with its outcome, or with the close reason when close() comes first. On
   // the accepting side, which opens none, `done` runs inline with errc::transport_unavailable.
+  // When the transport's open throws (std::bad_alloc), so does ensure(), and `done` never runs;
+  // the next ensure() opens again.
   void ensure(const std::shared_ptr<TransportManager>& transport,
               std::function<void(std::error_code)> done);
   // PeerLink::install_channel: installs `channel` for `transport` and runs what waited for it.
@@ -44,6 +46,10 @@ class Channels {
   void close(std::error_code reason);
 
  private:
+  // Starts opening `transport`'s channel (its slot is marked opening); its callback runs the
+  // slot's waiters.
+  void open(const std::shared_ptr<TransportManager>& transport);
+
   struct Slot {
     std::shared_ptr<TransportChannel> channel;
     bool opening = false;

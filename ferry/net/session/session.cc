@@ -388,7 +388,15 @@ void Session::fetch_completed() {
 }
 
 void Session::post(std::function<void()> fn) {
-  asio::post(strand_, [self = shared_from_this(), fn = std::move(fn)] { fn(); });
+  asio::post(strand_, [self = shared_from_this(), fn = std::move(fn)] {
+    try {
+      fn();
+    } catch (const std::bad_alloc&) {
+      // As guarded() does: work stopped halfway would wait for good; the session ends instead,
+      // failing what it holds.
+      if (!self->closed()) self->out_of_memory();
+    }
+  });
 }
 
 void Session::arm_deadline(Clock::time_point at) {
