@@ -195,6 +195,10 @@ std::vector<int> Call::meet(const std::string& tag) {
       count_restarts(p.req);
     }
   }
+  // A marker fetch still in flight (its rank missed the deadline) writes into `sink` until it
+  // ends: abort it and wait for that (bounded) before `sink` goes.
+  for (auto& p : pending_) p.req.abort();
+  for (auto& p : pending_) settle(p.req, Clock::now() + milliseconds(1000));
   pending_.clear();
   return missing;
 }
@@ -325,14 +329,17 @@ Status Call::fail(int rank, std::error_code ec, const std::string& doing) {
   FERRY_LOG_WARN("collective: {}", s.message);
   // The marker stays offered while the (failed) group lives.
   mark_as(g.fail_marker(g.rank_));
-  g.end_watches(*this, deadline_ + milliseconds(1000));
+  // Aborted fetches end promptly; a second from now at least, also when the call failed past its
+  // deadline (the wait must still happen: their targets are freed after it).
+  const auto until = std::max(deadline_, Clock::now()) + milliseconds(1000);
+  g.end_watches(*this, until);
   for (auto& p : g.peers_) {
     if (p.valid()) p.close();
   }
   // Aborted fetches may still have READs in flight into their targets: the caller frees
   // those only once every fetch has completed (each is bounded by the call's deadline).
   for (auto& p : pending_) p.req.abort();
-  for (auto& p : pending_) settle(p.req, deadline_ + milliseconds(1000));
+  for (auto& p : pending_) settle(p.req, until);
   pending_.clear();
   g.failed_ = s;
   return s;

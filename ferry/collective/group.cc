@@ -58,8 +58,9 @@ FetchRequest Group::fetch_named(int q, const std::string& object, std::span<std:
   auto ref = ObjectRef::named(addresses_[q], object, {TensorMeta::bytes(into.size())});
   // A call waits as GroupOptions say (busy_wait, busy_spin: measured with cores to spare), so
   // a wait of it that sleeps sleeps at once.
+  // At least 1 ms: a timeout of 0 would mean none (a take made at the deadline waited for good).
   return peers_[q].fetch(std::move(ref), {into},
-                         {.timeout = timeout,
+                         {.timeout = std::max(timeout, milliseconds(1)),
                           .combine = std::move(combine),
                           .wait_spin = std::chrono::microseconds(0)});
 }

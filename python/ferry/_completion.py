@@ -39,9 +39,30 @@ def register(context):
         _contexts.add(context)
 
 
+_waiting = threading.local()  # .depth: this thread's waits in Fetch.wait() (see resolving())
+
+
 def in_completion_thread():
     thread = _thread
     return thread is not None and threading.get_ident() == thread.ident
+
+
+def resolving():
+    """Whether this thread may be running done-callbacks for ferry: it is the completion thread,
+    or it waits in a future's result() / exception(), which resolves the futures of the fetches
+    it finishes meanwhile (their callbacks run there, while the outcome it waits for may be
+    held by it, to be resolved next)."""
+    return in_completion_thread() or getattr(_waiting, "depth", 0) > 0
+
+
+class waiting:
+    """Marks this thread as waiting in Fetch.wait() while the block runs."""
+
+    def __enter__(self):
+        _waiting.depth = getattr(_waiting, "depth", 0) + 1
+
+    def __exit__(self, *exc):
+        _waiting.depth -= 1
 
 
 def _run():

@@ -41,8 +41,8 @@ class Future(concurrent.futures.Future):
     - Done-callbacks run on the thread that resolves the future: the completion thread, or a
       thread blocked in ``result()`` / ``exception()`` of this future or of another of the same
       context. They may start other fetches and call anything non-blocking; they must not wait
-      on another ferry future (``result()`` on the completion thread raises RuntimeError
-      instead of deadlocking), nor need a lock that code waiting on a ferry future holds.
+      on another ferry future that is not done (``result()`` there raises RuntimeError instead
+      of deadlocking), nor need a lock that code waiting on a ferry future holds.
     """
 
     def __init__(self, peer, ref, into, keep):
@@ -114,12 +114,13 @@ class Future(concurrent.futures.Future):
         request = self._request
         if request is None or self.done():
             return timeout
-        if timeout is None:
-            got = request.wait(-1)
-        else:
-            start = time.monotonic()
-            got = request.wait(max(0, math.ceil(timeout * 1000)))
-            timeout = max(0.0, timeout - (time.monotonic() - start))
+        with _completion.waiting():
+            if timeout is None:
+                got = request.wait(-1)
+            else:
+                start = time.monotonic()
+                got = request.wait(max(0, math.ceil(timeout * 1000)))
+                timeout = max(0.0, timeout - (time.monotonic() - start))
         if not got:
             return 0  # timed out: the future's own wait says so (or sees it done just now)
         return timeout
@@ -128,11 +129,12 @@ class Future(concurrent.futures.Future):
         return asyncio.wrap_future(self).__await__()
 
     def _check_not_deadlocking(self):
-        if self._state != _FINISHED and _completion.in_completion_thread():
+        if self._state != _FINISHED and _completion.resolving():
             raise RuntimeError(
                 "waiting on a ferry future from a done-callback would deadlock: callbacks run "
-                "on the completion thread, which is what resolves futures (chain another "
-                "callback instead)")
+                "on the thread that resolves futures (the completion thread, or one waiting in "
+                "result()), which may be what resolves this one (chain another callback "
+                "instead)")
 
     def _ferry_complete(self, outcome):
         """The fetch ended (FetchOutcome): on the completion thread, or on the thread that

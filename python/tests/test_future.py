@@ -136,6 +136,31 @@ def test_waiting_inside_a_callback_raises_instead_of_deadlocking(stopped):
     assert seen and "deadlock" in str(seen[0])
 
 
+def test_a_callback_run_inside_result_that_waits_on_that_result_does_not_deadlock(stopped):
+    # The thread waiting in a.result() runs the loop; the peer's close fails a and b in one
+    # handler there, and b's callback runs on that thread before a is resolved, which only that
+    # thread can do: waiting on a in it must raise, not wait (for good, or until its timeout).
+    peer, ref = stopped
+    a, b = peer.fetch(ref), peer.fetch(ref)
+    seen = []
+
+    def callback(_):
+        try:
+            seen.append(a.exception(timeout=5 * time_scale()))
+        except BaseException as e:  # noqa: BLE001 (what it raised is the test's subject)
+            seen.append(e)
+
+    b.add_done_callback(callback)
+    threading.Timer(0.3, peer.close).start()
+    t0 = time.monotonic()
+    assert isinstance(a.exception(timeout=30 * time_scale()), ferry.FerryError)
+    assert time.monotonic() - t0 < 3 * time_scale()
+    assert len(seen) == 1
+    assert not isinstance(seen[0], TimeoutError), seen[0]
+    if isinstance(seen[0], RuntimeError):
+        assert "deadlock" in str(seen[0])
+
+
 def test_abort(stopped):
     peer, ref = stopped
     future = peer.fetch(ref)
