@@ -2,7 +2,9 @@
 // timeouts, transport selection.
 #include <gtest/gtest.h>
 
+#include <netinet/in.h>
 #include <sys/socket.h>
+#include <unistd.h>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
 #include <boost/asio/post.hpp>
@@ -1281,6 +1283,45 @@ TEST(Close, ClosingTheServerFailsPendingFetchesWithPeerScope) {
   }
   EXPECT_TRUE(eventually([&] { return !peer.is_open(); }, 2s)) << "the peer stayed open";
   EXPECT_EQ(scope_of(peer.fetch(ref).wait(scaled(5s))), Scope::peer);
+}
+
+// A connect still dialling when its Context closes (the listener's queue is full: the kernel
+// drops its SYNs) completes at once with context_closed, and close() does not wait for the dial
+// (it waited 5 s before, and the connect's handler never ran).
+TEST(Close, AConnectStillDiallingEndsWithTheContext) {
+  const int listener = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  ASSERT_GE(listener, 0);
+  sockaddr_in at{};
+  at.sin_family = AF_INET;
+  at.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof at;
+  ASSERT_EQ(::bind(listener, reinterpret_cast<sockaddr*>(&at), sizeof at), 0);
+  ASSERT_EQ(::listen(listener, 0), 0);
+  ASSERT_EQ(::getsockname(listener, reinterpret_cast<sockaddr*>(&at), &len), 0);
+  std::vector<int> fillers;  // never accepted: they fill the queue
+  for (int i = 0; i < 4; ++i) {
+    fillers.push_back(::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
+    (void)::connect(fillers.back(), reinterpret_cast<sockaddr*>(&at), sizeof at);
+  }
+  std::this_thread::sleep_for(100ms);
+  auto client = std::make_unique<Context>(client_options("client"));
+  auto connected =
+      client->async_connect("127.0.0.1:" + std::to_string(ntohs(at.sin_port)), asio::use_future);
+  std::this_thread::sleep_for(200ms);
+  ASSERT_NE(connected.wait_for(0ms), std::future_status::ready);
+  const auto t0 = std::chrono::steady_clock::now();
+  client->close();
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, scaled(2s)) << "close() waited for the dial";
+  ASSERT_EQ(connected.wait_for(scaled(2s)), std::future_status::ready) << "the connect never ended";
+  try {
+    connected.get();
+    ADD_FAILURE() << "connected to a listener that never accepted";
+  } catch (const boost::system::system_error& e) {
+    EXPECT_EQ(std::error_code(e.code()), errc::context_closed) << e.what();
+  }
+  client.reset();
+  for (int fd : fillers) ::close(fd);
+  ::close(listener);
 }
 
 // A Peer kept after its own Context closed is a closed shell: a fetch (every form) and a control

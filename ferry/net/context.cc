@@ -212,9 +212,42 @@ void Context::Impl::note_negotiated(const PeerInfo& peer, const std::string& tra
   }
 }
 
-void Context::Impl::add_session(const std::shared_ptr<Session>& s) {
+bool Context::Impl::add_session(const std::shared_ptr<Session>& s) {
+  // Under mu, as close() takes its snapshot: a session added before it is closed by it, and one
+  // after it sees `closed` set.
   std::lock_guard lock(mu);
+  if (closed) return false;
   sessions[s->local_id()] = s;
+  return true;
+}
+
+void Context::Impl::dial(asio::any_io_executor executor, HostPort target, DialOptions options,
+                         DialHandler done) {
+  uint64_t id = 0;
+  {
+    std::lock_guard lock(mu);
+    id = ++next_dial;
+    dials.emplace(id, nullptr);  // before it starts: its handler may run before this returns
+  }
+  auto cancel = async_dial(
+      io, std::move(executor), std::move(target), std::move(options),
+      [self = shared_from_this(), id, done = std::move(done)](Result<Dialed> dialed) mutable {
+        {
+          std::lock_guard lock(self->mu);
+          self->dials.erase(id);
+        }
+        done(std::move(dialed));
+      });
+  std::unique_lock lock(mu);
+  auto it = dials.find(id);
+  if (it == dials.end()) return;  // over already, or cancelled by close()
+  if (closed) {
+    dials.erase(it);
+    lock.unlock();
+    cancel();
+    return;
+  }
+  it->second = std::move(cancel);
 }
 
 void Context::Impl::remove_session(uint64_t local_id) {
@@ -289,7 +322,7 @@ void Context::Impl::on_first_frame(const std::shared_ptr<Greeting>& g) {
       return g->reject(errc::protocol_error, "Hello lists too many transports or devices");
     }
     auto session = std::make_shared<Session>(self, g->take(), false, g->peer());
-    add_session(session);
+    if (!add_session(session)) return;  // closing: the connection ends with the session
     asio::post(session->strand(), [session, hello = env.hello()] { session->start_server(hello); });
     return;
   }
@@ -568,6 +601,14 @@ void Context::close() {
     impl_->accept_retry.cancel();
     impl_->pool_timer.cancel();
   }
+  std::map<uint64_t, std::function<void()>> dials;
+  {
+    std::lock_guard lock(impl_->mu);
+    dials.swap(impl_->dials);
+  }
+  for (auto& [id, cancel] : dials) {
+    if (cancel) cancel();  // a null one is starting: it sees `closed` and cancels itself
+  }
   auto sessions = impl_->live_sessions();
   for (auto& s : sessions) s->close(errc::context_closed);
   sessions.clear();
@@ -651,12 +692,17 @@ void Context::start_connect(std::shared_ptr<Impl> impl, std::string address,
   DialOptions dial;
   dial.deadline = impl->options.connect_timeout;
   dial.tls = impl->options.tls.enabled() ? impl->tls.client.get() : nullptr;
-  async_dial(impl->io, io_ex, std::move(*hp), std::move(dial),
+  impl->dial(io_ex, std::move(*hp), std::move(dial),
              [impl, pending, deliver, address](Result<Dialed> dialed) {
-               if (!dialed) return deliver(std::move(*pending), dialed.error(), {});
+               if (!dialed) {
+                 const std::error_code ec = impl->closed ? errc::context_closed : dialed.error();
+                 return deliver(std::move(*pending), ec, {});
+               }
                auto session =
                    std::make_shared<Session>(impl, std::move(dialed->stream), true, address);
-               impl->add_session(session);
+               if (!impl->add_session(session)) {
+                 return deliver(std::move(*pending), errc::context_closed, {});
+               }
                asio::post(session->strand(), [impl, pending, session, deliver] {
                  session->start_client(
                      impl->options.transport, [pending, session, deliver](std::error_code ec) {

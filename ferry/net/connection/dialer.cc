@@ -136,12 +136,24 @@ class Dial : public std::enable_shared_from_this<Dial> {
   }
 
   std::error_code or_timed_out(std::error_code ec) const {
+    if (cancelled_) return errc::aborted;
     return timed_out_ ? std::error_code(errc::timed_out) : ec;
   }
 
-  // The deadline: ends the step in progress (strand).
+ public:
+  // Ends the dial with errc::aborted unless it has ended. Any thread.
+  void cancel() {
+    asio::post(strand_, [self = shared_from_this()] {
+      if (self->finished_) return;
+      self->cancelled_ = true;
+      self->expire();
+    });
+  }
+
+ private:
+  // The deadline (or cancel()): ends the step in progress (strand).
   void expire() {
-    timed_out_ = true;
+    if (!cancelled_) timed_out_ = true;
     resolver_.cancel();
     if (stream_) {
       stream_->close();
@@ -172,21 +184,25 @@ class Dial : public std::enable_shared_from_this<Dial> {
   std::optional<MetaStream> stream_;  // once connected
   wire::Envelope answer_;
   bool timed_out_ = false;
+  bool cancelled_ = false;
   bool finished_ = false;
 };
 
 }  // namespace
 
-void async_dial(asio::io_context& io, asio::any_io_executor executor, HostPort target,
-                DialOptions options, DialHandler done) {
+std::function<void()> async_dial(asio::io_context& io, asio::any_io_executor executor,
+                                 HostPort target, DialOptions options, DialHandler done) {
   std::shared_ptr<Dial> dial;
   try {
     dial = std::make_shared<Dial>(io, executor, std::move(target), std::move(options), done);
   } catch (const std::bad_alloc&) {
     asio::post(executor, [done = std::move(done)] { done(errc::resource_exhausted); });
-    return;
+    return [] {};
   }
   dial->start();
+  return [weak = std::weak_ptr<Dial>(dial)] {
+    if (auto d = weak.lock()) d->cancel();
+  };
 }
 
 }  // namespace ferry

@@ -46,8 +46,10 @@ using DialHandler = std::function<void(Result<Dialed>)>;
 // allocation fails. Errors: errc::host_unresolved,
 // connection_refused, connection_failed, timed_out (the deadline), tls_failed, handshake_failed
 // (the connection ended before its answer), protocol_error (an answer that is not a frame or
-// larger than max_answer_bytes), or the code of an Error frame the peer answered with.
-void async_dial(boost::asio::io_context& io, boost::asio::any_io_executor executor, HostPort target,
-                DialOptions options, DialHandler done);
+// larger than max_answer_bytes), aborted (the returned canceller ran first), or the code of an
+// Error frame the peer answered with. Returns a canceller: any thread, any number of times; it
+// ends the step in progress, and the dial with errc::aborted, unless it has ended already.
+std::function<void()> async_dial(boost::asio::io_context& io, boost::asio::any_io_executor executor,
+                                 HostPort target, DialOptions options, DialHandler done);
 
 }  // namespace ferry

@@ -6,6 +6,8 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <condition_variable>
+#include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -20,6 +22,7 @@
 #include <boost/asio/steady_timer.hpp>
 
 #include "ferry/mem/pool.h"
+#include "ferry/net/connection/dialer.h"
 #include "ferry/net/connection/greeter.h"
 #include "ferry/net/connection/meta_stream.h"
 #include "ferry/net/context.h"
@@ -119,7 +122,15 @@ struct Context::Impl : std::enable_shared_from_this<Context::Impl> {
   std::string owner_address();
   ObjectRef make_ref(const StoredObject& object);
 
-  void add_session(const std::shared_ptr<Session>& s);
+  // Dials through async_dial (ferry/net/connection/dialer.h), keeping its canceller while it
+  // runs: close() cancels every dial in progress, whose handler then runs with errc::aborted, so
+  // that neither a connect nor a side connection outlives the context's loop. Any thread.
+  void dial(boost::asio::any_io_executor executor, HostPort target, DialOptions options,
+            DialHandler done);
+  std::map<uint64_t, std::function<void()>> dials;  // in progress, by id (null while starting)
+  uint64_t next_dial = 0;                           // under mu, as `dials`
+  // Adds a session to those close() ends; false (and nothing added) once close() has begun.
+  bool add_session(const std::shared_ptr<Session>& s);
   void remove_session(uint64_t local_id);
   std::shared_ptr<Session> find_session(uint64_t local_id);
   // Every session still alive (a snapshot, taken under mu).

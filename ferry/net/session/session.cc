@@ -478,7 +478,7 @@ void Session::async_open_side_connection(std::string_view transport_name,
   DialOptions dial;
   dial.deadline = ctx_->options.connect_timeout;
   dial.first_frame = encode_frame(env);
-  async_dial(ctx_->io, strand_, {endpoint.address().to_string(), std::to_string(endpoint.port())},
+  ctx_->dial(strand_, {endpoint.address().to_string(), std::to_string(endpoint.port())},
              std::move(dial),
              [self = shared_from_this(), done = std::move(done)](Result<Dialed> dialed) {
                if (!dialed) return done(dialed.error(), tcp::socket(self->ctx_->io));
