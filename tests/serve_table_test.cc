@@ -197,6 +197,25 @@ TEST_F(ServeTableTest, ACancelForgetsAParkedFetchAndAbortsAServe) {
   EXPECT_TRUE(link.errors().empty());
 }
 
+// Fetches waiting for a name hold copies of their requests: bounded in bytes, past which they
+// are refused (overloaded) with their wait forgotten; a wait that ends makes room again.
+TEST_F(ServeTableTest, FetchesWaitingForANameHoldBoundedBytes) {
+  ServeTable small{link, store, recorder, ServeTable::Options{"owner", 42, 4, 1000ms, 1000}};
+  const std::string long_name(300, 'n');
+  small.serve(1, named(long_name + "1", 5000));
+  EXPECT_EQ(small.parked(), 1u);
+  small.serve(3, named(long_name + "3", 5000));  // about 660 bytes each: past the bound
+  EXPECT_EQ(small.parked(), 1u);
+  using Errors = std::vector<std::pair<uint64_t, std::error_code>>;
+  EXPECT_EQ(link.errors(), (Errors{{3, errc::overloaded}}));
+  EXPECT_EQ(link.forgotten, std::vector<std::string>{long_name + "3"});
+  small.cancel(1);
+  small.serve(5, named(long_name + "5", 5000));
+  EXPECT_EQ(small.parked(), 1u);
+  EXPECT_EQ(link.errors().size(), 1u);
+  small.close();
+}
+
 TEST_F(ServeTableTest, TheOwnersAbortFailsEachServeOfTheObjectOnce) {
   const ObjectId id = put();
   const ObjectId other = put();

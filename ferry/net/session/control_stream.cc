@@ -21,6 +21,8 @@ ControlStream::ControlStream(Owner& owner, PeerStrand& strand, asio::io_context&
       close_timer_(io),
       heartbeat_timer_(io) {}
 
+ControlStream::~ControlStream() { give_back_charge(); }
+
 void ControlStream::start() {
   last_rx_ = Clock::now();
   read_more();
@@ -28,6 +30,7 @@ void ControlStream::start() {
 
 void ControlStream::open() {
   phase_ = Phase::open;
+  give_back_charge();
   decoder_.set_max_frame_bytes(options_.max_frame_bytes);
   arm_heartbeat();
 }
@@ -42,6 +45,26 @@ void ControlStream::close() {
   close_timer_.cancel();
   heartbeat_timer_.cancel();
   stream_.close();
+  give_back_charge();
+}
+
+bool ControlStream::charge_pending() {
+  if (!options_.budget || phase_ != Phase::handshaking) return true;
+  const size_t pending = decoder_.pending_bytes();
+  const size_t want =
+      pending > GreetingBudget::kFirstRead ? pending - GreetingBudget::kFirstRead : 0;
+  if (want > charged_) {
+    if (!options_.budget->take(want - charged_)) return false;
+  } else {
+    options_.budget->give_back(charged_ - want);
+  }
+  charged_ = want;
+  return true;
+}
+
+void ControlStream::give_back_charge() {
+  if (options_.budget && charged_ > 0) options_.budget->give_back(charged_);
+  charged_ = 0;
 }
 
 void ControlStream::out_of_memory() {
@@ -54,8 +77,12 @@ void ControlStream::out_of_memory() {
 // ---------------------------------------------------------------- reading
 
 void ControlStream::read_more() {
+  // Before open() a little at a time (a handshake frame is a few hundred bytes): an unproven
+  // peer touches no more of the buffer than that, and what the decoder keeps beyond it is
+  // charged to the budget (charge_pending).
+  const size_t room = phase_ == Phase::handshaking ? GreetingBudget::kFirstRead : read_buf_.size();
   stream_.async_read_some(
-      asio::buffer(read_buf_),
+      asio::buffer(read_buf_.data(), room),
       guarded(*this, [this](boost::system::error_code ec, size_t n) { on_read(ec, n); }));
 }
 
@@ -70,6 +97,13 @@ void ControlStream::on_read(const boost::system::error_code& ec, size_t n) {
                            [this](std::string_view body) { return on_frame(body); });
   if (err && phase_ == Phase::handshaking) {
     owner_.on_end(errc::handshake_failed, false);  // whatever answered is not a ferry peer
+    return;
+  }
+  if (!err && !charge_pending()) {
+    const PeerInfo& peer = owner_.peer_info();
+    FERRY_LOG_WARN("peer '{}' ({}): connections not yet authenticated hold {} bytes; closing it",
+                   peer.name, peer.address, GreetingBudget::kBytes);
+    owner_.on_end(errc::resource_exhausted, false);
     return;
   }
   if (err) {

@@ -18,6 +18,7 @@
 #include <system_error>
 #include <vector>
 
+#include "ferry/net/connection/greeter.h"
 #include "ferry/net/connection/meta_stream.h"
 #include "ferry/net/frame.h"
 #include "ferry/net/proto/ferry.pb.h"
@@ -35,6 +36,10 @@ class ControlStream {
     size_t max_queued_bytes = 64u << 20;  // queued and unwritten: more ends the connection
     std::chrono::milliseconds heartbeat_interval{1000};  // a Ping this often once open
     std::chrono::milliseconds peer_timeout{10000};       // silence that ends the connection
+    // Until open() (the peer has proved itself), what the stream buffers beyond
+    // GreetingBudget::kFirstRead is taken from this budget, shared with the connections still
+    // greeting: one that would exceed it ends (resource_exhausted). Null: not bounded.
+    std::shared_ptr<GreetingBudget> budget;
   };
 
   // What the stream needs of the session it belongs to. Every call is on the strand.
@@ -62,6 +67,7 @@ class ControlStream {
   // Takes `stream`, connected; `owner` and `strand` outlive the stream.
   ControlStream(Owner& owner, PeerStrand& strand, boost::asio::io_context& io, MetaStream stream,
                 Options options);
+  ~ControlStream();
   ControlStream(const ControlStream&) = delete;
   ControlStream& operator=(const ControlStream&) = delete;
 
@@ -110,6 +116,10 @@ class ControlStream {
   void arm_heartbeat();
   // Stops reading and sending, and posts Owner::on_end(ec).
   void end_soon(std::error_code ec);
+  // Before open(): takes from (or gives back to) options_.budget what the decoder holds beyond
+  // kFirstRead; false when the budget has no room for it.
+  bool charge_pending();
+  void give_back_charge();
 
   Owner& owner_;
   PeerStrand& strand_;
@@ -123,6 +133,7 @@ class ControlStream {
   std::deque<std::string> write_queue_;
   std::vector<std::string> writing_;
   size_t queued_bytes_ = 0;
+  size_t charged_ = 0;  // taken from options_.budget
   bool close_after_write_ = false;
   std::error_code close_after_write_ec_;
   boost::asio::steady_timer close_timer_;  // bounds the wait for a fatal error's write

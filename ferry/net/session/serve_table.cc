@@ -49,7 +49,16 @@ void ServeTable::serve(uint64_t rid, const wire::Fetch& msg) {
       // Not put yet: wait for it, at most what the fetcher allows and our lease timeout.
       const auto wait = std::min<uint64_t>(msg.wait_ms(), options_.lease_timeout.count());
       const auto deadline = link_.now() + std::chrono::milliseconds(wait);
-      parked_[rid] = Parked{msg, deadline};
+      const size_t bytes = msg.ByteSizeLong() + msg.name().size();
+      if (parked_bytes_ + bytes > options_.max_parked_bytes) {
+        link_.forget_name_wait(msg.name());
+        refuse(rid, errc::overloaded,
+               "fetches waiting for a name hold more than " +
+                   std::to_string(options_.max_parked_bytes) + " bytes");
+        return;
+      }
+      parked_bytes_ += bytes;
+      parked_[rid] = Parked{msg, deadline, bytes};
       link_.arm_deadline(deadline);
       FERRY_LOG_DEBUG("peer '{}': request {} waits for the name '{}'", peer.name, rid, msg.name());
       return;
@@ -136,7 +145,7 @@ void ServeTable::on_named(const std::string& name) {
   for (auto it = parked_.begin(); it != parked_.end();) {
     if (it->second.msg.name() == name) {
       ready.emplace_back(it->first, std::move(it->second.msg));
-      it = parked_.erase(it);
+      it = unpark(it);
     } else {
       ++it;
     }
@@ -149,7 +158,7 @@ void ServeTable::on_named(const std::string& name) {
 void ServeTable::cancel(uint64_t rid) {
   if (auto parked = parked_.find(rid); parked != parked_.end()) {
     link_.forget_name_wait(parked->second.msg.name());
-    parked_.erase(parked);
+    unpark(parked);
     return;  // waiting for a name: nothing started
   }
   auto it = serving_.find(rid);
@@ -190,8 +199,14 @@ void ServeTable::expire(Clock::time_point now) {
                        false);
     }
     link_.forget_name_wait(it->second.msg.name());
-    it = parked_.erase(it);
+    it = unpark(it);
   }
+}
+
+std::unordered_map<uint64_t, ServeTable::Parked>::iterator ServeTable::unpark(
+    std::unordered_map<uint64_t, Parked>::iterator it) {
+  parked_bytes_ -= it->second.bytes;
+  return parked_.erase(it);
 }
 
 ServeTable::Clock::time_point ServeTable::next_deadline() const {
@@ -203,6 +218,7 @@ ServeTable::Clock::time_point ServeTable::next_deadline() const {
 void ServeTable::close() {
   for (const auto& [rid, parked] : parked_) link_.forget_name_wait(parked.msg.name());
   parked_.clear();
+  parked_bytes_ = 0;
   serving_.clear();
   unsettled_.clear();
 }

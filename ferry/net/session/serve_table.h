@@ -34,6 +34,9 @@ class ServeTable {
     uint64_t owner_instance = 0;  // refs from another instance of this owner are stale
     size_t max_requests = 4096;   // serves and parked fetches at once; unsettled ones kept
     std::chrono::milliseconds lease_timeout{60000};  // the longest a fetch waits for a name
+    // What the fetches waiting for a name may hold (each a copy of its Fetch, and of its name
+    // for the wait): more get errc::overloaded. A serve holds a pin, never a copy.
+    size_t max_parked_bytes = 16u << 20;
   };
 
   // `link`, `store` and `stats` outlive the table.
@@ -89,7 +92,11 @@ class ServeTable {
   struct Parked {
     wire::Fetch msg;
     Clock::time_point deadline;
+    size_t bytes = 0;  // what it holds, counted in parked_bytes_
   };
+  // Forgets parked fetch `it` (its bytes too); the next one.
+  std::unordered_map<uint64_t, Parked>::iterator unpark(
+      std::unordered_map<uint64_t, Parked>::iterator it);
   // A serve in flight: the transport moving it, the object, whether abort_object() ended it.
   struct Serving {
     std::shared_ptr<TransportManager> transport;
@@ -110,6 +117,7 @@ class ServeTable {
   // max_requests, oldest dropped first (rare: only after a channel broke).
   std::deque<std::pair<uint64_t, ServeHooks>> unsettled_;
   std::unordered_map<uint64_t, Parked> parked_;
+  size_t parked_bytes_ = 0;  // the parked fetches' bytes
 };
 
 }  // namespace ferry

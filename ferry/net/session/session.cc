@@ -18,11 +18,12 @@ Session::Session(std::shared_ptr<Context::Impl> ctx, MetaStream stream, bool ini
     : ctx_(std::move(ctx)),
       local_id_(ctx_->next_session_id++),
       strand_(asio::make_strand(ctx_->io)),
-      control_(*this, strand_, ctx_->io, std::move(stream),
-               ControlStream::Options{
-                   std::min(kMaxHandshakeFrameBytes, ctx_->options.max_frame_bytes),
-                   ctx_->options.max_frame_bytes, ctx_->options.max_queued_control_bytes,
-                   ctx_->options.heartbeat_interval, ctx_->options.peer_timeout}),
+      control_(
+          *this, strand_, ctx_->io, std::move(stream),
+          ControlStream::Options{
+              std::min(kMaxHandshakeFrameBytes, ctx_->options.max_frame_bytes),
+              ctx_->options.max_frame_bytes, ctx_->options.max_queued_control_bytes,
+              ctx_->options.heartbeat_interval, ctx_->options.peer_timeout, ctx_->greeting_budget}),
       handshake_(*this, Handshake::Options{initiator, ctx_->options.name, ctx_->options.secret,
                                            ctx_->instance, local_id_}),
       handshake_timer_(ctx_->io),
