@@ -7,6 +7,7 @@
 #include <limits>
 #include <optional>
 #include <random>
+#include <system_error>
 
 #include "ferry/cma/cma_channel.h"
 #include "ferry/cma/copier.h"
@@ -118,8 +119,14 @@ void CmaTransport::on_transport_message(PeerLink& link, uint64_t, std::string_vi
             "use another transport",
             link.info().name, *pid, ec.message());
       }
-      link.install_channel(kTransportName, make_channel(link, *pid));
-      describe(*answer.mutable_welcome());
+      try {
+        link.install_channel(kTransportName, make_channel(link, *pid));
+        describe(*answer.mutable_welcome());
+      } catch (const std::system_error& e) {
+        // No copier threads: this side cannot take part (bad_alloc ends the session instead).
+        FERRY_LOG_WARN("CMA: no channel for peer '{}': {}", link.info().name, e.what());
+        answer.set_refuse("no channel here");
+      }
     }
     return link.send_transport_message(kTransportName, 0, answer.SerializeAsString());
   }
@@ -148,7 +155,15 @@ void CmaTransport::on_transport_message(PeerLink& link, uint64_t, std::string_vi
         link.info().name, w.pid(), ec.message());
     return opening->done(make_error_code(errc::transport_unavailable), nullptr);
   }
-  opening->done({}, make_channel(link, *pid));
+  std::shared_ptr<CmaChannel> channel;
+  try {
+    channel = make_channel(link, *pid);
+  } catch (const std::system_error& e) {
+    // No copier threads (bad_alloc ends the session, which fails the open): `done` still runs.
+    FERRY_LOG_WARN("CMA: no channel for peer '{}': {}", link.info().name, e.what());
+    return opening->done(make_error_code(errc::transport_unavailable), nullptr);
+  }
+  opening->done({}, std::move(channel));
 }
 
 void CmaTransport::describe(wire::Open& open) const {

@@ -26,8 +26,14 @@ void TcpTransport::async_open_channel(std::shared_ptr<PeerLink> link, ChannelOpe
                           std::error_code ec, boost::asio::ip::tcp::socket socket) {
         if (ec) return done(ec, nullptr);
         tune_congestion(socket.native_handle(), congestion);
-        auto channel = std::make_shared<TcpChannel>(link, std::move(socket), chunk);
-        channel->start();
+        std::shared_ptr<TcpChannel> channel;
+        try {
+          channel = std::make_shared<TcpChannel>(link, std::move(socket), chunk);
+          channel->start();
+        } catch (const std::bad_alloc&) {
+          // `done` runs once whatever happens: the fetches waiting for this channel fail.
+          return done(errc::resource_exhausted, nullptr);
+        }
         done({}, channel);
       });
 }
