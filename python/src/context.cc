@@ -3,6 +3,7 @@
 // release, list) lets the GIL go while it runs; none runs Python on a ferry thread.
 #include <pybind11/numpy.h>
 #include <pybind11/stl.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -333,8 +334,16 @@ class ContextHandle {
   }
 
   // Idempotent. Fetches whose completion will never come fail with context_closed. GIL held.
+  // In a process forked from the one that made it, the context is let go of without closing:
+  // its sockets and its epoll set are shared with the parent (shutting them down there would
+  // end the parent's connections), and its io threads do not exist there (close would wait for
+  // them). Its memory stays allocated in the child.
   void close() {
     if (!ctx_) return;
+    if (::getpid() != pid_) {
+      new std::shared_ptr<Context>(std::move(ctx_));  // NOLINT: deliberately never freed
+      return;
+    }
     auto ctx = std::move(ctx_);  // from here other calls raise context_closed
     py::gil_scoped_release nogil;
     shut(std::move(ctx));
@@ -382,6 +391,7 @@ class ContextHandle {
   }
 
  private:
+  pid_t pid_ = ::getpid();  // the process that made it (close() in another only lets go)
   // The context, for one call (a concurrent close() leaves it to that call). GIL held.
   std::shared_ptr<Context> ctx() {
     if (!ctx_) raise_error(make_error_code(errc::context_closed));

@@ -144,3 +144,41 @@ def test_exit_with_fetches_in_flight(owner, child, extra):
     assert rc == 0, process.stderr()
     assert "callback ContextClosedError" in out or "callback ConnectionError" in out, out
     assert elapsed < 20 * time_scale()
+
+
+FORK_SCRIPT = r"""
+import os, sys, time
+sys.path.insert(0, {tests!r})
+import ferry
+from ferry_helper import decode
+refs = decode(sys.stdin.readline())
+ref = refs["np_int64"]
+ctx = ferry.Context()
+peer = ctx.connect(ref)
+peer.fetch(ref).result(30)
+pid = os.fork()
+if pid == 0:  # the child drops what it inherited as it exits, and closes the context
+    started = time.monotonic()
+    ctx.close()
+    del peer, ctx
+    print("child", round(time.monotonic() - started, 3), flush=True)
+else:
+    _, status = os.waitpid(pid, 0)
+    print("child exited", os.waitstatus_to_exitcode(status), flush=True)
+    value = peer.fetch(ref).result(30)  # the parent's connection is intact
+    print("parent fetched", value.nbytes, flush=True)
+"""
+
+
+def test_a_forked_child_that_closes_an_inherited_context_leaves_the_parents_alone(owner, child):
+    script = FORK_SCRIPT.format(tests=os.path.dirname(__file__))
+    process = child(code=script)
+    process.send(encode(owner.refs))
+    rc = process.wait(timeout=60)
+    out = process.rest()
+    assert rc == 0, process.stderr()
+    lines = out.splitlines()
+    child_line = next(line for line in lines if line.startswith("child "))
+    assert float(child_line.split()[1]) < 2 * time_scale(), out  # no 5 s wait for its threads
+    assert "child exited 0" in out, out
+    assert any(line.startswith("parent fetched") for line in lines), out
