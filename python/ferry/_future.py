@@ -28,7 +28,8 @@ class Future(concurrent.futures.Future):
       and ``concurrent.futures.wait()`` / ``as_completed()`` work as usual.
     - ``await future`` waits inside asyncio without blocking the loop (no polling: the
       completion is handed to the loop with ``call_soon_threadsafe``). Cancelling the awaiting
-      task aborts the fetch.
+      task (or ``asyncio.wait_for`` timing out) aborts the fetch, and the cancellation reaches
+      the caller once ferry has let go of the fetch's buffers.
     - ``abort()`` asks ferry to stop the fetch; it then completes with ``ferry.AbortedError``
       (or with its result, if that came first). ``cancel()`` does the same and returns False:
       a fetch in flight cannot be cancelled synchronously, because ferry may be writing into its
@@ -126,7 +127,22 @@ class Future(concurrent.futures.Future):
         return timeout
 
     def __await__(self):
-        return asyncio.wrap_future(self).__await__()
+        return self._awaited().__await__()
+
+    async def _awaited(self):
+        """The fetch's result inside asyncio. Cancelled (the awaiting task, or asyncio.wait_for
+        timing out), it aborts the fetch and waits for ferry to let go of its buffers before
+        the cancellation goes on: an `into` buffer is the caller's again when it does."""
+        completion = asyncio.wrap_future(self)
+        try:
+            return await asyncio.shield(completion)
+        except asyncio.CancelledError:
+            self.abort()
+            try:
+                await completion  # an aborted fetch ends promptly (ferry bounds it)
+            except BaseException:  # noqa: BLE001 (its outcome is not what the caller asked)
+                pass
+            raise
 
     def _check_not_deadlocking(self):
         if self._state != _FINISHED and _completion.resolving():

@@ -86,6 +86,23 @@ def test_cancelling_an_awaiting_task_aborts_the_fetch(stopped):
         future.result(timeout=30)
 
 
+def test_a_timed_out_await_returns_once_ferry_has_let_go_of_the_buffer(stopped):
+    # asyncio.wait_for cancels the await when it times out: the fetch is aborted, and the
+    # TimeoutError comes once it has ended, so the caller may reuse `into` at once.
+    peer, ref = stopped
+    into = np.empty(objects(False)["np_float32"].shape, dtype=np.float32)
+    future = peer.fetch(ref, into=into)
+
+    async def main():
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(future, 0.05)
+        return future.done()
+
+    assert asyncio.run(main()), "the await ended while ferry could still write into `into`"
+    with pytest.raises(ferry.AbortedError):
+        future.result(timeout=0)
+
+
 @pytest.mark.parametrize("idle_spin", [None, 0.0, 0.002])
 def test_done_callback_fetches_again(owner, idle_spin):
     """A chain of fetches, each issued from the callback of the one before, with the io
