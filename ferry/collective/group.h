@@ -28,7 +28,9 @@
 ///
 /// Failure: a rank that dies (or a fetch that fails) fails the call with a Status naming that
 /// rank; the Group then closes its connections, so every other rank's pending fetches fail at
-/// once too instead of waiting for their deadline. A failed Group stays failed.
+/// once too instead of waiting for their deadline. A failed Group stays failed. To form it again,
+/// destroy it on every rank before any joins again, or join under a new name (the old Group's
+/// markers, named by the group's name, are offered while it lives).
 #pragma once
 
 #include <atomic>
