@@ -863,8 +863,10 @@ TEST(CollectiveDeclarative, ResultsAreIdenticalToTheImperativeCalls) {
   services.clear();
 }
 
-// A driver given fewer refs than ranks, or a root that is not a rank, fails the submission at
-// once with invalid_argument and sends nothing (it indexed past the refs before).
+// A driver given fewer refs than ranks, a root that is not a rank, a dtype the reductions do not
+// cover or an object that is not whole elements of it, fails the submission at once with
+// invalid_argument and sends nothing (it indexed past the refs before; the ranks refused the
+// rest one by one).
 TEST(CollectiveDeclarative, RefsThatDoNotMatchTheRanksAreRefusedAtOnce) {
   FERRY_REQUIRE_TEST_HOST();
   Ranks ranks(2);
@@ -876,9 +878,15 @@ TEST(CollectiveDeclarative, RefsThatDoNotMatchTheRanksAreRefusedAtOnce) {
   auto bytes = std::make_shared<std::vector<std::byte>>(64);
   auto ref = ranks.context(0).put({Tensor::bytes(*bytes)}, bytes);
   ASSERT_TRUE(ref.ok());
+  auto six = std::make_shared<std::vector<std::byte>>(6);  // not whole float32s
+  auto odd = ranks.context(1).put({Tensor::bytes(*six)}, six);
+  ASSERT_TRUE(odd.ok());
   const auto offered = driver_ctx.refs().size();
   for (auto s :
        {(*driver)->allreduce({*ref}, DType::kFloat32, collective::ReduceOp::kSum),
+        (*driver)->allreduce({*ref, *ref}, DType::kBool, collective::ReduceOp::kSum),
+        (*driver)->allreduce({*ref, *odd}, DType::kFloat32, collective::ReduceOp::kSum),
+        (*driver)->reduce_scatter({*odd, *odd}, DType::kFloat32, collective::ReduceOp::kSum),
         (*driver)->allgather({}), (*driver)->broadcast({*ref, *ref}, 2),
         (*driver)->broadcast({*ref, *ref}, -1),
         (*driver)->reduce_scatter({*ref, *ref, *ref}, DType::kInt32, collective::ReduceOp::kMax)}) {

@@ -179,6 +179,7 @@ class FakeSessionLink : public SessionLink, public PeerLink {
   void ensure_channel(const std::shared_ptr<TransportManager>& transport,
                       std::function<void(std::error_code)> done) override {
     if (channels.count(transport->name())) return done({});
+    if (std::exchange(channel_open_throws, false)) throw std::bad_alloc();
     if (hold_channel_opens) return opening.push_back({transport->name(), std::move(done)});
     done(errc::transport_unavailable);
   }
@@ -229,7 +230,8 @@ class FakeSessionLink : public SessionLink, public PeerLink {
   Clock::time_point armed = Clock::time_point::max();
   std::vector<std::shared_ptr<FakeTransport>> transports;
   std::map<std::string, std::shared_ptr<TransportChannel>> channels;
-  bool hold_channel_opens = false;  // ensure_channel of a missing channel waits in `opening`
+  bool hold_channel_opens = false;   // ensure_channel of a missing channel waits in `opening`
+  bool channel_open_throws = false;  // the next ensure_channel of a missing one throws bad_alloc
   std::vector<Opening> opening;
   std::deque<std::function<void()>> posted;
   std::vector<wire::Envelope> sent;

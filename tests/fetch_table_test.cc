@@ -286,6 +286,21 @@ TEST_F(FetchTableTest, ARestartAfterTheSessionEndedFailsWithItsReason) {
   EXPECT_EQ(s->outcome(), std::error_code(errc::peer_unresponsive));
 }
 
+// A restart whose channel open throws (out of memory: the session then ends) loses nothing: the
+// session's end completes the fetch waiting for that channel, though no channel's end will.
+TEST_F(FetchTableTest, ARestartWhoseChannelOpenThrowsIsCompletedWhenTheSessionEnds) {
+  link.add_transport(one_sided, true);
+  auto s = state();
+  start(s, target);
+  table.restart(1, errc::device_error);
+  link.channels.clear();
+  link.channel_open_throws = true;
+  EXPECT_THROW(link.run_posted(), std::bad_alloc);
+  EXPECT_FALSE(s->done());
+  table.close(errc::resource_exhausted);
+  EXPECT_EQ(s->outcome(), std::error_code(errc::resource_exhausted));
+}
+
 TEST_F(FetchTableTest, RestartsAreBounded) {
   link.add_transport(one_sided, true);
   auto s = state();

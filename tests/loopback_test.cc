@@ -1319,6 +1319,11 @@ TEST(Close, AConnectStillDiallingEndsWithTheContext) {
   } catch (const boost::system::system_error& e) {
     EXPECT_EQ(std::error_code(e.code()), errc::context_closed) << e.what();
   }
+  // And a connect on the closed context completes at once with the same.
+  auto late =
+      client->async_connect("127.0.0.1:" + std::to_string(ntohs(at.sin_port)), asio::use_future);
+  ASSERT_EQ(late.wait_for(scaled(2s)), std::future_status::ready) << "a connect after close hung";
+  EXPECT_THROW(late.get(), boost::system::system_error);
   client.reset();
   for (int fd : fillers) ::close(fd);
   ::close(listener);

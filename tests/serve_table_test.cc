@@ -101,9 +101,13 @@ TEST_F(ServeTableTest, RefusesIdsOfThisSidesParityAndIdsInUse) {
   const ObjectId id = put();
   table.serve(2, fetch_of(id));  // even: this side's own ids
   table.serve(1, fetch_of(id));
-  table.serve(1, fetch_of(id));  // in use
+  table.serve(1, fetch_of(id));           // in use
+  const uint64_t top = (1ull << 63) + 1;  // the top bit is the transports' (RDMA tags binds)
+  table.serve(top, fetch_of(id));
   using Errors = std::vector<std::pair<uint64_t, std::error_code>>;
-  EXPECT_EQ(link.errors(), (Errors{{2, errc::invalid_argument}, {1, errc::invalid_argument}}));
+  EXPECT_EQ(link.errors(), (Errors{{2, errc::invalid_argument},
+                                   {1, errc::invalid_argument},
+                                   {top, errc::invalid_argument}}));
   EXPECT_EQ(table.serving(), 1u);
 }
 
@@ -195,6 +199,28 @@ TEST_F(ServeTableTest, ACancelForgetsAParkedFetchAndAbortsAServe) {
   table.cancel(5);  // unknown: nothing to stop
   EXPECT_EQ(transport->aborts, std::vector<uint64_t>{3});
   EXPECT_TRUE(link.errors().empty());
+}
+
+// An object that prefers another transport but is not exclusive to it, served over T anyway (a
+// fetcher's fallback): T is named among those that collect it, since it may hold registrations
+// of the object's memory (RDMA does); its own transport is not repeated there.
+TEST_F(ServeTableTest, AnObjectServedOverAnotherTransportIsCollectedByItToo) {
+  std::vector<std::string> over;
+  store.set_gc_hook([&](const StoredObject& object) { over = object.served_over; });
+  auto mem = std::make_shared<std::vector<std::byte>>(16);
+  const ObjectId id = store.put({Tensor::bytes(*mem)}, mem, "OTHER");
+  table.serve(1, fetch_of(id));
+  table.serve(3, fetch_of(id));
+  ASSERT_EQ(transport->sends.size(), 2u);
+  transport->finish_send(1, {});
+  transport->finish_send(3, {});
+  store.release(id);
+  EXPECT_EQ(over, std::vector<std::string>{"T"});
+  const ObjectId own = store.put({Tensor::bytes(*mem)}, mem, "T");
+  table.serve(5, fetch_of(own));
+  transport->finish_send(5, {});
+  store.release(own);
+  EXPECT_TRUE(over.empty());
 }
 
 // Fetches waiting for a name hold copies of their requests: bounded in bytes, past which they

@@ -110,11 +110,13 @@ void Service::run() {
     ObjectStore::Pin pin;
     std::span<const std::byte> in;
     const bool needs_input = cmd->kind != kBroadcast || cmd->root == rank;
+    bool left_out = false;  // a failure of this rank alone kept it out of the Group call
     if (cmd->ranks != static_cast<uint32_t>(n)) {
       s = {errc::invalid_argument, rank, "command for " + std::to_string(cmd->ranks) + " ranks"};
     } else if (needs_input) {
       pin = ctx_.store().pin(cmd->object_ids[rank]);
       if (!pin || pin.object().tensors.size() != 1) {
+        left_out = true;
         s = {errc::object_not_found, rank,
              "no one-tensor object " + std::to_string(cmd->object_ids[rank]) + " here"};
       } else {
@@ -137,6 +139,7 @@ void Service::run() {
             s = group_.broadcast(std::as_writable_bytes(std::span(&size, 1)), cmd->root);
             if (!s.ok()) break;
             if (size > physical_memory_bytes()) {
+              left_out = true;
               s = {errc::resource_exhausted, rank,
                    "the root broadcasts " + std::to_string(size) +
                        " bytes, more than this machine's memory"};
@@ -163,15 +166,17 @@ void Service::run() {
             s = {errc::invalid_argument, rank, "unknown command"};
         }
       } catch (const std::bad_alloc&) {
+        left_out = true;  // abandon() is a no-op if a call of the command failed the Group
         s = {errc::resource_exhausted, rank, "out of memory for the result"};
       }
     }
-    if (!s.ok()) {
-      // A failed call has failed the Group already; one this rank did not make (its input is
-      // missing here, it ran out of memory, the Group refused its arguments) must fail it for
-      // all: the others are in that call, which would otherwise pair with this rank's next
-      // command (the calls of a Group are matched by their number). They fail at once, naming
-      // this rank; the driver hears the command's own reason.
+    if (left_out) {
+      // This rank could not make the command's Group call (its input is missing here, it ran
+      // out of memory, the root's size does not fit here) while the others did: it fails the
+      // Group for all, or their call would pair with this rank's next command (the calls of a
+      // Group are matched by their number). They fail at once, naming this rank; the driver
+      // hears the command's own reason. A refusal every rank makes alike (a command for another
+      // number of ranks, an unknown kind) leaves the Group as it is.
       group_.abandon("command " + std::to_string(id), s.ec, s.message);
     }
     pin = {};
@@ -349,8 +354,23 @@ Submitted Driver::submit(int kind, const std::vector<ObjectRef>& refs, DType dty
   return s;
 }
 
+Status Driver::check_reducible(const std::vector<ObjectRef>& refs, DType dtype) const {
+  const size_t esize = dtype_size(dtype);
+  if (esize == 0 || dtype == DType::kBool) {
+    return {errc::invalid_argument, -1, "the dtype is not one the reductions cover"};
+  }
+  for (size_t r = 0; r < refs.size(); ++r) {
+    if (refs[r].metadata.total_bytes() % esize) {
+      return {errc::invalid_argument, static_cast<int>(r),
+              "rank " + std::to_string(r) + "'s object is not whole elements of the dtype"};
+    }
+  }
+  return {};
+}
+
 Submitted Driver::allreduce(const std::vector<ObjectRef>& refs, DType dtype, ReduceOp op) {
   if (auto why = check(refs, 0); !why) return refused(why);
+  if (auto why = check_reducible(refs, dtype); !why) return refused(why);
   std::vector<size_t> sizes;
   for (const auto& ref : refs) sizes.push_back(ref.metadata.total_bytes());
   return submit(kAllreduce, refs, dtype, op, 0, sizes);
@@ -372,6 +392,7 @@ Submitted Driver::allgather(const std::vector<ObjectRef>& refs) {
 
 Submitted Driver::reduce_scatter(const std::vector<ObjectRef>& refs, DType dtype, ReduceOp op) {
   if (auto why = check(refs, 0); !why) return refused(why);
+  if (auto why = check_reducible(refs, dtype); !why) return refused(why);
   const size_t esize = dtype_size(dtype);
   const size_t count = refs.empty() || !esize ? 0 : refs[0].metadata.total_bytes() / esize;
   std::vector<size_t> sizes;

@@ -100,6 +100,9 @@ class Driver {
  private:
   // Why these refs (and root) cannot be submitted, or ok.
   Status check(const std::vector<ObjectRef>& refs, int root) const;
+  // Why these refs cannot be reduced as `dtype` (not a dtype the reductions cover, or an object
+  // that is not whole elements of it), or ok: refused here, not by each rank's Group.
+  Status check_reducible(const std::vector<ObjectRef>& refs, DType dtype) const;
   Driver(Context& ctx, std::vector<std::string> ranks, std::string name,
          std::chrono::milliseconds timeout);
   Submitted submit(int kind, const std::vector<ObjectRef>& refs, DType dtype, ReduceOp op, int root,

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <boost/asio/ip/host_name.hpp>
 #include <boost/asio/post.hpp>
+#include <boost/asio/system_executor.hpp>
 #include <boost/asio/write.hpp>
 #include <cctype>
 #include <cstdlib>
@@ -71,8 +72,12 @@ Context::Impl::Impl(ContextOptions opts) : options(std::move(opts)), instance(ra
         name_of.erase(it);
       }
     }
+    const auto& over = object.served_over;
     for (const auto& t : *transport_list()) {
-      if (object.transport.empty() || t->name() == object.transport) t->garbage_collect(object);
+      if (object.transport.empty() || t->name() == object.transport ||
+          std::find(over.begin(), over.end(), t->name()) != over.end()) {
+        t->garbage_collect(object);
+      }
     }
   });
 }
@@ -225,7 +230,14 @@ void Context::Impl::dial(asio::any_io_executor executor, HostPort target, DialOp
                          DialHandler done) {
   uint64_t id = 0;
   {
-    std::lock_guard lock(mu);
+    std::unique_lock lock(mu);
+    if (closed) {
+      // The loop may have stopped: nothing is started or posted, and the handler runs here (it
+      // says the context closed).
+      lock.unlock();
+      done(errc::aborted);
+      return;
+    }
     id = ++next_dial;
     dials.emplace(id, nullptr);  // before it starts: its handler may run before this returns
   }
@@ -240,14 +252,15 @@ void Context::Impl::dial(asio::any_io_executor executor, HostPort target, DialOp
       });
   std::unique_lock lock(mu);
   auto it = dials.find(id);
-  if (it == dials.end()) return;  // over already, or cancelled by close()
   if (closed) {
-    dials.erase(it);
+    // close() began meanwhile and may have passed over this dial's empty entry: cancel it here
+    // (a no-op for a dial that has ended).
+    if (it != dials.end()) dials.erase(it);
     lock.unlock();
     cancel();
     return;
   }
-  it->second = std::move(cancel);
+  if (it != dials.end()) it->second = std::move(cancel);  // else: over already
 }
 
 void Context::Impl::remove_session(uint64_t local_id) {
@@ -675,8 +688,15 @@ void Context::set_advertise_address(std::string host_port) {
 void Context::start_connect(std::shared_ptr<Impl> impl, std::string address,
                             ConnectHandler handler) {
   auto io_ex = impl->io.get_executor();
-  auto deliver = [io_ex](ConnectHandler h, std::error_code ec, Peer peer) {
-    detail::post_completion(io_ex, std::move(h), boost::system::error_code(ec), std::move(peer));
+  // Through the loop while it runs; once the context has closed (the loop may have stopped),
+  // through the system executor, as a closed Peer's fetches complete.
+  auto deliver = [io_ex, impl](ConnectHandler h, std::error_code ec, Peer peer) {
+    if (impl->closed) {
+      detail::post_completion(asio::system_executor(), std::move(h), boost::system::error_code(ec),
+                              std::move(peer));
+    } else {
+      detail::post_completion(io_ex, std::move(h), boost::system::error_code(ec), std::move(peer));
+    }
   };
   auto hp = parse_host_port(address);
   if (!hp || impl->closed) {

@@ -217,7 +217,9 @@ class Context {
 
   /// Connects to a peer's listener: TCP connect, Hello / HelloAnswer (transport negotiation),
   /// data channel set up. Completes with void(boost::system::error_code, Peer) on the context's
-  /// executor, never inline; bounded by connect_timeout + handshake_timeout.
+  /// executor, never inline; bounded by connect_timeout + handshake_timeout. close() ends a
+  /// connect in progress at once with errc::context_closed, and a connect on a closed context
+  /// completes with it through the system executor (the context's loop has stopped).
   template <typename Token>
   auto async_connect(std::string address, Token&& token) {
     return boost::asio::async_initiate<Token, void(boost::system::error_code, Peer)>(

@@ -103,7 +103,7 @@ void RdmaTransport::async_open_channel(std::shared_ptr<PeerLink> link, ChannelOp
   {
     std::lock_guard lock(mu_);
     opening_[link.get()] = PendingOpen{channel, std::move(done), timer};
-    channels_.push_back(channel);
+    remember(channel);
   }
   timer->async_wait(asio::bind_executor(
       link->strand(), [this, weak = std::weak_ptr<PeerLink>(link)](boost::system::error_code ec) {
@@ -139,7 +139,7 @@ void RdmaTransport::on_connect(PeerLink& link, const wire::QpInfo& remote) {
   }
   {
     std::lock_guard lock(mu_);
-    channels_.push_back(channel);
+    remember(channel);
   }
   *reply.mutable_accept() = channel->local_info();
   send(link, 0, reply);
@@ -246,6 +246,17 @@ void RdmaTransport::set_grant_tamper(GrantTamper tamper) {
   std::lock_guard lock(channel_options_.hooks->mu);
   channel_options_.hooks->armed = static_cast<bool>(tamper);
   channel_options_.hooks->tamper = std::move(tamper);
+}
+
+void RdmaTransport::remember(const std::shared_ptr<RdmaChannel>& channel) {
+  // Pruned as it grows (an expired weak_ptr still holds its channel's allocation): a peer that
+  // asks for queue pair after queue pair, or a server that sees client after client, does not
+  // grow this list.
+  if (channels_.size() >= 2 * live_channels_floor_) {
+    std::erase_if(channels_, [](const auto& w) { return w.expired(); });
+    live_channels_floor_ = std::max<size_t>(channels_.size(), 16);
+  }
+  channels_.push_back(channel);
 }
 
 size_t RdmaTransport::inject_queue_pair_errors() {

@@ -58,7 +58,10 @@ class RdmaTransport final : public TransportManager {
 
   mutable std::mutex mu_;
   std::unordered_map<const PeerLink*, PendingOpen> opening_;
-  std::vector<std::weak_ptr<RdmaChannel>> channels_;  // for fault injection
+  std::vector<std::weak_ptr<RdmaChannel>> channels_;  // for fault injection; under mu_
+  size_t live_channels_floor_ = 16;  // channels_ is pruned when it reaches twice this; under mu_
+  // Adds `channel` to channels_, dropping expired ones first when the list has doubled. mu_ held.
+  void remember(const std::shared_ptr<RdmaChannel>& channel);
   // The receive pool's regions, registered on every device while the pool holds them; under mu_.
   std::unordered_map<const std::byte*, std::vector<std::shared_ptr<Region>>> pool_regions_;
   // Last: unregistered first, so no callback runs while the members above are destroyed.

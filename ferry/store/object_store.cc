@@ -209,6 +209,16 @@ ObjectStore::Pin ObjectStore::pin(ObjectId id) {
   return Pin(state_, it->second.object);
 }
 
+void ObjectStore::served_over(ObjectId id, const std::string& transport) {
+  std::lock_guard lock(state_->mu);
+  auto it = state_->objects.find(id);
+  if (it == state_->objects.end()) return;
+  auto& object = *it->second.object;
+  if (object.transport.empty() || object.transport == transport) return;
+  auto& over = object.served_over;
+  if (std::find(over.begin(), over.end(), transport) == over.end()) over.push_back(transport);
+}
+
 bool ObjectStore::set_extension(ObjectId id, std::string extension) {
   std::lock_guard lock(state_->mu);
   auto it = state_->objects.find(id);

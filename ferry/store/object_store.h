@@ -35,7 +35,11 @@ using HolderId = uint64_t;
 struct StoredObject {
   ObjectId id = 0;              ///< its id in the store
   std::vector<Tensor> tensors;  ///< views of its bytes, in order
-  std::string transport;        ///< the transport that garbage-collects it
+  std::string transport;        ///< the transport that garbage-collects it ("": every one)
+  /// Other transports that served it (a fetcher's fallback when it is not exclusive): their
+  /// garbage_collect runs too, since they may hold registrations of its memory. Set under the
+  /// store's lock (ObjectStore::served_over); read by the collection hook.
+  std::vector<std::string> served_over;
   bool exclusive = false;       ///< only `transport` may move it
   std::string extension;        ///< transport-defined metadata fields, opaque to the store
   std::shared_ptr<void> owner;  ///< keeps the tensors' memory alive until collection
@@ -130,6 +134,10 @@ class ObjectStore {
 
   /// Sets the transport-defined metadata after put (for transports that learn it late).
   bool set_extension(ObjectId id, std::string extension);
+  /// Notes that `transport` serves object `id`: unless it is the object's own transport (or the
+  /// object has none: every transport collects it), it joins StoredObject::served_over. Call with
+  /// the object pinned. Any thread.
+  void served_over(ObjectId id, const std::string& transport);
   /// Sets StoredObject::on_sent and on_served; before anyone can fetch the object (they are read
   /// unlocked).
   bool set_serve_hooks(ObjectId id, std::function<void()> on_sent, std::function<void()> on_served);

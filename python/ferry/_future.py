@@ -154,13 +154,14 @@ class Future(concurrent.futures.Future):
 
     def _ferry_complete(self, outcome):
         """The fetch ended (FetchOutcome): on the completion thread, or on the thread that
-        waited for it in C++ (_wait_native). Once per fetch."""
+        waited for it in C++ (Fetch.wait). Once per fetch, or again when a signal handler's
+        exception interrupted it before it resolved the future."""
         self._outcome = outcome
-        peer, self._peer = self._peer, None
-        keep, self._keep = self._keep, None
+        peer = self._peer  # kept until resolved: a call interrupted by a signal is made again
         try:
             if outcome.error is not None:
-                what = f"fetch of object {self._ref.object_id} from {peer.address}"
+                where = peer.address if peer is not None else "its owner"
+                what = f"fetch of object {self._ref.object_id} from {where}"
                 self.set_exception(from_info(outcome.error, what))
             elif self._into is not None:
                 self.set_result(self._into)
@@ -173,4 +174,6 @@ class Future(concurrent.futures.Future):
         except BaseException as e:  # noqa: BLE001 (building the result failed: say so)
             if not self.done():
                 self.set_exception(e)
-        del keep, peer
+        if self.done():
+            self._peer = self._keep = None
+        del peer

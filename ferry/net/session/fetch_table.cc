@@ -266,9 +266,9 @@ void FetchTable::restart(uint64_t request_id, std::error_code ec) {
   auto pending = std::move(p);
   fetches_.erase(it);
   const uint64_t original = pending.state->id();
-  if (pending.deadline != Clock::time_point::max()) {
-    waiting_[original] = Waiting{pending.state, pending.started, pending.deadline};
-  }
+  // Also without a deadline: should its channel's open never call back (an open that threw),
+  // the session's end completes it from here.
+  waiting_[original] = Waiting{pending.state, pending.started, pending.deadline};
   const uint64_t id = link_.next_request_id();
   restarted_[original] = id;
   FERRY_LOG_INFO(
@@ -392,7 +392,13 @@ FetchTable::Clock::time_point FetchTable::next_deadline() const {
 }
 
 void FetchTable::close(std::error_code reason) {
-  waiting_.clear();  // their channels' ends complete them
+  // Their channels' ends complete them too (the first completion wins): not every such end runs
+  // (an open that threw took its waiter with it), and nothing of theirs is on a transport.
+  auto waiting = std::move(waiting_);
+  waiting_.clear();
+  for (auto& [id, w] : waiting) {
+    if (auto state = w.state.lock()) state->complete(reason);
+  }
   auto fetches = std::move(fetches_);
   fetches_.clear();
   for (auto& [id, pending] : fetches) {

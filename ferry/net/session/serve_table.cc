@@ -19,9 +19,10 @@ void ServeTable::refuse(uint64_t rid, std::error_code ec, const std::string& tex
 
 void ServeTable::serve(uint64_t rid, const wire::Fetch& msg) {
   const PeerInfo& peer = link_.peer().info();
-  // The peer's ids have the other parity than ours (odd on the connecting side).
+  // The peer's ids have the other parity than ours (odd on the connecting side), and leave the
+  // top bit clear (transports may tag their own work with it: RDMA's window binds do).
   const uint64_t our_parity = peer.initiator ? 1 : 0;
-  if (serving_.count(rid) || parked_.count(rid) || rid % 2 == our_parity) {
+  if (serving_.count(rid) || parked_.count(rid) || rid % 2 == our_parity || (rid >> 63) != 0) {
     refuse(rid, errc::invalid_argument, "request id in use, or not one the peer may use");
     return;
   }
@@ -78,6 +79,8 @@ void ServeTable::serve(uint64_t rid, const wire::Fetch& msg) {
                pin.object().transport + ", not " + transport->name());
     return;
   }
+  // Served over a transport other than its own: that one collects it too (it may register it).
+  store_.served_over(id, transport->name());
   const auto& tensors = pin.object().tensors;
   bool sizes_ok = static_cast<size_t>(msg.sizes_size()) == tensors.size();
   for (size_t i = 0; sizes_ok && i < tensors.size(); ++i) {

@@ -482,7 +482,12 @@ void Session::async_open_side_connection(std::string_view transport_name,
   ctx_->dial(strand_, {endpoint.address().to_string(), std::to_string(endpoint.port())},
              std::move(dial),
              [self = shared_from_this(), done = std::move(done)](Result<Dialed> dialed) {
-               if (!dialed) return done(dialed.error(), tcp::socket(self->ctx_->io));
+               if (!dialed) {
+                 // Cancelled by the context's close: say so, as every other fetch then does.
+                 const std::error_code ec =
+                     self->ctx_->closed ? std::error_code(errc::context_closed) : dialed.error();
+                 return done(ec, tcp::socket(self->ctx_->io));
+               }
                if (!dialed->answer.has_ack()) {
                  return done(errc::protocol_error, tcp::socket(self->ctx_->io));
                }
