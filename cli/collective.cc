@@ -5,8 +5,11 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <span>
@@ -267,8 +270,15 @@ int run_collective(const CollectiveArgs& a, const ContextOptions& options) {
     if (!size || *size == 0) return early(fail(kExitUsage, "bad size '" + text + "'"));
     sizes.push_back(*size);
   }
-  const fs::path dir = fs::temp_directory_path() / ("ferry-collective-" + std::to_string(getpid()));
-  fs::create_directories(dir);
+  // A directory of this run's own (mkdtemp: created here, mode 0700), never one found in place:
+  // the ranks trust the addresses and reports they read from it.
+  std::string tmpl = (fs::temp_directory_path() / "ferry-collective-XXXXXX").string();
+  if (::mkdtemp(tmpl.data()) == nullptr) {
+    return early(fail(kExitUsage, "cannot make a directory in " +
+                                      fs::temp_directory_path().string() + ": " +
+                                      std::strerror(errno)));
+  }
+  const fs::path dir = tmpl;
   if (!a.json) {
     std::printf("%d ranks on %s, transport %s\n", a.ranks, a.host.c_str(), a.transport.c_str());
   }
@@ -299,7 +309,8 @@ int run_collective(const CollectiveArgs& a, const ContextOptions& options) {
   // Reap with a deadline: a rank still running then is killed and the run timed out.
   int worst = kExitOk;
   const auto deadline = Clock::now() + std::chrono::seconds(a.timeout_s);
-  for (pid_t pid : pids) {
+  for (size_t rank = 0; rank < pids.size(); ++rank) {
+    const pid_t pid = pids[rank];
     int status = 0;
     while (waitpid(pid, &status, WNOHANG) == 0) {
       if (Clock::now() > deadline) {
@@ -310,8 +321,13 @@ int run_collective(const CollectiveArgs& a, const ContextOptions& options) {
       }
       std::this_thread::sleep_for(milliseconds(10));
     }
-    if (WIFEXITED(status) && WEXITSTATUS(status) != 0 && worst == kExitOk) {
-      worst = WEXITSTATUS(status);
+    if (worst != kExitOk) continue;
+    if (WIFEXITED(status) && WEXITSTATUS(status) != 0) worst = WEXITSTATUS(status);
+    if (WIFSIGNALED(status)) {
+      // A rank that died (a crash, a kill) verified nothing more: the run failed.
+      std::fprintf(stderr, "ferry: rank %zu died of signal %d (%s)\n", rank, WTERMSIG(status),
+                   strsignal(WTERMSIG(status)));
+      worst = kExitFetchFailed;
     }
   }
   if (worst == kExitTimeout) {

@@ -99,7 +99,15 @@ void add_serve(CLI::App& app, ServeArgs& a) {
       ->type_name("IP:PORT");
   cmd->add_option("--duration", a.duration, "Stop after SECONDS (default: on SIGINT/SIGTERM)")
       ->type_name("SECONDS")
-      ->check(CLI::NonNegativeNumber.description(""));
+      ->check([](const std::string& text) -> std::string {
+        // 0 to 1e9 s (31 years): past what the clock holds (or NaN) it ended at once before.
+        double seconds = -1;
+        try {
+          seconds = std::stod(text);
+        } catch (const std::exception&) {
+        }
+        return seconds >= 0 && seconds <= 1e9 ? "" : "SECONDS must be a number from 0 to 1e9";
+      });
   add_threads_option(cmd, a.threads);
   set_footer(cmd,
              "Puts random objects (--objects) and/or files (--file) into a ferry store and\n"

@@ -7,7 +7,9 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstring>
+#include <thread>
 
 #include "ferry/net/address.h"
 #include "ferry/net/errors.h"
@@ -31,18 +33,30 @@ bool parse_ipv4(const std::string& text, sockaddr_in& addr) {
   return inet_pton(AF_INET, hp->host.c_str(), &addr.sin_addr) == 1;
 }
 
-void set_timeouts(int fd) {
-  timeval tv{kIoTimeoutMs / 1000, (kIoTimeoutMs % 1000) * 1000};
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+using Clock = std::chrono::steady_clock;
+
+// Waits until `fd` is ready for `events`; false once `deadline` has passed first (or on an
+// error). The deadline bounds a whole request or response, however the peer trickles it.
+bool ready_before(int fd, short events, Clock::time_point deadline) {
+  for (;;) {
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+    if (left <= 0) return false;
+    pollfd p{fd, events, 0};
+    const int r = ::poll(&p, 1, static_cast<int>(left));
+    if (r > 0) return true;
+    if (r == 0 || errno != EINTR) return false;
+  }
 }
 
 void send_all(int fd, const std::string& text) {
+  const auto deadline = Clock::now() + std::chrono::milliseconds(kIoTimeoutMs);
   size_t off = 0;
   while (off < text.size()) {
-    const ssize_t n = ::send(fd, text.data() + off, text.size() - off, MSG_NOSIGNAL);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return;  // the scraper went away or stalled past the timeout
+    if (!ready_before(fd, POLLOUT, deadline)) return;  // the scraper stalled past the bound
+    const ssize_t n = ::send(fd, text.data() + off, text.size() - off, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)) continue;
+    if (n <= 0) return;  // the scraper went away
     off += static_cast<size_t>(n);
   }
 }
@@ -89,13 +103,21 @@ void MetricsServer::run() {
     pollfd p{listen_fd_, POLLIN, 0};
     if (::poll(&p, 1, 200) <= 0) continue;  // wakes to see stop_
     const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
-    if (fd < 0) continue;
-    set_timeouts(fd);
+    if (fd < 0) {
+      // Out of descriptors (or memory) the connection stays queued and poll() says so again at
+      // once: wait a little instead of spinning beside the transfers.
+      if (errno != EINTR && errno != EAGAIN && errno != ECONNABORTED) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      }
+      continue;
+    }
+    const auto deadline = Clock::now() + std::chrono::milliseconds(kIoTimeoutMs);
     std::string request;
     char buf[1024];
     while (request.find("\r\n\r\n") == std::string::npos && request.size() < kMaxRequestBytes) {
-      const ssize_t n = ::recv(fd, buf, sizeof(buf), 0);
-      if (n < 0 && errno == EINTR) continue;
+      if (!ready_before(fd, POLLIN, deadline)) break;
+      const ssize_t n = ::recv(fd, buf, sizeof(buf), MSG_DONTWAIT);
+      if (n < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)) continue;
       if (n <= 0) break;
       request.append(buf, static_cast<size_t>(n));
     }

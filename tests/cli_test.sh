@@ -94,6 +94,28 @@ except urllib.error.HTTPError as e:
     assert e.code == 404, e.code
 print(f"metrics: {objects} objects served twice, {want_bytes} bytes, as scraped")
 PY
+# A scraper that trickles its request a byte at a time holds the one serving thread at most 2 s
+# in all (the bound is the request's, not each read's): a scrape behind it is answered.
+python3 - "$metrics" <<'PY' || exit 1
+import socket, threading, time, urllib.parse, urllib.request
+url = __import__("sys").argv[1]
+host, port = urllib.parse.urlparse(url).hostname, urllib.parse.urlparse(url).port
+slow = socket.create_connection((host, port))
+def trickle():
+    for _ in range(20):  # 20 bytes over 20 s, each within any per-read timeout
+        try:
+            slow.send(b"G")
+        except OSError:
+            return
+        time.sleep(1.0)
+threading.Thread(target=trickle, daemon=True).start()
+time.sleep(0.2)
+start = time.monotonic()
+urllib.request.urlopen(url, timeout=15).read()
+took = time.monotonic() - start
+assert took < 10, f"a scrape behind a trickling one took {took:.1f} s"
+print(f"metrics: a scrape behind a trickling scraper answered in {took:.1f} s")
+PY
 
 # Progress moves with the bytes of an object in flight (lines every 10% when stderr is a file),
 # with the rate and an ETA.
@@ -116,6 +138,14 @@ fi
 
 # --json: stdout is one JSON document, also on failure (the error, and what completed).
 json_ok() { python3 -c 'import json, sys; json.load(open(sys.argv[1]))' "$1"; }
+# --duration past what the clock holds, or not a number, is refused (it ended serve at once).
+for bad in 1e10 nan -1; do
+  set +e
+  "$ferry" serve --listen 127.0.0.1:0 --objects 1 --duration "$bad" >/dev/null 2>&1
+  rc=$?
+  set -e
+  [[ $rc -ne 0 ]] || { echo "serve --duration $bad was accepted"; exit 1; }
+done
 "$ferry" serve --listen 127.0.0.1:0 --objects 2 --sizes 1K-2K --json --duration 1 \
   >"$tmp/serve.json" 2>"$tmp/serve.json.err"
 json_ok "$tmp/serve.json" || { echo "serve --json: stdout is not JSON"; cat "$tmp/serve.json"; exit 1; }

@@ -28,6 +28,8 @@ bool is_power_of_two(int n) { return (n & (n - 1)) == 0; }
 
 Group::Group(Context& ctx, std::vector<std::string> addresses, int rank, GroupOptions options)
     : ctx_(ctx), addresses_(std::move(addresses)), rank_(rank), options_(std::move(options)) {
+  options_.timeout = bounded(options_.timeout);
+  options_.join_timeout = bounded(options_.join_timeout);
   if (options_.busy_wait_below) {
     busy_wait_below_ = *options_.busy_wait_below;
   } else {

@@ -2,6 +2,7 @@
 
 #include <cstring>
 
+#include "ferry/collective/call.h"
 #include "ferry/net/errors.h"
 #include "ferry/net/log.h"
 #include "ferry/net/system/system_memory.h"
@@ -210,7 +211,7 @@ Driver::Driver(Context& ctx, std::vector<std::string> ranks, std::string name,
     : ctx_(ctx),
       ranks_(std::move(ranks)),
       name_(std::move(name)),
-      timeout_(timeout),
+      timeout_(bounded(timeout)),
       commands_(std::make_shared<Commands>()) {
   commands_->ctx = &ctx_;
 }
@@ -236,7 +237,7 @@ Result<std::unique_ptr<Driver>> Driver::create(Context& ctx, std::vector<std::st
                                                std::chrono::milliseconds timeout) {
   if (ranks.empty() || ranks.size() > kMaxRanks) return errc::invalid_argument;
   std::unique_ptr<Driver> d(new Driver(ctx, std::move(ranks), std::move(name), timeout));
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  const auto deadline = std::chrono::steady_clock::now() + d->timeout_;
   for (const auto& address : d->ranks_) {
     for (;;) {
       auto p = ctx.connect(address);

@@ -633,10 +633,12 @@ bool RdmaChannel::end_lease(uint64_t request_id, std::error_code ec) {
   leases_.erase(it);
   lease.timer->cancel();
   // Windows and grant registrations go first (deallocating or deregistering invalidates the
-  // rkey), then the pin. A window whose bind is still in flight is kept until that bind
-  // completes.
+  // rkey), then the pin. A lease with a bind still in flight keeps all of them, the pin
+  // included, until its binds complete: a window bound (or binding) over the object's memory
+  // must not outlive its registration, nor the registration the object.
   if (lease.binding > 0) {
-    retired_[request_id] = Retired{lease.binding, std::move(lease.windows)};
+    retired_[request_id] = Retired{lease.binding, std::move(lease.pin), std::move(lease.regions),
+                                   std::move(lease.registrations), std::move(lease.windows)};
   }
   lease.windows.clear();
   lease.registrations.clear();

@@ -117,9 +117,14 @@ class RdmaChannel final : public TransportChannel,
     size_t next_bind = 0;                          // segments whose bind is posted
     uint32_t binding = 0;                          // binds posted, not yet completed
   };
-  // Windows of a lease that ended while their binds were in flight: freed when those complete.
+  // A lease that ended while binds of its windows were in flight: kept until those complete,
+  // then freed windows first, then the registrations and regions they may be bound over, then
+  // the pin (members go in the reverse of this order), as end_lease() does for a lease with none.
   struct Retired {
     uint32_t binding = 0;
+    ObjectStore::Pin pin;
+    std::vector<std::shared_ptr<Region>> regions;
+    std::vector<GrantMrHandle> registrations;
     std::vector<MwHandle> windows;
   };
 

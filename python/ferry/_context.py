@@ -39,11 +39,16 @@ class TlsOptions(NamedTuple):
 _FOREVER_MS = 30 * 24 * 3600 * 1000
 
 
+_FOREVER_MS = 100 * 365 * 24 * 3600 * 1000  # a timeout this long (or longer) means "never"
+
+
 def _milliseconds(seconds, what, *, none=0):
     if seconds is None:
         return none
-    if not isinstance(seconds, (int, float)) or seconds < 0:
+    if not isinstance(seconds, (int, float)) or not seconds >= 0:  # NaN too
         raise ValueError(f"{what} must be a number of seconds >= 0, got {seconds!r}")
+    if seconds * 1000 >= _FOREVER_MS:  # inf included: past what the clocks hold
+        return _FOREVER_MS
     ms = int(round(seconds * 1000))
     return max(ms, 1) if seconds > 0 else ms
 

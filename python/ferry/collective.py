@@ -162,6 +162,15 @@ def _check_out(out, t, nbytes, what):
     return o
 
 
+def _check_apart(t, o, what):
+    """ValueError when out's memory overlaps x's: ferry offers x to the other ranks while it
+    writes into out."""
+    if t.nbytes and o.nbytes and t.address < o.address + o.nbytes and \
+            o.address < t.address + t.nbytes:
+        raise ValueError(f"{what}: out overlaps x: ferry reads x while it writes out (pass a "
+                         f"copy of one of them)")
+
+
 def _empty(t, shape, x):
     """A new tensor of x's kind and dtype (numpy or torch) of `shape`."""
     if t.spec.kind == "torch":
@@ -339,12 +348,13 @@ class Group(_Closing):
 
         ``x``: C-contiguous (read-only is fine), the same size on every rank. ``out``: None
         (a new numpy array / torch tensor like x), or a writable C-contiguous buffer of x's
-        dtype and ``size * x.nbytes`` bytes (any shape).
+        dtype and ``size * x.nbytes`` bytes (any shape), apart from x (ValueError otherwise).
         """
         t = _tensor(x, "allgather: x", writable=False)
         if out is None:
             out = _empty(t, (self.size, *t.spec.shape), x)
         o = _check_out(out, t, self.size * t.nbytes, "allgather")
+        _check_apart(t, o, "allgather")
         self._check(self._group().allgather(t.address, t.nbytes, o.address, o.nbytes))
         return out
 
@@ -355,7 +365,8 @@ class Group(_Closing):
         ``chunk_range(count)``, i.e. ``[rank * count // size, (rank + 1) * count // size)``,
         so any count works (chunks differ by at most one element). ``out``: None (a new 1-D
         numpy array / torch tensor of x's dtype with that many elements) or a writable
-        C-contiguous buffer of x's dtype and exactly that many elements (any shape). ``x``:
+        C-contiguous buffer of x's dtype and exactly that many elements (any shape), apart
+        from x (ValueError otherwise). ``x``:
         C-contiguous (read-only is fine), the same size and dtype on every rank; dtypes and
         ops as in ``allreduce``.
         """
@@ -366,6 +377,7 @@ class Group(_Closing):
         if out is None:
             out = _empty(t, (last - first,), x)
         d = _check_out(out, t, (last - first) * t.spec.itemsize, "reduce_scatter")
+        _check_apart(t, d, "reduce_scatter")
         self._check(self._group().reduce_scatter(t.address, t.nbytes, d.address, d.nbytes,
                                                  t.ferry_dtype, o))
         return out
@@ -696,15 +708,25 @@ class _Waiter:
         self._wake = threading.Condition(self._lock)
         self._pending = []  # [Submitted]
         self._closing = False
-        self.thread = threading.Thread(target=self._run, daemon=True,
-                                       name=f"ferry-collective-driver-{name}")
-        self.thread.start()
+        self._running = True  # under _lock: the thread has not decided to end
+        self.thread = self._start()
         _waiters.add(self)
+
+    def _start(self):
+        thread = threading.Thread(target=self._run, daemon=True,
+                                  name=f"ferry-collective-driver-{self.name}")
+        thread.start()
+        return thread
 
     def add(self, submitted):
         with self._lock:
             self._pending.append(submitted)
             self._wake.notify_all()
+            if not self._running and not _stopping:
+                # Closed meanwhile, with nothing left then, the thread has ended: a submission
+                # that was under way as the driver closed still gets its done resolved.
+                self._running = True
+                self.thread = self._start()
 
     def close(self):
         with self._lock:
@@ -717,10 +739,13 @@ class _Waiter:
                 while not self._pending and not self._closing and not _stopping:
                     self._wake.wait(_WAIT_SLICE_MS / 1000)
                 if not self._pending or _stopping:
+                    self._running = False
                     return
                 s = self._pending[0]
             while not s._native.wait(_WAIT_SLICE_MS):  # GIL released while it waits
                 if _stopping:
+                    with self._lock:
+                        self._running = False
                     return
             with self._lock:
                 self._pending.pop(0)

@@ -254,9 +254,11 @@ class ServiceHandle {
     const bool started = without_gil([&] {
       std::lock_guard lock(joined->mu);
       if (joined->serving) return false;
-      joined->serving = true;
+      // Marked serving only once it serves: a Service that fails to start (no thread) leaves
+      // the group usable.
       service_ = std::make_unique<Service>(*joined->ctx, *joined->group, std::move(driver_address),
                                            std::move(name));
+      joined->serving = true;
       return true;
     });
     if (!started) {

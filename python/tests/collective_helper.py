@@ -96,6 +96,10 @@ def _bad_inputs(group):
     expect("reduce_scatter out dtype",
            lambda: group.reduce_scatter(f, out=np.empty(12, dtype=np.float64)))
     expect("not a buffer", lambda: group.allreduce([1.0, 2.0]))
+    gathered = np.empty(12 * group.size, dtype=np.float32)
+    expect("allgather out overlaps x", lambda: group.allgather(gathered[:12], out=gathered))
+    expect("reduce_scatter out overlaps x",
+           lambda: group.reduce_scatter(f, out=f[:12 // group.size]))
     return out
 
 

@@ -181,6 +181,8 @@ def test_bad_input_raises_before_anything_is_sent(suite, n):
         "reduce_scatter out size": ("ValueError", f"needs {12 // n * 4} bytes"),
         "reduce_scatter out dtype": ("TypeError", "out is float64, x is float32"),
         "not a buffer": ("TypeError", "expected a numpy array"),
+        "allgather out overlaps x": ("ValueError", "out overlaps x"),
+        "reduce_scatter out overlaps x": ("ValueError", "out overlaps x"),
     }
     assert set(bad) == set(want)
     for what, (kind, text) in want.items():

@@ -104,6 +104,9 @@ void FetchTable::start(std::shared_ptr<detail::FetchState> state, ObjectRef ref,
   result.bytes = result.ref.metadata.total_bytes();
   const bool forced = !options.transport.empty() && options.transport != "auto";
   if (options.timeout.count() > 0) {
+    // At most 100 years (as good as none): a longer one would overflow the clock.
+    options.timeout =
+        std::min(options.timeout, std::chrono::milliseconds(std::chrono::hours(876000)));
     const auto now = link_.now();
     waiting_[state->id()] = Waiting{state, now, now + options.timeout};
     link_.arm_deadline(now + options.timeout);
