@@ -940,7 +940,11 @@ TEST(CollectiveDeclarative, ACommandOneRankCannotRunFailsTheGroupAtOnce) {
     ASSERT_EQ(s->done.wait_for(scaled(std::chrono::seconds(30))), std::future_status::ready);
     const auto status = s->done.get();
     EXPECT_FALSE(status.ok()) << "a command ran on a Group one rank had left";
-    EXPECT_EQ(status.rank, 2) << status.message;
+    // Rank 0 failed it too (the driver reports the first rank's failure): it did not complete
+    // its call with rank 2's next command. Whom it names depends on which failure reached it
+    // first (rank 2's marker, or rank 1's closed connection as rank 1 failed).
+    EXPECT_EQ(status.message.rfind("rank 0 reports", 0), 0u) << status.message;
+    EXPECT_GE(status.rank, 1) << status.message;
   }
   EXPECT_LT(std::chrono::steady_clock::now() - t0, scaled(std::chrono::seconds(20)));
   services.clear();

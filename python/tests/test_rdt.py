@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from conftest import DEADLINE, RDMA, have_torch, time_scale
+from conftest import DEADLINE, HOST, RDMA, have_torch, time_scale
 
 ferry = pytest.importorskip("ferry", reason="ferry is not built (PYTHONPATH=build/python)")
 from ferry import rdt  # noqa: E402
@@ -212,8 +212,8 @@ def test_an_abort_while_the_fetch_starts_is_not_lost(monkeypatch):
     # abort runs as the fetch connects to the owner (a context of this process, 64 MiB, so that
     # the fetch is still in flight when it is aborted).
     np = pytest.importorskip("numpy")
-    monkeypatch.setenv("FERRY_RDT_HOST", "127.0.0.1")
-    owner = ferry.Context(listen="127.0.0.1:0")
+    monkeypatch.setenv("FERRY_RDT_HOST", HOST)
+    owner = ferry.Context(listen=f"{HOST}:0")
     try:
         ref = owner.put(np.zeros(16 << 20, dtype=np.float32))
         meta = rdt.FerryTransportMetadata(tensor_meta=[], tensor_device="cpu",
