@@ -44,10 +44,6 @@ struct Call::Offers {
   int live = 0;               // offers not collected yet
 };
 
-milliseconds bounded(milliseconds timeout) {
-  return std::min(timeout, milliseconds(std::chrono::hours(24 * 365 * 100)));
-}
-
 Call::Call(Group& group, std::string what, size_t bytes)
     : Call(group, std::move(what), bytes, Clock::now() + group.options_.timeout) {}
 

@@ -37,10 +37,6 @@ void copy_into(std::span<std::byte> to, std::span<const std::byte> from);
 // The time left until `deadline`, in whole milliseconds, at least 0.
 std::chrono::milliseconds left_until(std::chrono::steady_clock::time_point deadline);
 
-// `timeout`, at most 100 years: a timeout that long means "never", and a longer one would overflow
-// the clock when added to now (and the second added to that deadline for the waits after it).
-std::chrono::milliseconds bounded(std::chrono::milliseconds timeout);
-
 class Call {
  public:
   using Clock = std::chrono::steady_clock;

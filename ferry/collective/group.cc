@@ -11,6 +11,7 @@
 #include "ferry/collective/algorithms/direct.h"
 #include "ferry/collective/algorithms/ring.h"
 #include "ferry/collective/call.h"
+#include "ferry/net/core/deadline.h"
 #include "ferry/net/errors.h"
 #include "ferry/net/log.h"
 #include "ferry/net/system/cpus.h"
@@ -28,8 +29,8 @@ bool is_power_of_two(int n) { return (n & (n - 1)) == 0; }
 
 Group::Group(Context& ctx, std::vector<std::string> addresses, int rank, GroupOptions options)
     : ctx_(ctx), addresses_(std::move(addresses)), rank_(rank), options_(std::move(options)) {
-  options_.timeout = bounded(options_.timeout);
-  options_.join_timeout = bounded(options_.join_timeout);
+  options_.timeout = bounded_timeout(options_.timeout);
+  options_.join_timeout = bounded_timeout(options_.join_timeout);
   if (options_.busy_wait_below) {
     busy_wait_below_ = *options_.busy_wait_below;
   } else {

@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "ferry/collective/call.h"
+#include "ferry/net/core/deadline.h"
 #include "ferry/net/errors.h"
 #include "ferry/net/log.h"
 #include "ferry/net/system/system_memory.h"
@@ -211,7 +212,7 @@ Driver::Driver(Context& ctx, std::vector<std::string> ranks, std::string name,
     : ctx_(ctx),
       ranks_(std::move(ranks)),
       name_(std::move(name)),
-      timeout_(bounded(timeout)),
+      timeout_(bounded_timeout(timeout)),
       commands_(std::make_shared<Commands>()) {
   commands_->ctx = &ctx_;
 }

@@ -37,9 +37,7 @@ class TlsOptions(NamedTuple):
 
 # What a blocking call's timeout=None stands for (ferry's control requests need a deadline).
 _FOREVER_MS = 30 * 24 * 3600 * 1000
-
-
-_FOREVER_MS = 100 * 365 * 24 * 3600 * 1000  # a timeout this long (or longer) means "never"
+_LONGEST_MS = 100 * 365 * 24 * 3600 * 1000  # a timeout this long (or longer) means "never"
 
 
 def _milliseconds(seconds, what, *, none=0):
@@ -47,8 +45,8 @@ def _milliseconds(seconds, what, *, none=0):
         return none
     if not isinstance(seconds, (int, float)) or not seconds >= 0:  # NaN too
         raise ValueError(f"{what} must be a number of seconds >= 0, got {seconds!r}")
-    if seconds * 1000 >= _FOREVER_MS:  # inf included: past what the clocks hold
-        return _FOREVER_MS
+    if seconds * 1000 >= _LONGEST_MS:  # inf included: past what the clocks hold
+        return _LONGEST_MS
     ms = int(round(seconds * 1000))
     return max(ms, 1) if seconds > 0 else ms
 

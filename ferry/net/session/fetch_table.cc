@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "ferry/net/core/deadline.h"
 #include "ferry/net/errors.h"
 #include "ferry/net/log.h"
 #include "ferry/net/system/system_memory.h"
@@ -104,9 +105,7 @@ void FetchTable::start(std::shared_ptr<detail::FetchState> state, ObjectRef ref,
   result.bytes = result.ref.metadata.total_bytes();
   const bool forced = !options.transport.empty() && options.transport != "auto";
   if (options.timeout.count() > 0) {
-    // At most 100 years (as good as none): a longer one would overflow the clock.
-    options.timeout =
-        std::min(options.timeout, std::chrono::milliseconds(std::chrono::hours(876000)));
+    options.timeout = bounded_timeout(options.timeout);
     const auto now = link_.now();
     waiting_[state->id()] = Waiting{state, now, now + options.timeout};
     link_.arm_deadline(now + options.timeout);
