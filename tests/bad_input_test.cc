@@ -20,6 +20,7 @@
 
 #include "ferry/net/frame.h"
 #include "ferry/net/proto/ferry.pb.h"
+#include "ferry/net/security/attach.h"
 #include "tests/test_util.h"
 
 namespace ferry::test {
@@ -260,15 +261,68 @@ TEST(BadInputQueue, ExpiringParkedFetchesThatOverflowTheControlQueueEndTheConnec
   EXPECT_TRUE(same_bytes(req.result().tensors[0], *bytes));
 }
 
+// An AttachChannel for the data channel of session `answer` (a HelloAnswer), attach number
+// `seq`, proved with `token`.
+wire::Envelope attach_frame(const wire::Envelope& answer, uint64_t seq, const std::string& token,
+                            const std::string& transport = "TCP") {
+  wire::Envelope env;
+  auto* a = env.mutable_attach_channel();
+  a->set_session_id(answer.hello_answer().session_id());
+  a->set_attach_seq(seq);
+  a->set_transport(transport);
+  a->set_proof(auth::attach_proof(token, a->session_id(), seq, transport));
+  return env;
+}
+
 TEST_F(BadInput, ForgedDataChannelAttach) {
   RawClient c(server.port);
   wire::Envelope env;
   env.mutable_attach_channel()->set_session_id(1);
-  env.mutable_attach_channel()->set_session_token("guess");
+  env.mutable_attach_channel()->set_attach_seq(1);
+  env.mutable_attach_channel()->set_proof("guess");
   env.mutable_attach_channel()->set_transport("TCP");
   c.send(env);
   expect_error(c.read(), errc::handshake_failed);
   EXPECT_TRUE(c.closed_by_server());
+}
+
+// A data channel attaches with a proof of the session's token, never the token, and each proof
+// is good once: a recorded AttachChannel replayed while its session lives is refused, as are a
+// proof made with another token and one made for another transport; the next number attaches.
+TEST_F(BadInput, AnAttachIsProvedOnceAndCannotBeReplayed) {
+  RawClient c(server.port);
+  auto answer = c.handshake();
+  ASSERT_TRUE(answer && answer->has_hello_answer());
+  const std::string token = answer->hello_answer().session_token();
+  const auto first = attach_frame(*answer, 1, token);
+  std::vector<std::unique_ptr<RawClient>> channels;  // attached ones stay open
+  const auto attached = [&](const wire::Envelope& env) {
+    auto data = std::make_unique<RawClient>(server.port);
+    data->send(env);
+    auto reply = data->read();
+    if (reply && reply->has_ack()) {
+      channels.push_back(std::move(data));
+      return true;
+    }
+    expect_error(reply, errc::handshake_failed);
+    EXPECT_TRUE(data->closed_by_server());
+    return false;
+  };
+  EXPECT_TRUE(attached(first));
+  EXPECT_FALSE(attached(first)) << "a replayed attach was accepted";
+  EXPECT_FALSE(attached(attach_frame(*answer, 2, "not the token")));
+  auto other = attach_frame(*answer, 2, token, "CMA");
+  other.mutable_attach_channel()->set_transport("TCP");
+  EXPECT_FALSE(attached(other)) << "a proof for another transport was accepted";
+  EXPECT_TRUE(attached(attach_frame(*answer, 2, token)));
+  EXPECT_FALSE(attached(first));
+  // The session is still served over its metadata connection.
+  wire::Envelope ping;
+  ping.mutable_ping()->set_nonce(9);
+  c.send(ping);
+  bool ponged = false;
+  for (auto reply = c.read(); reply && !ponged; reply = c.read()) ponged = reply->has_pong();
+  EXPECT_TRUE(ponged);
 }
 
 TEST_F(BadInput, LiarsAndFloodersAreRefusedAndBounded) {
@@ -281,11 +335,7 @@ TEST_F(BadInput, LiarsAndFloodersAreRefusedAndBounded) {
   ASSERT_TRUE(answer && answer->has_hello_answer());
   // A data channel it never reads: whatever the server sends it stays in flight.
   RawClient data(server.port);
-  wire::Envelope attach;
-  attach.mutable_attach_channel()->set_session_id(answer->hello_answer().session_id());
-  attach.mutable_attach_channel()->set_session_token(answer->hello_answer().session_token());
-  attach.mutable_attach_channel()->set_transport("TCP");
-  data.send(attach);
+  data.send(attach_frame(*answer, 1, answer->hello_answer().session_token()));
   ASSERT_TRUE(data.read()->has_ack());
   // Lies: a range past the end of the object.
   wire::Envelope liar;

@@ -7,6 +7,7 @@
 #include "fake_session_link.h"
 #include "ferry/net/context.h"
 #include "ferry/net/errors.h"
+#include "ferry/net/security/attach.h"
 #include "ferry/net/security/auth.h"
 
 namespace ferry {
@@ -288,6 +289,41 @@ TEST_F(HandshakeTest, ThePeersErrorEndsTheHandshakeWithItsCode) {
   EXPECT_FALSE(initiator->on_envelope(refusal));
   EXPECT_EQ(a.failed, std::error_code(errc::version_mismatch));
   EXPECT_EQ(initiator->step(), Step::failed);
+}
+
+// A data channel's attach proves the token for one session, attach number and transport: change
+// any of them (or the token) and the proof differs.
+TEST(AttachProof, BindsTheTokenSessionNumberAndTransport) {
+  const std::string token = auth::nonce();
+  const auto p = auth::attach_proof(token, 7, 1, "TCP");
+  EXPECT_EQ(p.size(), 32u);
+  EXPECT_EQ(p, auth::attach_proof(token, 7, 1, "TCP"));
+  EXPECT_NE(p, auth::attach_proof(auth::nonce(), 7, 1, "TCP"));
+  EXPECT_NE(p, auth::attach_proof(token, 8, 1, "TCP"));
+  EXPECT_NE(p, auth::attach_proof(token, 7, 2, "TCP"));
+  EXPECT_NE(p, auth::attach_proof(token, 7, 1, "CMA"));
+  EXPECT_EQ(p.find(token), std::string::npos);
+}
+
+// Each attach number is accepted once, also out of order within the window; 0, repeats and
+// numbers that fell out of the window are refused.
+TEST(AttachProof, TheWindowAcceptsEachNumberOnce) {
+  auth::AttachWindow w;
+  EXPECT_FALSE(w.accept(0));
+  EXPECT_TRUE(w.accept(1));
+  EXPECT_FALSE(w.accept(1));
+  EXPECT_TRUE(w.accept(3));  // 2 still in flight
+  EXPECT_TRUE(w.accept(2));
+  EXPECT_FALSE(w.accept(2));
+  EXPECT_FALSE(w.accept(3));
+  EXPECT_TRUE(w.accept(66));  // 3 is now 63 below: still remembered
+  EXPECT_FALSE(w.accept(3));
+  EXPECT_TRUE(w.accept(4));
+  EXPECT_FALSE(w.accept(2));    // 64 below the highest: out of the window
+  EXPECT_TRUE(w.accept(1000));  // a jump past the window forgets it
+  EXPECT_FALSE(w.accept(66));
+  EXPECT_TRUE(w.accept(999));
+  EXPECT_FALSE(w.accept(1000));
 }
 
 }  // namespace

@@ -18,6 +18,7 @@
 #include "ferry/net/proto/ferry.pb.h"
 #include "ferry/net/system/system_memory.h"
 #include "ferry/tcp/data_frame.h"
+#include "tests/raw_frames.h"
 #include "tests/test_util.h"
 
 namespace ferry::test {
@@ -25,6 +26,8 @@ namespace {
 
 namespace asio = boost::asio;
 using tcp = asio::ip::tcp;
+using testing_frames::read_frame;
+using testing_frames::write_frame;
 
 struct Chunk {
   uint32_t tensor = 0;
@@ -60,21 +63,6 @@ class ScriptedOwner {
   static std::byte pattern(uint64_t offset) { return static_cast<std::byte>(offset * 7 + 1); }
 
  private:
-  std::optional<wire::Envelope> read_frame(tcp::socket& s) {
-    unsigned char h[4];
-    boost::system::error_code ec;
-    asio::read(s, asio::buffer(h), ec);
-    if (ec) return std::nullopt;
-    std::string body(decode_frame_length(h), '\0');
-    asio::read(s, asio::buffer(body), ec);
-    wire::Envelope env;
-    if (ec || !env.ParseFromString(body)) return std::nullopt;
-    return env;
-  }
-  void write_frame(tcp::socket& s, const wire::Envelope& env) {
-    boost::system::error_code ignored;
-    asio::write(s, asio::buffer(encode_frame(env)), ignored);
-  }
   void run() {
     boost::system::error_code ec;
     acceptor_.accept(meta_, ec);

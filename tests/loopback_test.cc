@@ -12,11 +12,13 @@
 #include <boost/asio/use_future.hpp>
 #include <boost/asio/write.hpp>
 
+#include <deque>
 #include <filesystem>
 #include <future>
 #include <random>
 #include <thread>
 
+#include "tests/raw_frames.h"
 #include "tests/test_util.h"
 
 namespace ferry::test {
@@ -844,8 +846,9 @@ class RecordingRelay {
         std::lock_guard lock(mu_);
         sockets_.push_back(in);
         sockets_.push_back(out);
-        threads_.emplace_back([this, in, out] { pump(*in, *out, false); });
-        threads_.emplace_back([this, in, out, data = accepted > 0] { pump(*out, *in, data); });
+        from_client_.emplace_back();
+        threads_.emplace_back([this, in, out, accepted] { pump(*in, *out, false, accepted); });
+        threads_.emplace_back([this, in, out, data = accepted > 0] { pump(*out, *in, data, -1); });
       }
     });
   }
@@ -871,9 +874,16 @@ class RecordingRelay {
     std::lock_guard lock(mu_);
     return seen_;
   }
+  // What the client sent on its `i`th connection (0: the metadata one), so far.
+  std::string from_client(size_t i) {
+    std::lock_guard lock(mu_);
+    return i < from_client_.size() ? from_client_[i] : std::string();
+  }
 
  private:
-  void pump(asio::ip::tcp::socket& from, asio::ip::tcp::socket& to, bool data_from_target) {
+  // `client`: the connection's number when `from` is the client, else -1.
+  void pump(asio::ip::tcp::socket& from, asio::ip::tcp::socket& to, bool data_from_target,
+            int client) {
     char buf[65536];
     boost::system::error_code e;
     for (;;) {
@@ -883,6 +893,7 @@ class RecordingRelay {
       {
         std::lock_guard lock(mu_);
         seen_.append(buf, n);
+        if (client >= 0) from_client_[client].append(buf, n);
       }
       boost::asio::write(to, asio::buffer(buf, n), e);
       if (e) break;
@@ -898,6 +909,7 @@ class RecordingRelay {
   std::vector<std::shared_ptr<asio::ip::tcp::socket>> sockets_;
   std::vector<std::thread> threads_;
   std::string seen_;
+  std::deque<std::string> from_client_;  // deque: appended to while pumps write earlier ones
 };
 
 TEST(Auth, TheSecretNeverCrossesTheWire) {
@@ -1078,6 +1090,19 @@ TEST_F(Tls, TheMetadataChannelIsEncryptedAndTheDataPathIsNot) {
     auto peer = connect_or_fail(client, "127.0.0.1:" + std::to_string(relay.port()));
     ASSERT_TRUE(peer.valid());
     ASSERT_TRUE(fetch_completes(peer, ref, *bytes, 30s));
+    // The data channel's first frame is plain, and proves the session's token without carrying
+    // it: replayed while the session lives, it is refused.
+    const std::string attach = relay.from_client(1);
+    ASSERT_FALSE(attach.empty()) << "no data channel went through the relay";
+    asio::io_context io;
+    asio::ip::tcp::socket replay(io);
+    replay.connect({asio::ip::make_address("127.0.0.1"), server.port});
+    asio::write(replay, asio::buffer(attach));
+    auto answer = testing_frames::read_frame(replay);
+    ASSERT_TRUE(answer.has_value());
+    ASSERT_TRUE(answer->has_error()) << "a replayed data channel attach was accepted";
+    EXPECT_EQ(answer->error().code(), static_cast<uint32_t>(errc::handshake_failed));
+    EXPECT_EQ(peer.fetch(ref).wait(scaled(30s)), std::error_code()) << "the session broke";
   }
   const std::string wire = relay.seen();
   ASSERT_FALSE(wire.empty());

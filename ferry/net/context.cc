@@ -41,13 +41,6 @@ uint64_t random_instance() {
   return v;
 }
 
-bool same_token(const std::string& a, const std::string& b) {
-  if (a.size() != b.size()) return false;
-  unsigned char diff = 0;
-  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
-  return diff == 0;
-}
-
 }  // namespace
 
 // ---------------------------------------------------------------- Impl
@@ -343,8 +336,8 @@ void Context::Impl::on_first_frame(const std::shared_ptr<Greeting>& g) {
     const auto& a = env.attach_channel();
     auto session = find_session(a.session_id());
     if (!session || session->info().initiator || !session->is_open() ||
-        !same_token(session->token(), a.session_token())) {
-      return g->reject(errc::handshake_failed, "unknown session or bad token");
+        !session->accept_attach(a)) {
+      return g->reject(errc::handshake_failed, "unknown session, bad proof or a replayed attach");
     }
     if (g->is_tls()) {
       return g->reject(errc::protocol_error, "data channels are plain TCP, not TLS");

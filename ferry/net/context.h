@@ -25,7 +25,7 @@ namespace ferry {
 
 /// The metadata channel's protocol version, sent in Hello: a peer speaking another one is refused
 /// with errc::version_mismatch.
-inline constexpr uint32_t kProtocolVersion = 1;
+inline constexpr uint32_t kProtocolVersion = 2;
 
 /// TLS for the metadata channel (Boost.Asio SSL over OpenSSL, TLS 1.2+). Data channels stay plain
 /// TCP or RDMA: TLS protects the control messages (object ids, sizes, grants and their rkeys,

@@ -1,7 +1,5 @@
 #include "ferry/net/session/handshake.h"
 
-#include <random>
-
 #include "ferry/net/context.h"
 #include "ferry/net/errors.h"
 #include "ferry/net/log.h"
@@ -9,17 +7,6 @@
 #include "ferry/net/security/auth.h"
 
 namespace ferry {
-
-namespace {
-
-std::string random_token() {
-  std::random_device rd;
-  std::string t(16, '\0');
-  for (auto& c : t) c = static_cast<char>(rd() & 0xff);
-  return t;
-}
-
-}  // namespace
 
 Handshake::Handshake(Link& link, Options options) : link_(link), options_(std::move(options)) {}
 
@@ -97,7 +84,7 @@ void Handshake::open_channel(std::shared_ptr<TransportManager> transport) {
 void Handshake::on_hello(const wire::Hello& hello) {
   std::vector<TransportInfo> transports;
   for (const auto& t : hello.transports()) transports.push_back(from_wire(t));
-  const std::string token = random_token();
+  const std::string token = auth::nonce();  // 16 random bytes
   link_.set_peer(Peer{hello.name(), options_.session_id, hello.instance(), token, transports});
   const std::string& peer_name = link_.peer_info().name;
   if (hello.protocol_version() != kProtocolVersion) {

@@ -8,6 +8,7 @@
 #include "ferry/net/errors.h"
 #include "ferry/net/log.h"
 #include "ferry/net/proto/wire_convert.h"
+#include "ferry/net/security/auth.h"
 #include "ferry/net/system/socket_util.h"
 
 namespace ferry {
@@ -462,6 +463,14 @@ void Session::attach_side_connection(const std::string& transport_name, tcp::soc
   channels_.install(transport_name, std::move(ch));  // none is: checked above
 }
 
+bool Session::accept_attach(const wire::AttachChannel& attach) {
+  // The context found this session by attach.session_id().
+  const auto expected =
+      auth::attach_proof(token_, attach.session_id(), attach.attach_seq(), attach.transport());
+  // The proof first: a frame without it must not use up an attach number.
+  return auth::same(expected, attach.proof()) && attach_window_.accept(attach.attach_seq());
+}
+
 void Session::async_open_side_connection(std::string_view transport_name,
                                          SideConnectionHandler done) {
   boost::system::error_code err;
@@ -474,8 +483,9 @@ void Session::async_open_side_connection(std::string_view transport_name,
   wire::Envelope env;
   auto* attach = env.mutable_attach_channel();
   attach->set_session_id(info_.session_id);
-  attach->set_session_token(token_);
+  attach->set_attach_seq(++attach_seq_);
   attach->set_transport(std::string(transport_name));
+  attach->set_proof(auth::attach_proof(token_, info_.session_id, attach_seq_, transport_name));
   DialOptions dial;
   dial.deadline = ctx_->options.connect_timeout;
   dial.first_frame = encode_frame(env);

@@ -26,6 +26,7 @@
 #include "ferry/net/core/context_impl.h"
 #include "ferry/net/fetch.h"
 #include "ferry/net/proto/ferry.pb.h"
+#include "ferry/net/security/attach.h"
 #include "ferry/net/session/channels.h"
 #include "ferry/net/session/control_stream.h"
 #include "ferry/net/session/fetch_table.h"
@@ -82,7 +83,10 @@ class Session final : public PeerLink,
 
   uint64_t local_id() const { return local_id_; }
   uint64_t wire_session_id() const { return info_.session_id; }
-  const std::string& token() const { return token_; }
+  // Accepting side: whether `attach` proves this session's token (auth::attach_proof) with an
+  // attach number not accepted before (a recorded frame replayed is refused). Any thread, once
+  // the session is open.
+  bool accept_attach(const wire::AttachChannel& attach);
   std::string chosen_transport() const;
   // Whether the chosen transport streams FetchOptions::combine (TransportManager::combines()).
   bool chosen_combines() const;
@@ -195,6 +199,8 @@ class Session final : public PeerLink,
   PeerInfo info_;  // written on the strand, under info_mu_
   mutable std::mutex info_mu_;
   std::string token_;
+  uint64_t attach_seq_ = 0;           // initiator: the last attach number used (strand)
+  auth::AttachWindow attach_window_;  // acceptor: the attach numbers taken
   uint64_t peer_instance_ = 0;
   Handshake handshake_;
   mutable std::set<std::string> fallback_logged_;  // transports whose fallback was reported
