@@ -1135,6 +1135,25 @@ TEST_F(Tls, AServerTheClientDoesNotTrustIsRefused) {
   EXPECT_EQ(r.error(), errc::tls_failed) << r.error().message();
 }
 
+// The certificate must name the address dialled: one the client's CA signed for another host
+// and address is refused; the right one is accepted by the name it carries as well as by its
+// address.
+TEST_F(Tls, ATrustedCertificateForAnotherAddressIsRefused) {
+  Context client(client_tls("client", false));
+  {
+    Server server(server_tls(false, "elsewhere"));
+    auto r = client.connect(server.address());
+    ASSERT_FALSE(r.ok()) << "a certificate for elsewhere.example was taken for " << test_host();
+    EXPECT_EQ(r.error(), errc::tls_failed) << r.error().message();
+  }
+  Server server(server_tls(false));
+  EXPECT_TRUE(client.connect(server.address()).ok());
+  if (test_host() == "127.0.0.1") {  // else the server does not listen where localhost leads
+    auto r = client.connect("localhost:" + std::to_string(server.port));
+    EXPECT_TRUE(r.ok()) << r.error().message();
+  }
+}
+
 TEST_F(Tls, ATlsClientAgainstAPlainServerFailsClearly) {
   ContextOptions o;
   o.name = "plain-server";

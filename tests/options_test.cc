@@ -195,6 +195,43 @@ TEST(Registry, AUserTransportGetsItsOwnOptionsThroughTheRegistry) {
   EXPECT_FALSE(ContextOptions::from_environment().transport_options.contains("OWN"));
 }
 
+// A transport instance may outlive its Context (registry.h), holding a pin on one of its
+// objects: dropping it then collects the object without reaching into the Context that is gone.
+// While the Context lives, every transport hears of each object it collects.
+TEST(Registry, APinATransportHoldsPastItsContextIsDroppedSafely) {
+  struct Held {
+    ObjectStore* store = nullptr;
+    std::shared_ptr<test::FakeTransport> transport;
+  };
+  auto held = std::make_shared<Held>();
+  ASSERT_FALSE(register_transport(
+      "PINS", {"cpu"},
+      [held](const TransportEnv& env) -> Result<std::shared_ptr<TransportManager>> {
+        held->store = &env.store;
+        held->transport = std::make_shared<test::FakeTransport>("PINS");
+        return std::shared_ptr<TransportManager>(held->transport);
+      }));
+  ObjectStore::Pin pin;
+  {
+    Context ctx(ContextOptions{});
+    ASSERT_TRUE(held->transport);
+    auto bytes = test::make_pattern(4096, 3);
+    auto gone = ctx.put({Tensor::bytes(*bytes)}, bytes);
+    auto kept = ctx.put({Tensor::bytes(*bytes)}, bytes);
+    ASSERT_TRUE(gone && kept);
+    EXPECT_TRUE(ctx.release(*gone));
+    EXPECT_EQ(held->transport->collected.load(), 1);
+    pin = held->store->pin(kept->object_id);
+    ASSERT_TRUE(pin);
+    EXPECT_TRUE(ctx.release(*kept));
+    EXPECT_EQ(held->transport->collected.load(), 1) << "collected while still pinned";
+  }
+  pin = {};  // the object's last hold, after its Context
+  EXPECT_EQ(held->transport->collected.load(), 1);
+  held->transport.reset();
+  EXPECT_FALSE(unregister_transport("PINS"));
+}
+
 }  // namespace
 }  // namespace ferry
 

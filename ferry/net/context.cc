@@ -57,22 +57,23 @@ Context::Impl::Impl(ContextOptions opts) : options(std::move(opts)), instance(ra
                               "transport '" + name + "' is not registered");
     }
   }
-  store.set_gc_hook([this](const StoredObject& object) {
-    {
-      std::lock_guard lock(mu);
-      if (auto it = name_of.find(object.id); it != name_of.end()) {
-        names.erase(it->second);
-        name_of.erase(it);
-      }
+}
+
+void Context::Impl::collected(const StoredObject& object) {
+  {
+    std::lock_guard lock(mu);
+    if (auto it = name_of.find(object.id); it != name_of.end()) {
+      names.erase(it->second);
+      name_of.erase(it);
     }
-    const auto& over = object.served_over;
-    for (const auto& t : *transport_list()) {
-      if (object.transport.empty() || t->name() == object.transport ||
-          std::find(over.begin(), over.end(), t->name()) != over.end()) {
-        t->garbage_collect(object);
-      }
+  }
+  const auto& over = object.served_over;
+  for (const auto& t : *transport_list()) {
+    if (object.transport.empty() || t->name() == object.transport ||
+        std::find(over.begin(), over.end(), t->name()) != over.end()) {
+      t->garbage_collect(object);
     }
-  });
+  }
 }
 
 ObjectId Context::Impl::find_or_wait_name(const std::string& name,
@@ -443,6 +444,12 @@ PoolStats Context::pool_stats() const {
 }
 
 Context::Context(ContextOptions options) : impl_(std::make_shared<Impl>(std::move(options))) {
+  // A pin can outlive the Impl (a transport instance may outlive its Context and hold one): an
+  // object collected once the Impl is gone, or while it is being destroyed, is nobody's to
+  // forget any more.
+  impl_->store.set_gc_hook([weak = std::weak_ptr<Impl>(impl_)](const StoredObject& object) {
+    if (auto impl = weak.lock()) impl->collected(object);
+  });
   // A transport registered later is instantiated here too, and peers hear of it.
   impl_->registry_listener = detail::add_registry_listener([weak = std::weak_ptr<Impl>(impl_)] {
     auto impl = weak.lock();

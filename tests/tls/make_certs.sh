@@ -4,6 +4,7 @@
 #   server.crt/.key      signed by it, for 127.0.0.1, 198.18.0.2 (the guest's rxe1) and localhost
 #   client.crt/.key      signed by it (mutual TLS)
 #   rogue-ca.crt         another CA, and rogue.crt/.key, a server certificate it signed
+#   elsewhere.crt/.key   signed by the test CA for another host and address only
 set -euo pipefail
 dir=$1
 mkdir -p "$dir"
@@ -25,3 +26,4 @@ ca rogue-ca
 cert server ca "IP:127.0.0.1,IP:198.18.0.2,DNS:localhost"
 cert client ca "DNS:ferry-client"
 cert rogue rogue-ca "IP:127.0.0.1,IP:198.18.0.2,DNS:localhost"
+cert elsewhere ca "IP:192.0.2.1,DNS:elsewhere.example"

@@ -63,6 +63,9 @@ struct Context::Impl : std::enable_shared_from_this<Context::Impl> {
   bool add_registered_transports(bool strict);
   // Tells every open peer this side's transports (after one was added).
   void broadcast_capabilities();
+  // The store's garbage-collection hook: forgets the object's name and tells each transport that
+  // served it (TransportManager::garbage_collect). Any thread.
+  void collected(const StoredObject& object);
   const uint64_t instance;
 
   std::mutex mu;
