@@ -288,7 +288,8 @@ TEST_F(BadInput, ForgedDataChannelAttach) {
 
 // A data channel attaches with a proof of the session's token, never the token, and each proof
 // is good once: a recorded AttachChannel replayed while its session lives is refused, as are a
-// proof made with another token and one made for another transport; the next number attaches.
+// proof made with another token and one made for another transport; the next number is
+// accepted (Ack; the session keeps the channel it has).
 TEST_F(BadInput, AnAttachIsProvedOnceAndCannotBeReplayed) {
   RawClient c(server.port);
   auto answer = c.handshake();

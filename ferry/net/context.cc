@@ -41,6 +41,25 @@ uint64_t random_instance() {
   return v;
 }
 
+// TransportManager::garbage_collect for `object`, collected, on each transport in `gc` that is
+// alive and collects it: its own, or every one when it has none, and each that served it.
+void tell_transports(Context::Impl::GcTransports& gc, const StoredObject& object) {
+  std::vector<std::shared_ptr<TransportManager>> alive;
+  {
+    std::lock_guard lock(gc.mu);
+    for (const auto& w : gc.list) {
+      if (auto t = w.lock()) alive.push_back(std::move(t));
+    }
+  }
+  const auto& over = object.served_over;
+  for (const auto& t : alive) {
+    if (object.transport.empty() || t->name() == object.transport ||
+        std::find(over.begin(), over.end(), t->name()) != over.end()) {
+      t->garbage_collect(object);
+    }
+  }
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------- Impl
@@ -59,20 +78,11 @@ Context::Impl::Impl(ContextOptions opts) : options(std::move(opts)), instance(ra
   }
 }
 
-void Context::Impl::collected(const StoredObject& object) {
-  {
-    std::lock_guard lock(mu);
-    if (auto it = name_of.find(object.id); it != name_of.end()) {
-      names.erase(it->second);
-      name_of.erase(it);
-    }
-  }
-  const auto& over = object.served_over;
-  for (const auto& t : *transport_list()) {
-    if (object.transport.empty() || t->name() == object.transport ||
-        std::find(over.begin(), over.end(), t->name()) != over.end()) {
-      t->garbage_collect(object);
-    }
+void Context::Impl::forget_name(ObjectId id) {
+  std::lock_guard lock(mu);
+  if (auto it = name_of.find(id); it != name_of.end()) {
+    names.erase(it->second);
+    name_of.erase(it);
   }
 }
 
@@ -147,6 +157,8 @@ bool Context::Impl::add_registered_transports(bool strict) {
     return a->local_info().priority > b->local_info().priority;
   });
   transports_ = std::move(list);
+  std::lock_guard gc_lock(gc_transports->mu);
+  gc_transports->list.assign(transports_->begin(), transports_->end());
   return true;
 }
 
@@ -444,12 +456,14 @@ PoolStats Context::pool_stats() const {
 }
 
 Context::Context(ContextOptions options) : impl_(std::make_shared<Impl>(std::move(options))) {
-  // A pin can outlive the Impl (a transport instance may outlive its Context and hold one): an
-  // object collected once the Impl is gone, or while it is being destroyed, is nobody's to
-  // forget any more.
-  impl_->store.set_gc_hook([weak = std::weak_ptr<Impl>(impl_)](const StoredObject& object) {
-    if (auto impl = weak.lock()) impl->collected(object);
-  });
+  // A pin can outlive the Impl (a transport instance may outlive its Context and hold one): the
+  // hook reaches the Impl only while it lives, and the transports (that live) through their own
+  // list.
+  impl_->store.set_gc_hook(
+      [weak = std::weak_ptr<Impl>(impl_), gc = impl_->gc_transports](const StoredObject& object) {
+        if (auto impl = weak.lock()) impl->forget_name(object.id);
+        tell_transports(*gc, object);
+      });
   // A transport registered later is instantiated here too, and peers hear of it.
   impl_->registry_listener = detail::add_registry_listener([weak = std::weak_ptr<Impl>(impl_)] {
     auto impl = weak.lock();

@@ -54,6 +54,15 @@ struct Context::Impl : std::enable_shared_from_this<Context::Impl> {
   // transport registered later is added; read it through transport_list().
   std::shared_ptr<const TransportList> transports_ = std::make_shared<TransportList>();
   mutable std::mutex transports_mu;
+  // The same transports, held weakly, for the store's garbage-collection hook: it tells each
+  // one still alive of every object collected, also once this Impl is gone (a transport may
+  // outlive its Context holding pins, and its garbage_collect must still run). Updated with
+  // transports_.
+  struct GcTransports {
+    std::mutex mu;
+    std::vector<std::weak_ptr<TransportManager>> list;
+  };
+  const std::shared_ptr<GcTransports> gc_transports = std::make_shared<GcTransports>();
   std::vector<std::string> tried;  // registry entries already instantiated or refused
   uint64_t registry_listener = 0;
 
@@ -63,9 +72,8 @@ struct Context::Impl : std::enable_shared_from_this<Context::Impl> {
   bool add_registered_transports(bool strict);
   // Tells every open peer this side's transports (after one was added).
   void broadcast_capabilities();
-  // The store's garbage-collection hook: forgets the object's name and tells each transport that
-  // served it (TransportManager::garbage_collect). Any thread.
-  void collected(const StoredObject& object);
+  // Forgets the name of object `id`, collected. Any thread.
+  void forget_name(ObjectId id);
   const uint64_t instance;
 
   std::mutex mu;
