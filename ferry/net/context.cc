@@ -21,6 +21,7 @@
 #include "ferry/net/log.h"
 #include "ferry/net/proto/wire_convert.h"
 #include "ferry/net/registry.h"
+#include "ferry/net/security/auth.h"
 #include "ferry/net/security/tls.h"
 #include "ferry/net/session/session.h"
 #include "ferry/net/system/cpus.h"
@@ -65,6 +66,7 @@ void tell_transports(Context::Impl::GcTransports& gc, const StoredObject& object
 // ---------------------------------------------------------------- Impl
 
 Context::Impl::Impl(ContextOptions opts) : options(std::move(opts)), instance(random_instance()) {
+  auth::init();
   if (options.threads < 1) options.threads = 1;
   pool = std::make_shared<mem::Pool>(
       mem::PoolOptions{options.pool_bytes, options.pool_idle_trim, options.pool_populate_threads});

@@ -9,6 +9,8 @@
 
 namespace ferry::auth {
 
+void init() { OPENSSL_init_crypto(OPENSSL_INIT_LOAD_CONFIG, nullptr); }
+
 std::string nonce() {
   std::string n(16, '\0');
   if (RAND_bytes(reinterpret_cast<unsigned char*>(n.data()), static_cast<int>(n.size())) != 1) {

@@ -6,6 +6,12 @@
 
 namespace ferry::auth {
 
+// Initialises OpenSSL now (its configuration included), registering its exit-time cleanup. A
+// Context calls it as it is made: exit handlers run in the reverse order of registration, so
+// the destructor of a static that holds a Context then runs before OpenSSL's cleanup, and the
+// io threads, which hold OpenSSL's per-thread state (a proof or nonce made there), end and free
+// it first.
+void init();
 // 16 random bytes.
 std::string nonce();
 // HMAC-SHA256(secret, label || a || b). The secret itself never leaves the process.
