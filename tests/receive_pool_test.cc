@@ -44,7 +44,9 @@ TEST(ReceivePool, FetchesWithResultsDroppedReuseTheSameMemory) {
   const bool rdma = test_transport() == "RDMA";
   for (size_t size : {size_t{64} << 10, size_t{1} << 20, size_t{8} << 20}) {
     PoolFixture f(size);
-    const int fetches = rdma ? 300 : (size >= (8u << 20) ? 1000 : 10000);
+    // Emulated RDMA (rxe under QEMU) moves tens of MB/s: fewer there, still more than a region
+    // holds blocks of any of these sizes.
+    const int fetches = rdma ? 100 : (size >= (8u << 20) ? 1000 : 10000);
     for (int i = 0; i < 3; ++i) ASSERT_TRUE(f.fetch_checked());  // warm-up
     const auto warm = f.client.pool_stats();
     EXPECT_GT(warm.regions_created, 0u);
@@ -77,8 +79,9 @@ TEST(ReceivePool, KeptResultsAreNeverReusedUnderTheirHolder) {
   auto other_ref = f.server.put(other);
   std::vector<std::unique_ptr<FetchResult>> kept;
   for (int i = 0; i < 20; ++i) kept.push_back(f.fetch_checked());
-  // Emulated RDMA (rxe under QEMU) moves tens of MB/s: fewer rounds there.
-  const int rounds = test_transport() == "RDMA" ? 60 : 500;
+  // Emulated RDMA (rxe under QEMU) moves tens of MB/s, and its READs now and then stall until
+  // ferry's stall bound restarts them on a new queue pair: fewer rounds there.
+  const int rounds = test_transport() == "RDMA" ? 20 : 500;
   for (int i = 0; i < rounds; ++i) {
     auto a = f.peer.fetch(f.ref);
     auto b = f.peer.fetch(other_ref);

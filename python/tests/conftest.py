@@ -173,20 +173,40 @@ def child():
         c.close()
 
 
+class Owner:
+    """A helper process owning objects(with_torch): .refs {name: ref}, .pid, .child."""
+
+    def __init__(self, start):
+        from ferry_helper import decode
+
+        self.child = start("own", *(["--torch"] if have_torch() else []))
+        info = decode(self.child.read_line())
+        self.pid = info["pid"]
+        self.refs = info["refs"]
+
+
 @pytest.fixture
 def owner(child):
-    """A helper process owning objects(with_torch): .refs {name: ref}, .pid, .child."""
-    from ferry_helper import decode
+    """An Owner of this test's own: it may stop, kill or outlive it."""
+    return Owner(child)
 
-    class Owner:
-        def __init__(self):
-            args = ["own"] + (["--torch"] if have_torch() else [])
-            self.child = child(*args)
-            info = decode(self.child.read_line())
-            self.pid = info["pid"]
-            self.refs = info["refs"]
 
-    return Owner()
+@pytest.fixture(scope="module")
+def shared_owner():
+    """One Owner for a whole file whose tests only fetch from it (none stops or kills it): a
+    helper that imports torch takes seconds to start, and over half a minute under the
+    soft-RoCE guest's emulation."""
+    children = []
+
+    def start(*args):
+        children.append(Child(*args))
+        return children[-1]
+
+    try:
+        yield Owner(start)
+    finally:
+        for c in children:
+            c.close()
 
 
 @pytest.fixture

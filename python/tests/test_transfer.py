@@ -10,27 +10,27 @@ from conftest import RDMA, have_torch  # noqa: E402
 from ferry_helper import encode, objects, same  # noqa: E402
 
 
-def test_fetch_every_kind_from_another_process(owner, ctx):
+def test_fetch_every_kind_from_another_process(shared_owner, ctx):
     want = objects(have_torch())
-    peer = ctx.connect(next(iter(owner.refs.values())))
+    peer = ctx.connect(next(iter(shared_owner.refs.values())))
     assert peer.is_open and peer.transport
-    futures = {name: peer.fetch(ref, timeout=30) for name, ref in owner.refs.items()}
+    futures = {name: peer.fetch(ref, timeout=30) for name, ref in shared_owner.refs.items()}
     for name, future in futures.items():
         got = future.result(timeout=60)
         same(want[name], got)
         assert future.transport == peer.transport
-        assert future.nbytes == owner.refs[name].nbytes
+        assert future.nbytes == shared_owner.refs[name].nbytes
     assert ctx.inflight == 0
 
 
-def test_fetch_over_the_same_host_transport(owner, local_owner):
-    """CMA: small objects travel in the owner's grant, large ones are copied straight out of
-    the owner's memory (here the owner is this process, the fetching context another one in it;
-    the child's objects are small)."""
+def test_fetch_over_the_same_host_transport(shared_owner, local_owner):
+    """CMA: small objects travel in the owner's grant, large ones are copied straight out of the
+    owner's memory (here the owner is this process, the fetching context another one in it; the
+    helper's objects are small)."""
     want = objects(have_torch())
     with ferry.Context(name="cma-fetcher") as c:
-        peer = c.connect(next(iter(owner.refs.values())))
-        for name, ref in owner.refs.items():
+        peer = c.connect(next(iter(shared_owner.refs.values())))
+        for name, ref in shared_owner.refs.items():
             future = peer.fetch(ref, timeout=30, transport="CMA")
             same(want[name], future.result(timeout=60))
             assert future.transport == "CMA"
@@ -57,8 +57,8 @@ def test_fetch_over_the_same_host_transport(owner, local_owner):
             assert future.transport == "CMA"
 
 
-def test_dtypes_shapes_survive_the_ref(owner):
-    refs = owner.refs
+def test_dtypes_shapes_survive_the_ref(shared_owner):
+    refs = shared_owner.refs
     assert refs["np_float16"].tensors[0] == ferry.TensorSpec("numpy", "<f2", (17,))
     assert refs["np_bool"].tensors[0] == ferry.TensorSpec("numpy", "|b1", (4, 4))
     assert refs["np_scalar"].single and refs["np_scalar"].tensors[0].shape == ()
@@ -77,25 +77,25 @@ def test_another_process_fetches_what_this_one_put(local_owner, child):
     assert fetcher.wait() == 0
 
 
-def test_fetch_into_numpy_torch_bytearray_memoryview(owner, ctx):
-    peer = ctx.connect(owner.refs["np_float32"])
+def test_fetch_into_numpy_torch_bytearray_memoryview(shared_owner, ctx):
+    peer = ctx.connect(shared_owner.refs["np_float32"])
     want = objects(have_torch())
     target = np.empty((3, 5), dtype=np.float32)
-    assert peer.fetch(owner.refs["np_float32"], into=target).result(60) is target
+    assert peer.fetch(shared_owner.refs["np_float32"], into=target).result(60) is target
     same(want["np_float32"], target)
 
-    raw = bytearray(owner.refs["bytes"].nbytes)
-    assert peer.fetch(owner.refs["bytes"], into=raw).result(60) is raw
+    raw = bytearray(shared_owner.refs["bytes"].nbytes)
+    assert peer.fetch(shared_owner.refs["bytes"], into=raw).result(60) is raw
     assert bytes(raw) == want["bytes"]
 
     backing = bytearray(80 * 8)
     view = memoryview(backing)
-    peer.fetch(owner.refs["np_int64"], into=view).result(60)
+    peer.fetch(shared_owner.refs["np_int64"], into=view).result(60)
     assert np.frombuffer(backing, dtype=np.int64).tolist() == want["np_int64"].ravel().tolist()
 
     # a list with one buffer per tensor; a differently typed buffer of the right size is fine
     a, b = np.empty(5, dtype=np.int32), np.empty(4 * 8, dtype=np.uint8)
-    out = peer.fetch(owner.refs["list"], into=[a, b]).result(60)
+    out = peer.fetch(shared_owner.refs["list"], into=[a, b]).result(60)
     assert out[0] is a and out[1] is b
     same(want["list"][0], a)
     assert b.view(np.float64).reshape(2, 2).tolist() == want["list"][1].tolist()
@@ -104,13 +104,13 @@ def test_fetch_into_numpy_torch_bytearray_memoryview(owner, ctx):
         import torch
 
         t = torch.empty(3, 7, dtype=torch.bfloat16)
-        assert peer.fetch(owner.refs["t_bfloat16"], into=[t]).result(60)[0] is t
+        assert peer.fetch(shared_owner.refs["t_bfloat16"], into=[t]).result(60)[0] is t
         same(want["t_bfloat16"], t)
 
 
-def test_fetch_result_views_ferry_memory(owner, ctx):
-    peer = ctx.connect(owner.refs["np_big"])
-    got = peer.fetch(owner.refs["np_big"]).result(60)
+def test_fetch_result_views_ferry_memory(shared_owner, ctx):
+    peer = ctx.connect(shared_owner.refs["np_big"])
+    got = peer.fetch(shared_owner.refs["np_big"]).result(60)
     assert got.base is not None and got.flags.writeable  # a view of ferry's buffer, kept alive
     same(objects(False)["np_big"], got)
     del got  # its memory returns to the receive pool
@@ -125,11 +125,11 @@ def test_fetch_result_views_ferry_memory(owner, ctx):
 
 
 @pytest.mark.skipif(not have_torch(), reason="torch is not installed")
-def test_torch_results_share_ferry_memory(owner, ctx):
+def test_torch_results_share_ferry_memory(shared_owner, ctx):
     import torch
 
-    peer = ctx.connect(owner.refs["t_float16"])
-    first = peer.fetch(owner.refs["mixed"]).result(60)
+    peer = ctx.connect(shared_owner.refs["t_float16"])
+    first = peer.fetch(shared_owner.refs["mixed"]).result(60)
     assert isinstance(first[0], torch.Tensor) and isinstance(first[1], np.ndarray)
     t = first[0]
     t += 1  # writable, ours
@@ -161,19 +161,19 @@ def test_put_any_contiguous_buffer(local_owner, ctx):
     assert got[3].dtype == np.float64 and got[3].tolist() == [1.5, 2.5]
 
 
-def test_refs_listed_by_peer_and_context(owner, ctx):
-    peer = ctx.connect(owner.refs["bytes"])
+def test_refs_listed_by_peer_and_context(shared_owner, ctx):
+    peer = ctx.connect(shared_owner.refs["bytes"])
     listed = peer.list(timeout=10)
-    assert {r.object_id for r in listed} == {r.object_id for r in owner.refs.values()}
+    assert {r.object_id for r in listed} == {r.object_id for r in shared_owner.refs.values()}
     # listed refs carry ferry's description only: still fetchable, as numpy
     by_id = {r.object_id: r for r in listed}
-    got = peer.fetch(by_id[owner.refs["np_int64"].object_id]).result(60)
+    got = peer.fetch(by_id[shared_owner.refs["np_int64"].object_id]).result(60)
     assert isinstance(got, list) and got[0].dtype == np.int64 and got[0].shape == (2, 4, 10)
 
 
-def test_many_fetches_in_flight(owner, ctx):
-    peer = ctx.connect(owner.refs["np_float32"])
-    futures = [peer.fetch(owner.refs["np_float32"]) for _ in range(500)]
+def test_many_fetches_in_flight(shared_owner, ctx):
+    peer = ctx.connect(shared_owner.refs["np_float32"])
+    futures = [peer.fetch(shared_owner.refs["np_float32"]) for _ in range(500)]
     want = objects(False)["np_float32"]
     for f in futures:
         same(want, f.result(timeout=60))
