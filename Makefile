@@ -45,7 +45,8 @@ demo: build
 # The rdma-labelled tests run inside the soft-RoCE guest (tests/softroce), not here. That tier
 # (the rdma_softroce test, started here directly) runs in the background alongside the host's
 # suite: the emulated guest leaves a core idle much of the time, and the two share nothing but the
-# build's binaries. Its output goes to $(BUILD)/Testing/softroce-tier.log; its summary follows the
+# build's binaries; the tests that build ferry again (install, package) leave it a core (JOBS).
+# Its output goes to $(BUILD)/Testing/softroce-tier.log; its summary follows the
 # host's (the whole log if it failed). A tier that could not run says SKIPPED, with the reason; a
 # test that failed in the guest says FAILED there, with its failure lines.
 SOFTROCE_LOG = $(BUILD)/Testing/softroce-tier.log
@@ -53,7 +54,8 @@ test: build
 	@mkdir -p $(BUILD)/Testing; \
 	  (cd $(BUILD) && exec $(CURDIR)/tests/softroce/ferry-vm --cwd . -- \
 	    sh $(CURDIR)/tests/softroce/guest-ctest.sh) >$(SOFTROCE_LOG) 2>&1 </dev/null & guest=$$!; \
-	  status=0; (cd $(BUILD) && ctest --output-on-failure --timeout 600 -LE '^(rdma|softroce)$$') || status=$$?; \
+	  jobs=$$(nproc); [ $$jobs -gt 1 ] && jobs=$$((jobs - 1)); \
+	  status=0; (cd $(BUILD) && JOBS=$$jobs ctest --output-on-failure --timeout 600 -LE '^(rdma|softroce)$$') || status=$$?; \
 	  echo "== the soft-RoCE tier (ran alongside; $(SOFTROCE_LOG)): waiting for it"; \
 	  tier=0; wait $$guest || tier=$$?; \
 	  if [ $$tier -ne 0 ] && [ $$tier -ne 77 ]; then cat $(SOFTROCE_LOG); status=1; \

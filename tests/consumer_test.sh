@@ -37,7 +37,7 @@ configure_consumer() {
 # build_and_run NAME PREFIX: builds $tmp/NAME, checks it used the installed headers, runs it.
 build_and_run() {
   local name=$1
-  cmake --build "$tmp/$name" -j "$(nproc)" >"$tmp/$name.build.log" 2>&1 ||
+  cmake --build "$tmp/$name" -j "${JOBS:-$(nproc)}" >"$tmp/$name.build.log" 2>&1 ||
     { cat "$tmp/$name.build.log" >&2; fail "$name did not build"; }
   if grep -rq -- "$src/ferry/" "$tmp/$name/CMakeFiles" 2>/dev/null; then
     fail "$name saw the source tree, not the installed headers"
@@ -81,7 +81,7 @@ cmake -S "$src" -B "$other_build" -G "${CMAKE_GENERATOR:-Ninja}" -DCMAKE_BUILD_T
   -DFERRY_BUILD_TESTS=OFF -DFERRY_BUILD_CLI=OFF -DFERRY_BUILD_BENCH=OFF -DFERRY_BUILD_PYTHON=OFF \
   -DFERRY_BUILD_EXAMPLES=OFF >"$tmp/other-ferry.log" 2>&1 ||
   { cat "$tmp/other-ferry.log" >&2; fail "the $other ferry did not configure"; }
-cmake --build "$other_build" -j "$(nproc)" >>"$tmp/other-ferry.log" 2>&1 ||
+cmake --build "$other_build" -j "${JOBS:-$(nproc)}" >>"$tmp/other-ferry.log" 2>&1 ||
   { tail -50 "$tmp/other-ferry.log" >&2; fail "the $other ferry did not build"; }
 echo "$other ferry built in $((SECONDS - start)) s"
 cmake --install "$other_build" --prefix "$tmp/prefix-$other" >/dev/null

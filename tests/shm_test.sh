@@ -24,7 +24,7 @@ fail() { echo "shm test: FAILED: $*" >&2; exit 1; }
 cmake --install "$build" --prefix "$tmp/prefix" >/dev/null
 cmake -S "$src/examples/shm_transport" -B "$tmp/build" -DCMAKE_PREFIX_PATH="$tmp/prefix" \
   -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_FLAGS="${FERRY_CONSUMER_CXX_FLAGS:-}" >/dev/null
-cmake --build "$tmp/build" -j "$(nproc)" >/dev/null
+cmake --build "$tmp/build" -j "${JOBS:-$(nproc)}" >/dev/null
 ex=$tmp/build/shm_example
 
 segments() { find /dev/shm -maxdepth 1 -name "ferry-shm-$1-*" | wc -l; }
