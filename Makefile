@@ -54,6 +54,7 @@ test: build
 	@mkdir -p $(BUILD)/Testing; \
 	  (cd $(BUILD) && exec $(CURDIR)/tests/softroce/ferry-vm --cwd . -- \
 	    sh $(CURDIR)/tests/softroce/guest-ctest.sh) >$(SOFTROCE_LOG) 2>&1 </dev/null & guest=$$!; \
+	  trap 'kill $$guest 2>/dev/null; exit 130' INT TERM; \
 	  jobs=$$(nproc); [ $$jobs -gt 1 ] && jobs=$$((jobs - 1)); \
 	  status=0; (cd $(BUILD) && JOBS=$$jobs ctest --output-on-failure --timeout 600 -LE '^(rdma|softroce)$$') || status=$$?; \
 	  echo "== the soft-RoCE tier (ran alongside; $(SOFTROCE_LOG)): waiting for it"; \
