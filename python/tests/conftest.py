@@ -4,6 +4,7 @@ Every wait has a deadline: futures are waited with result(timeout=...), child pr
 through Child (reads with select, waits with timeouts, kills at teardown).
 """
 
+import contextlib
 import os
 import selectors
 import signal
@@ -158,19 +159,27 @@ class Child:
             f.close()
 
 
-@pytest.fixture
-def child():
-    """Factory: child(*args, code=...) starts a Child; all are killed at teardown."""
-    children = []
+@contextlib.contextmanager
+def children():
+    """Factory: start(*args, code=...) starts a Child; all are closed when the block ends."""
+    started = []
 
     def start(*args, **kwargs):
-        c = Child(*args, **kwargs)
-        children.append(c)
-        return c
+        started.append(Child(*args, **kwargs))
+        return started[-1]
 
-    yield start
-    for c in children:
-        c.close()
+    try:
+        yield start
+    finally:
+        for c in started:
+            c.close()
+
+
+@pytest.fixture
+def child():
+    """children() for one test: its Child processes are killed at its teardown."""
+    with children() as start:
+        yield start
 
 
 class Owner:
@@ -196,17 +205,8 @@ def shared_owner():
     """One Owner for a whole file whose tests only fetch from it (none stops or kills it): a
     helper that imports torch takes seconds to start, and over half a minute under the
     soft-RoCE guest's emulation."""
-    children = []
-
-    def start(*args):
-        children.append(Child(*args))
-        return children[-1]
-
-    try:
+    with children() as start:
         yield Owner(start)
-    finally:
-        for c in children:
-            c.close()
 
 
 @pytest.fixture
