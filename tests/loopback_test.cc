@@ -1400,6 +1400,56 @@ TEST(Close, APeerKeptAfterItsContextClosedFailsEveryRequestAtOnce) {
   client.reset();
 }
 
+// Threads that go on fetching and listing through a Peer while another thread closes its
+// context: every fetch completes exactly once (its handler runs; the ones that began before the
+// close complete either way, those after it with context_closed) and no request waits for its
+// timeout, however the close falls between a request's check of the context and its post to
+// the loop. A stress test: a round's close lands anywhere in the stream of requests.
+TEST(Close, RequestsFromOtherThreadsWhileTheContextClosesEachCompleteOnce) {
+  Server server;
+  auto ref = server.put(make_pattern(4096, 9));
+  const int rounds = test_transport() == "RDMA" ? 8 : 40;
+  for (int round = 0; round < rounds; ++round) {
+    auto client = std::make_unique<Context>(client_options("client"));
+    auto peer = connect_or_fail(*client, server.address());
+    std::atomic<int> issued{0};
+    std::atomic<int> handled{0};
+    std::atomic<bool> list_waited{false};
+    std::vector<std::thread> threads;
+    for (int t = 0; t < 3; ++t) {
+      threads.emplace_back([&] {
+        // Until a fetch finds the context closed (at once, from the Peer's own check).
+        for (int i = 0; i < 100000; ++i) {
+          issued.fetch_add(1);
+          auto req = peer.fetch(ref, {}, {.timeout = 30s},
+                                [&](std::error_code, FetchResult) { handled.fetch_add(1); });
+          if (req.outcome() == std::optional<std::error_code>(errc::context_closed)) return;
+        }
+      });
+    }
+    threads.emplace_back([&] {
+      for (int i = 0; i < 1000; ++i) {
+        const auto t0 = std::chrono::steady_clock::now();
+        auto listed = peer.list(30s);
+        if (std::chrono::steady_clock::now() - t0 > scaled(10s)) list_waited = true;
+        if (!listed && listed.error() == errc::context_closed) return;
+      }
+    });
+    std::this_thread::sleep_for(std::chrono::microseconds(500 * (round % 8)));
+    client->close();
+    for (auto& t : threads) t.join();
+    const auto deadline = std::chrono::steady_clock::now() + scaled(10s);
+    while (handled.load() < issued.load() && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(1ms);
+    }
+    ASSERT_EQ(handled.load(), issued.load()) << "round " << round << ": fetches never completed";
+    EXPECT_FALSE(list_waited.load()) << "round " << round << ": a list waited for its timeout";
+    client.reset();
+    std::this_thread::sleep_for(10ms);
+    EXPECT_EQ(handled.load(), issued.load()) << "round " << round << ": a fetch completed twice";
+  }
+}
+
 // An owner that closes the moment its send of one object is done (PutOptions::on_sent: over TCP,
 // written to the data socket; 60,000 bytes, in flight at once: socket buffers hold them), reached
 // through a relay that holds each read of the data channel back `hold`: its bytes reach the

@@ -65,6 +65,15 @@ void tell_transports(Context::Impl::GcTransports& gc, const StoredObject& object
 
 // ---------------------------------------------------------------- Impl
 
+detail::PostGate::PostGate(Context::Impl& impl) : impl_(impl) {
+  // Sequentially consistent, as close()'s store of `drained` and load of `posting`: either
+  // close() sees this gate and waits for it, or this gate sees `drained`.
+  impl_.posting.fetch_add(1);
+  open_ = !impl_.drained.load();
+}
+
+detail::PostGate::~PostGate() { impl_.posting.fetch_sub(1); }
+
 Context::Impl::Impl(ContextOptions opts) : options(std::move(opts)), instance(random_instance()) {
   auth::init();
   if (options.threads < 1) options.threads = 1;
@@ -656,7 +665,12 @@ void Context::close() {
   for (auto& t : impl_->threads) {
     if (t.joinable()) t.join();
   }
-  // Run what is left (handlers of cancelled operations) so nothing holds a session.
+  // No post from outside lands after the run below: wait out those under way (each holds its
+  // gate for one post), refuse later ones.
+  impl_->drained.store(true);
+  while (impl_->posting.load() > 0) std::this_thread::yield();
+  // Run what is left (handlers of cancelled operations, work posted meanwhile) so nothing holds
+  // a session and every operation has completed.
   impl_->io.restart();
   impl_->io.poll();
 }
@@ -704,14 +718,15 @@ void Context::set_advertise_address(std::string host_port) {
 void Context::start_connect(std::shared_ptr<Impl> impl, std::string address,
                             ConnectHandler handler) {
   auto io_ex = impl->io.get_executor();
-  // Through the loop while it runs; once the context has closed (the loop may have stopped),
+  // Through the loop while it will still run; once close() has run it for the last time,
   // through the system executor, as a closed Peer's fetches complete.
   auto deliver = [io_ex, impl](ConnectHandler h, std::error_code ec, Peer peer) {
-    if (impl->closed) {
+    detail::PostGate gate(*impl);
+    if (gate.open()) {
+      detail::post_completion(io_ex, std::move(h), boost::system::error_code(ec), std::move(peer));
+    } else {
       detail::post_completion(asio::system_executor(), std::move(h), boost::system::error_code(ec),
                               std::move(peer));
-    } else {
-      detail::post_completion(io_ex, std::move(h), boost::system::error_code(ec), std::move(peer));
     }
   };
   auto hp = parse_host_port(address);

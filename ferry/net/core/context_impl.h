@@ -33,6 +33,27 @@ namespace ferry {
 
 class Session;
 
+namespace detail {
+
+// Held by a thread around a post to the context's loop whose work must complete (see
+// Context::Impl::drained). Hold it only for the post itself: close() waits for it.
+class PostGate {
+ public:
+  explicit PostGate(Context::Impl& impl);
+  ~PostGate();
+  PostGate(const PostGate&) = delete;
+  PostGate& operator=(const PostGate&) = delete;
+  // Whether work posted to the loop while this gate is held will run. When it is not, the
+  // caller completes the operation itself, off the loop (errc::context_closed).
+  bool open() const { return open_; }
+
+ private:
+  Context::Impl& impl_;
+  bool open_;
+};
+
+}  // namespace detail
+
 struct Context::Impl : std::enable_shared_from_this<Context::Impl> {
   explicit Impl(ContextOptions opts);
 
@@ -94,6 +115,12 @@ struct Context::Impl : std::enable_shared_from_this<Context::Impl> {
   std::unordered_map<uint64_t, std::weak_ptr<Session>> sessions;  // by local id
   std::atomic<uint64_t> next_session_id{1};
   std::atomic<bool> closed{false};
+  // Work posted to the loop from outside it (a Peer's fetches and requests, a connect's answer)
+  // must run, or its caller must learn that it will not: close() sets `drained` once the io
+  // threads have stopped, waits until no PostGate is held, and then runs the loop one last time.
+  // A post made under an open gate therefore runs in that last run; a gate taken later is closed.
+  std::atomic<bool> drained{false};
+  std::atomic<int> posting{0};     // PostGates held
   std::atomic<int> busy_polls{0};  // Context::BusyPoll held
   // While a BusyPoll is held, and until `linger_until` after the last one ended (BusyPoll's
   // linger), the io threads park here (the holders run the io_context); notified when the last

@@ -288,10 +288,20 @@ FetchRequest Session::fetch(ObjectRef ref, std::vector<MutableBuffer> targets, F
   if (targets.empty() && ctx_->stats->fetches_in_flight() > 0) {
     storage = FetchTable::allocate_slots(*ctx_->pool, ref, targets);
   }
+  // Held until the post: should close() have run the loop for the last time, the fetch fails
+  // here and completes through the system executor (as a closed Peer's fetches do).
+  detail::PostGate gate(*ctx_);
   auto state = std::make_shared<detail::FetchState>(
-      id, ctx_->io.get_executor(), options.wait_spin.value_or(ctx_->options.idle_spin));
+      id,
+      gate.open() ? asio::any_io_executor(ctx_->io.get_executor())
+                  : asio::any_io_executor(asio::system_executor()),
+      options.wait_spin.value_or(ctx_->options.idle_spin));
   state->set_stats(ctx_->stats, Clock::now());
   if (handler) state->set_handler(std::move(handler));
+  if (!gate.open()) {
+    state->complete(errc::context_closed);
+    return FetchRequest(state);
+  }
   state->set_abort_hook([weak = weak_from_this(), weak_state = std::weak_ptr(state), id] {
     auto self = weak.lock();
     if (!self) {
@@ -510,6 +520,8 @@ void Session::async_open_side_connection(std::string_view transport_name,
 void Session::rpc(wire::Envelope request, std::chrono::milliseconds timeout, RpcHandler done) {
   const uint64_t id = next_request_id_.fetch_add(2);
   request.set_request_id(id);
+  detail::PostGate gate(*ctx_);
+  if (!gate.open()) return done(errc::context_closed, {});
   asio::post(strand_, [self = shared_from_this(), id, request = std::move(request), timeout,
                        done = std::move(done)]() mutable {
     if (self->state_ != State::open) {

@@ -65,8 +65,13 @@ class Session final : public PeerLink,
 
   // Any thread. Without targets, while other fetches of the context run, the receive memory is
   // taken from the pool on this thread: faulting a new region in stalls the caller, not them.
+  // Completes once, through the loop; with errc::context_closed through the system executor
+  // when the context's close() has already run the loop for the last time.
   FetchRequest fetch(ObjectRef ref, std::vector<MutableBuffer> targets, FetchOptions options,
                      FetchHandler handler);
+  // Any thread. Sends `request` and calls `done` once: on the strand with the answer, the
+  // peer's error, errc::timed_out after `timeout` or the session's close reason; inline with
+  // errc::context_closed when the context's close() has already run the loop for the last time.
   void rpc(wire::Envelope request, std::chrono::milliseconds timeout, RpcHandler done);
   void close(std::error_code ec);
   // Sends this side's current transports to the peer (after one was registered). Any thread.
