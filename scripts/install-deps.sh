@@ -16,7 +16,7 @@ packages=(
 for extra in "$@"; do
   case "$extra" in
     # busybox-static is left out: it conflicts with Debian's busybox; ferry-vm unpacks its .deb.
-    softroce) packages+=(qemu-system-x86 iproute2 kmod ibverbs-providers rdma-core xz-utils) ;;
+    softroce) packages+=(qemu-system-x86 iproute2 kmod ibverbs-providers rdma-core xz-utils zstd) ;;
     # libgloo-dev, openmpi-bin and libopenmpi-dev: the allreduce suite's peers (Gloo, Open MPI).
     bench) packages+=(python3 iperf3 perftest ucx-utils qperf sockperf gnuplot-nox
                       libgloo-dev openmpi-bin libopenmpi-dev) ;;
