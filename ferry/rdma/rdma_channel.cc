@@ -27,6 +27,8 @@ constexpr uint64_t kPipeBytes = 8u << 20;
 constexpr unsigned kAckBatch = 64;  // CQ events acknowledged at once
 constexpr int kPollBatch = 32;
 constexpr auto kSafetyNet = std::chrono::seconds(1);
+// How long a new queue pair to a peer waits for the failed one to be destroyed (QuiesceBoard).
+constexpr auto kQuiesceBound = std::chrono::milliseconds(5000);
 // Work requests that bind memory windows carry the lease's request id with this bit set, apart
 // from the READs (which carry the fetch's request id; ids never reach it).
 constexpr uint64_t kBindBit = 1ull << 63;
@@ -50,6 +52,7 @@ RdmaChannel::~RdmaChannel() {
   leases_.clear();
   retired_.clear();
   qp_.reset();
+  if (quiet_) retire(std::move(quiet_));  // the reaper runs it once the QP is destroyed
   if (cq_ && unacked_events_) ibv_ack_cq_events(cq_.get(), unacked_events_);
   cq_.reset();
   if (cq_fd_.is_open()) cq_fd_.release();
@@ -667,6 +670,11 @@ void RdmaChannel::fail(std::error_code ec) {
   auto fetches = std::move(fetches_);
   fetches_.clear();
   auto link = link_.lock();
+  const bool reads_outstanding = std::any_of(
+      fetches.begin(), fetches.end(), [](const auto& entry) { return entry.second.posted > 0; });
+  if (link && reads_outstanding && options_.quiesce) {
+    quiet_ = options_.quiesce->add(link.get(), strand_, kQuiesceBound);
+  }
   // Their READs are gone with the queue pair and none of them failed on its own account: each is
   // started again over a new pair (the session's restart waits for drop_channel below).
   size_t restarted = 0;

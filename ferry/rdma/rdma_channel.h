@@ -26,6 +26,7 @@
 #include "ferry/rdma/device.h"
 #include "ferry/rdma/object_regions.h"
 #include "ferry/rdma/proto/rdma.pb.h"
+#include "ferry/rdma/quiesce.h"
 #include "ferry/rdma/rdma.h"
 
 namespace ferry::rdma {
@@ -48,6 +49,8 @@ struct ChannelOptions {
   std::chrono::milliseconds stall_timeout{10000};
   // The transport's registrations of whole objects, for region grants (shared by its channels).
   std::shared_ptr<ObjectRegions> objects;
+  // Failed queue pairs a new one to the same peer waits for (shared by the transport's channels).
+  std::shared_ptr<QuiesceBoard> quiesce;
 };
 
 class RdmaChannel final : public TransportChannel,
@@ -168,7 +171,8 @@ class RdmaChannel final : public TransportChannel,
   // one fails.
   bool register_segments(Lease& lease);
   // A completion error or a failed post: the QP is unusable. Fails this channel's fetches and
-  // leases and has the session drop it (the next fetch sets up a new one).
+  // leases and has the session drop it (the next fetch sets up a new one, once this QP is
+  // destroyed if READs were outstanding: QuiesceBoard).
   void fail(std::error_code ec);
   void to_error_state();
 
@@ -183,6 +187,9 @@ class RdmaChannel final : public TransportChannel,
   CompChannelHandle comp_channel_;
   CqHandle cq_;
   QpHandle qp_;
+  // Set by fail() when READs were outstanding: tells options_.quiesce that the QP is destroyed
+  // (the destructor retires it right after the QP).
+  std::function<void()> quiet_;
   boost::asio::posix::stream_descriptor cq_fd_;
   boost::asio::steady_timer safety_timer_;
   uint32_t psn_ = 0;

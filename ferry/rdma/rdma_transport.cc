@@ -20,8 +20,12 @@ void send(PeerLink& link, uint64_t request_id, const wire::Message& m) {
 RdmaTransport::RdmaTransport(const TransportEnv& env, const RdmaOptions& options,
                              std::vector<std::shared_ptr<Device>> devices)
     : devices_(std::move(devices)),
-      channel_options_{options.busy_poll, env.options.lease_timeout, std::make_shared<Hooks>(),
-                       env.options.peer_timeout, std::make_shared<ObjectRegions>()},
+      channel_options_{options.busy_poll,
+                       env.options.lease_timeout,
+                       std::make_shared<Hooks>(),
+                       env.options.peer_timeout,
+                       std::make_shared<ObjectRegions>(),
+                       std::make_shared<QuiesceBoard>()},
       open_timeout_(env.options.handshake_timeout) {
   if (!env.pool) return;
   // Each region of the receive pool is registered with every device once, when it appears, and
@@ -91,6 +95,18 @@ bool RdmaTransport::peer_has_transport(const PeerInfo& peer) const {
 // ---------------------------------------------------------------- queue pair setup
 
 void RdmaTransport::async_open_channel(std::shared_ptr<PeerLink> link, ChannelOpenHandler done) {
+  // Once the peer's failed queue pairs are destroyed: one may still be placing data into the
+  // targets of fetches that start again over the new pair.
+  const PeerLink* peer = link.get();
+  channel_options_.quiesce->when_quiet(peer, [this, link, done = std::move(done)]() mutable {
+    if (link->strand().running_in_this_thread()) return open_channel(link, std::move(done));
+    asio::post(link->strand(), [this, link, done = std::move(done)]() mutable {
+      open_channel(link, std::move(done));
+    });
+  });
+}
+
+void RdmaTransport::open_channel(const std::shared_ptr<PeerLink>& link, ChannelOpenHandler done) {
   auto [device, address] = local_address(link->info());
   if (!device) return done(make_error_code(errc::transport_unavailable), nullptr);
   auto channel = std::make_shared<RdmaChannel>(device, *address, link, channel_options_);

@@ -49,6 +49,8 @@ class RdmaTransport final : public TransportManager {
 
   // The device and address for the local IP of a peer's metadata connection.
   std::pair<std::shared_ptr<Device>, const Address*> local_address(const PeerInfo& peer) const;
+  // async_open_channel once no failed queue pair of the peer is left to destroy. Strand.
+  void open_channel(const std::shared_ptr<PeerLink>& link, ChannelOpenHandler done);
   void on_connect(PeerLink& link, const wire::QpInfo& remote);
   void on_accept(PeerLink& link, const wire::QpInfo* remote, std::error_code ec);
 

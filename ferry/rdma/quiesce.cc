@@ -1,0 +1,60 @@
+#include "ferry/rdma/quiesce.h"
+
+#include <atomic>
+#include <boost/asio/steady_timer.hpp>
+
+#include "ferry/net/log.h"
+
+namespace ferry::rdma {
+
+std::function<void()> QuiesceBoard::add(const void* peer,
+                                        const boost::asio::any_io_executor& executor,
+                                        std::chrono::milliseconds bound) {
+  {
+    std::lock_guard lock(mu_);
+    ++peers_[peer].pending;
+  }
+  auto said = std::make_shared<std::atomic<bool>>(false);
+  auto self = shared_from_this();
+  auto once = [self, peer, said] {
+    if (!said->exchange(true)) self->quiet(peer);
+  };
+  // Not cancelled when the pair is destroyed first (the reaper's thread may not touch it): it
+  // then finds the pair quiet already.
+  auto timer = std::make_shared<boost::asio::steady_timer>(executor, bound);
+  timer->async_wait([timer, once, said, bound](boost::system::error_code ec) {
+    if (ec || said->load()) return;
+    FERRY_LOG_WARN(
+        "rdma: a failed queue pair is not destroyed {} ms after it failed: a new one to its peer "
+        "is set up without waiting for it any longer",
+        bound.count());
+    once();
+  });
+  return once;
+}
+
+void QuiesceBoard::when_quiet(const void* peer, std::function<void()> then) {
+  {
+    std::lock_guard lock(mu_);
+    auto it = peers_.find(peer);
+    if (it != peers_.end()) {
+      it->second.waiters.push_back(std::move(then));
+      return;
+    }
+  }
+  then();
+}
+
+void QuiesceBoard::quiet(const void* peer) {
+  std::vector<std::function<void()>> waiters;
+  {
+    std::lock_guard lock(mu_);
+    auto it = peers_.find(peer);
+    if (it == peers_.end() || --it->second.pending > 0) return;
+    waiters = std::move(it->second.waiters);
+    peers_.erase(it);
+  }
+  for (auto& w : waiters) w();
+}
+
+}  // namespace ferry::rdma

@@ -1,0 +1,48 @@
+// QuiesceBoard: queue pairs that failed with READs outstanding and are not destroyed yet, per
+// peer (internal to the RDMA transport). A new queue pair to that peer is set up only once they
+// are.
+//
+// The error state takes no new work and flushes what is outstanding, but the memory a posted
+// READ writes stays the queue pair's until the pair has completed that READ or been destroyed:
+// rxe goes on placing response data it had already taken in. A fetch started again over a new
+// pair writes the same targets, so the new pair waits until the reaper has destroyed the failed
+// one (RdmaChannel's destructor retires the callback add() returns right after its queue pair),
+// or until a bound has passed (the reaper may be busy with the queue pairs of a dead peer; a pair
+// that stalled places nothing). Thread-safe; the transport and its channels share one board.
+#pragma once
+
+#include <boost/asio/any_io_executor.hpp>
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <unordered_map>
+#include <vector>
+
+namespace ferry::rdma {
+
+class QuiesceBoard : public std::enable_shared_from_this<QuiesceBoard> {
+ public:
+  // A failed queue pair of `peer` with READs outstanding. Returns the callback that says it is
+  // destroyed (once; any thread). Without that callback, the pair counts as quiet `bound` after
+  // this call (a timer on `executor`, logged). Any thread.
+  std::function<void()> add(const void* peer, const boost::asio::any_io_executor& executor,
+                            std::chrono::milliseconds bound);
+  // Runs `then` once no failed queue pair of `peer` is still to be destroyed: at once, on this
+  // thread, when none is; otherwise later, on the reaper's thread or the bound's executor (post
+  // from there to where it must run). Any thread.
+  void when_quiet(const void* peer, std::function<void()> then);
+
+ private:
+  // One failed pair of `peer` is quiet.
+  void quiet(const void* peer);
+
+  struct Peer {
+    int pending = 0;  // failed pairs not yet quiet
+    std::vector<std::function<void()>> waiters;
+  };
+  std::mutex mu_;
+  std::unordered_map<const void*, Peer> peers_;
+};
+
+}  // namespace ferry::rdma
