@@ -74,6 +74,11 @@ detail::PostGate::PostGate(Context::Impl& impl) : impl_(impl) {
 
 detail::PostGate::~PostGate() { impl_.posting.fetch_sub(1); }
 
+asio::any_io_executor detail::PostGate::completion_executor() const {
+  if (open_) return impl_.io.get_executor();
+  return asio::system_executor();
+}
+
 Context::Impl::Impl(ContextOptions opts) : options(std::move(opts)), instance(random_instance()) {
   auth::init();
   if (options.threads < 1) options.threads = 1;
@@ -720,14 +725,10 @@ void Context::start_connect(std::shared_ptr<Impl> impl, std::string address,
   auto io_ex = impl->io.get_executor();
   // Through the loop while it will still run; once close() has run it for the last time,
   // through the system executor, as a closed Peer's fetches complete.
-  auto deliver = [io_ex, impl](ConnectHandler h, std::error_code ec, Peer peer) {
+  auto deliver = [impl](ConnectHandler h, std::error_code ec, Peer peer) {
     detail::PostGate gate(*impl);
-    if (gate.open()) {
-      detail::post_completion(io_ex, std::move(h), boost::system::error_code(ec), std::move(peer));
-    } else {
-      detail::post_completion(asio::system_executor(), std::move(h), boost::system::error_code(ec),
-                              std::move(peer));
-    }
+    detail::post_completion(gate.completion_executor(), std::move(h), boost::system::error_code(ec),
+                            std::move(peer));
   };
   auto hp = parse_host_port(address);
   if (!hp || impl->closed) {

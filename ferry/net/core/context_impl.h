@@ -46,6 +46,9 @@ class PostGate {
   // Whether work posted to the loop while this gate is held will run. When it is not, the
   // caller completes the operation itself, off the loop (errc::context_closed).
   bool open() const { return open_; }
+  // Where an operation's completion is posted: the context's loop while the gate is open, the
+  // system executor otherwise (never inline either way).
+  boost::asio::any_io_executor completion_executor() const;
 
  private:
   Context::Impl& impl_;
