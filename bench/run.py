@@ -65,6 +65,9 @@ PYTHON_LAT_SIZES = (4 * KIB, 64 * KIB)  # the python suite's latency rows (1 in 
 # bench/python_bench.py's tools: ferry into numpy buffers ("ferry", so paired_ratios gives
 # ferry / peer), ferry into its own memory, and the peers.
 PYTHON_PEERS = ["shm-pickle", "torch-gloo", "pickle-socket"]
+# The C++ counterpart of a Python loop of fetch().result(): ferry-bench fetch --wait, a loop of
+# fetch().wait(); a callback chain's counterpart is ferry-bench's completion-handler reissue.
+WAIT_PEER = "ferry-cpp-wait"
 
 
 def log(*a):
@@ -490,7 +493,10 @@ def suite_python(b, sizes, reps, deadline=None):
             lat = []
             if size in PYTHON_LAT_SIZES:
                 lat = [("ferry-cpp lat", lambda: b.ferry("python", "lat", size, rep, 1,
-                                                         tool="ferry-cpp"))]
+                                                         tool="ferry-cpp")),
+                       ("ferry-cpp-wait lat", lambda: b.ferry("python", "lat", size, rep, 1,
+                                                              tool="ferry-cpp-wait",
+                                                              fetch_extra=["--wait"]))]
                 lat += [(f"python {t} lat", lambda t=t: b.python("lat", t, size, rep, 1))
                         for t in ["ferry", "ferry-wait"] + PYTHON_PEERS]
             for what, fn in rotate(bw, rep) + (rotate(lat, rep) if lat else []):
@@ -858,8 +864,10 @@ def python_tables(samples):
     if lat_sizes:
         lines.append("\nPYTHON latency, 1 in flight (p50 us; median [min-max] of the repetitions; "
                      "ferry-py: reissued from done-callbacks, ferry-wait: a loop of "
-                     "fetch().result(); x-cpp = its p50 - ferry-cpp p50 within each repetition)")
-        tools = ["ferry", "ferry-wait", "ferry-cpp"] + PYTHON_PEERS
+                     "fetch().result(); the C++ tools the same two ways, ferry-cpp reissuing from "
+                     "the completion handler, ferry-cpp-wait a loop of fetch().wait(); x-cpp = "
+                     "its p50 - its C++ counterpart's p50 within each repetition)")
+        tools = ["ferry", "ferry-wait", "ferry-cpp", "ferry-cpp-wait"] + PYTHON_PEERS
         head = f"{'size':>6}" + "".join(f" | {('ferry-py' if t == 'ferry' else t):>18}"
                                         for t in tools)
         lines.append(head + f" | {'py-cpp us':>18} | {'wait-cpp us':>18} | {'ferry-py p99':>18}")
@@ -868,7 +876,7 @@ def python_tables(samples):
             for t in tools:
                 row += f" | {fmt(medians(samples, 'python', 'lat', t, 'p50_us').get(size)):>18}"
             d = paired(samples, "python", "lat", "ferry", "ferry-cpp", "p50_us", size, diff=True)
-            w = paired(samples, "python", "lat", "ferry-wait", "ferry-cpp", "p50_us", size,
+            w = paired(samples, "python", "lat", "ferry-wait", WAIT_PEER, "p50_us", size,
                        diff=True)
             p99 = medians(samples, "python", "lat", "ferry", "p99_us").get(size)
             lines.append(row + f" | {fmt(d):>18} | {fmt(w):>18} | {fmt(p99):>18}")
@@ -914,16 +922,16 @@ def python_markdown(samples):
     lat_sizes = sorted({s["size"] for s in samples if s.get("suite") == "python" and
                         s.get("metric") == "lat" and "p50_us" in s})
     if lat_sizes:
-        tools = ["ferry", "ferry-wait", "ferry-cpp"] + PYTHON_PEERS
+        tools = ["ferry", "ferry-wait", "ferry-cpp", "ferry-cpp-wait"] + PYTHON_PEERS
         names = (["size"] + [("ferry-py" if t == "ferry" else t) + " p50" for t in tools] +
-                 ["ferry-py − ferry-cpp", "ferry-wait − ferry-cpp", "ferry-py p99"])
+                 ["ferry-py − ferry-cpp", f"ferry-wait − {WAIT_PEER}", "ferry-py p99"])
         out += ["", "**Python, loopback, latency, 1 in flight (µs)**", "",
                 "| " + " | ".join(names) + " |", "|" + " --- |" * len(names)]
         for size in lat_sizes:
             cells = [human(size).replace("K", " KiB").replace("M", " MiB")]
             cells += [cell(medians(samples, "python", "lat", t, "p50_us").get(size)) for t in tools]
-            for t in ("ferry", "ferry-wait"):
-                d = paired(samples, "python", "lat", t, "ferry-cpp", "p50_us", size, diff=True)
+            for t, peer in (("ferry", "ferry-cpp"), ("ferry-wait", WAIT_PEER)):
+                d = paired(samples, "python", "lat", t, peer, "p50_us", size, diff=True)
                 cells.append(f"{d['median']:.0f} [{d['min']:.0f}–{d['max']:.0f}]" if d else "")
             cells.append(cell(medians(samples, "python", "lat", "ferry", "p99_us").get(size)))
             out.append("| " + " | ".join(cells) + " |")
@@ -1051,8 +1059,9 @@ def targets(samples):
                     {}).get("median"), 1.5)
     for size in sorted({s["size"] for s in samples if s.get("suite") == "python" and
                         s.get("metric") == "lat" and "p50_us" in s}):
-        for tool, how in (("ferry", "reissued from callbacks"), ("ferry-wait", "result() loop")):
-            d = paired(samples, "python", "lat", tool, "ferry-cpp", "p50_us", size, diff=True)
+        for tool, peer, how in (("ferry", "ferry-cpp", "reissued from callbacks"),
+                                ("ferry-wait", WAIT_PEER, "result() loop")):
+            d = paired(samples, "python", "lat", tool, peer, "p50_us", size, diff=True)
             if d:
                 out.append(f"  Python {human(size)} latency p50, {how}: ferry from Python - from "
                            f"C++ = {d['median']:+.1f} us (target <= +15 us): "

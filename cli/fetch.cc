@@ -1,16 +1,15 @@
 #include "cli/fetch.h"
 
-#include <cerrno>
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
-#include <cstring>
 #include <deque>
 #include <filesystem>
 #include <mutex>
 #include <optional>
 
-#include "cli/checksum.h"
+#include "cli/checker.h"
 #include "cli/manifest.h"
 #include "cli/progress.h"
 #include "cli/report.h"
@@ -30,14 +29,18 @@ struct Target {
   const ManifestObject* expected = nullptr;
 };
 
+// A fetch that ended, or an object the Checker has checked.
 struct Completion {
+  enum Kind { kFetched, kChecked } kind = kFetched;
   size_t index = 0;
   std::error_code ec;
   FetchResult result;
   std::chrono::nanoseconds latency{0};
+  Checked checked;  // kChecked
 };
 
-// Completed fetches, handed from ferry's threads to the main thread.
+// Completed fetches and checks, handed from ferry's and the Checker's threads to the main
+// thread.
 class CompletionQueue {
  public:
   // Adds a completion and wakes the waiter. Any thread.
@@ -65,59 +68,6 @@ class CompletionQueue {
 
 std::string describe(const Target& t) {
   return "object " + std::to_string(t.ref.object_id) + " (" + t.text.substr(0, 24) + "...)";
-}
-
-// Compares the received tensors with the manifest entry; "" when every byte matches.
-std::string mismatch(const FetchResult& r, const ManifestObject& expected) {
-  if (r.tensors.size() != expected.tensors.size()) {
-    return std::to_string(r.tensors.size()) + " tensors received, the manifest lists " +
-           std::to_string(expected.tensors.size());
-  }
-  for (size_t i = 0; i < r.tensors.size(); ++i) {
-    const auto& want = expected.tensors[i];
-    const std::string which = "tensor " + std::to_string(i) + ": ";
-    if (r.tensors[i].size() != want.bytes) {
-      return which + std::to_string(r.tensors[i].size()) + " bytes received, the manifest says " +
-             std::to_string(want.bytes);
-    }
-    if (const uint64_t got = checksum(r.tensors[i]); got != want.checksum) {
-      return which + "checksum " + checksum_hex(got) + " differs from the manifest's " +
-             checksum_hex(want.checksum);
-    }
-  }
-  return "";
-}
-
-// A name the manifest gives that is safe as one file name in the --out folder (no separator,
-// not "." or ".."), or "".
-std::string safe_name(const ManifestObject* expected) {
-  if (!expected) return "";
-  const auto& n = expected->name;
-  if (n.empty() || n == "." || n == ".." || n.find('/') != std::string::npos ||
-      n.find('\0') != std::string::npos) {
-    return "";
-  }
-  return n;
-}
-
-// Writes the object's tensors into `dir`: a file the manifest names keeps its name (tensor i of
-// a multi-tensor object gets ".<i>" after it); others are object-<id>.<i>.bin. "" on success,
-// else what failed.
-std::string write_tensors(const std::filesystem::path& dir, const FetchResult& r,
-                          const std::string& name) {
-  for (size_t i = 0; i < r.tensors.size(); ++i) {
-    const auto file = name.empty() ? "object-" + std::to_string(r.ref.object_id) + "." +
-                                         std::to_string(i) + ".bin"
-                      : r.tensors.size() == 1 ? name
-                                              : name + "." + std::to_string(i);
-    const auto path = dir / file;
-    std::FILE* f = std::fopen(path.c_str(), "wb");
-    bool ok =
-        f && std::fwrite(r.tensors[i].data(), 1, r.tensors[i].size(), f) == r.tensors[i].size();
-    if (f && std::fclose(f) != 0) ok = false;
-    if (!ok) return "write " + path.string() + ": " + std::strerror(errno);
-  }
-  return "";
 }
 
 // Fills `targets` from the refs on the command line or from the manifest. Returns an exit code.
@@ -148,31 +98,28 @@ std::string peer_address(const FetchArgs& args, const Manifest& manifest,
   return targets.empty() ? "" : targets.front().ref.owner;
 }
 
-// Verifies one fetched object (when it has a manifest entry) and writes it out (with --out).
-// Returns an exit code; a verification failure is reported and counted, not returned.
-int finish_object(const FetchArgs& args, const Target& target, const FetchResult& result,
-                  FetchSummary& summary, Progress& progress) {
-  if (target.expected) {
-    if (auto why = mismatch(result, *target.expected); !why.empty()) {
-      progress.clear();
-      fail(kExitVerifyFailed, "verify " + describe(target) + ": " + why);
-      ++summary.mismatched;
-    }
+// Reports what checking one object found (Checker). Returns an exit code; a verification
+// failure is reported and counted, not returned.
+int report_checked(const Target& target, const Checked& checked, FetchSummary& summary,
+                   Progress& progress) {
+  if (!checked.mismatch.empty()) {
+    progress.clear();
+    fail(kExitVerifyFailed, "verify " + describe(target) + ": " + checked.mismatch);
+    ++summary.mismatched;
   }
-  if (!args.out.empty()) {
-    if (auto why = write_tensors(args.out, result, safe_name(target.expected)); !why.empty()) {
-      progress.clear();
-      return fail(kExitFetchFailed, why);
-    }
+  if (!checked.write_error.empty()) {
+    progress.clear();
+    return fail(kExitFetchFailed, checked.write_error);
   }
   return kExitOk;
 }
 
-// Fetches every target with at most `args.concurrency` in flight and, beyond two, at most
-// `args.window_bytes` of them, and so at most that much in memory: a new fetch starts only once a
-// finished one has been verified, written and released. Two in flight keep the peer busy while
-// one is verified (a peer serves a window oldest first, so more large ones only wait, holding
-// their memory). Fills `summary`; returns an exit code, stopping at the first failed fetch.
+// Fetches every target with at most `args.concurrency` in flight and, beyond two in flight, at
+// most `args.window_bytes` of objects in flight or being checked, and so at most that much in
+// memory: an object's bytes count until it has been verified, written and released. Objects are
+// checked on the Checker's threads while the next fetches go out; two in flight keep the peer
+// busy (a peer serves a window oldest first, so more large ones only wait, holding their
+// memory). Fills `summary`; returns an exit code, stopping at the first failed fetch.
 int fetch_targets(const FetchArgs& args, Peer& peer, const std::vector<Target>& targets,
                   FetchSummary& summary) {
   FetchOptions options;
@@ -185,11 +132,12 @@ int fetch_targets(const FetchArgs& args, Peer& peer, const std::vector<Target>& 
   auto queue = std::make_shared<CompletionQueue>();  // outlives late completions
   std::map<size_t, FetchRequest> running;            // by target index: their bytes so far
   auto issue = [&](size_t i) {
-    running[i] = peer.fetch(targets[i].ref, {}, options,
-                            FetchHandler([queue, i, issued = Clock::now()](
-                                             boost::system::error_code ec, FetchResult result) {
-                              queue->push({i, ec, std::move(result), Clock::now() - issued});
-                            }));
+    running[i] = peer.fetch(
+        targets[i].ref, {}, options,
+        FetchHandler(
+            [queue, i, issued = Clock::now()](boost::system::error_code ec, FetchResult result) {
+              queue->push({Completion::kFetched, i, ec, std::move(result), Clock::now() - issued});
+            }));
   };
   // What has landed: the objects done, and the bytes of those in flight so far.
   auto landed = [&] {
@@ -197,21 +145,27 @@ int fetch_targets(const FetchArgs& args, Peer& peer, const std::vector<Target>& 
     for (const auto& [i, request] : running) bytes += request.bytes_landed();
     return bytes;
   };
+  const bool checks =
+      !args.out.empty() || std::any_of(targets.begin(), targets.end(),
+                                       [](const Target& t) { return t.expected != nullptr; });
+  // Its destructor, as this returns, runs the checks still queued after an error.
+  std::optional<Checker> checker;
+  if (checks) checker.emplace(Checker::default_threads(), args.out);
 
   const auto start = Clock::now();
   const auto window = static_cast<size_t>(args.concurrency);
   const uint64_t window_bytes = parse_size(args.window_bytes).value_or(UINT64_MAX);
   const auto size_of = [&](size_t i) { return targets[i].ref.metadata.total_bytes(); };
-  size_t next = 0, in_flight = 0;
-  uint64_t bytes_in_flight = 0;
+  size_t next = 0, in_flight = 0, checking = 0;
+  uint64_t bytes_held = 0;  // of the objects in flight and of those being checked
   const auto may_issue = [&] {
     return next < targets.size() && in_flight < window &&
-           (in_flight < 2 || bytes_in_flight + size_of(next) <= window_bytes);
+           (in_flight < 2 || bytes_held + size_of(next) <= window_bytes);
   };
   int rc = kExitOk;
-  while (rc == kExitOk && (next < targets.size() || in_flight > 0)) {
+  while (rc == kExitOk && (next < targets.size() || in_flight > 0 || checking > 0)) {
     for (; may_issue(); ++next, ++in_flight) {
-      bytes_in_flight += size_of(next);
+      bytes_held += size_of(next);
       issue(next);
     }
     // Each fetch has its own deadline; this bound only guards against a lost completion. The
@@ -227,22 +181,35 @@ int fetch_targets(const FetchArgs& args, Peer& peer, const std::vector<Target>& 
                 "no fetch completed within " + std::to_string(args.timeout_ms + 5000) + " ms");
       break;
     }
+    const size_t i = done->index;
+    if (done->kind == Completion::kChecked) {
+      --checking;
+      bytes_held -= size_of(i);
+      rc = report_checked(targets[i], done->checked, summary, progress);
+      continue;
+    }
     --in_flight;
-    bytes_in_flight -= size_of(done->index);
-    running.erase(done->index);
+    running.erase(i);
     if (done->ec) {
       progress.clear();
       rc = fail(done->ec == errc::timed_out ? kExitTimeout : kExitFetchFailed,
-                "fetch " + describe(targets[done->index]), done->ec);
+                "fetch " + describe(targets[i]), done->ec);
       break;
     }
     summary.objects += 1;
     summary.tensors += done->result.tensors.size();
     summary.bytes += done->result.bytes;
     summary.latencies.push_back(done->latency);
-    rc = finish_object(args, targets[done->index], done->result, summary, progress);
     progress.update(summary.objects, landed());
-  }  // each iteration's `done` releases its object's memory
+    if (!checker) {
+      bytes_held -= size_of(i);  // `done` releases the object's memory
+      continue;
+    }
+    ++checking;
+    checker->submit(std::move(done->result), targets[i].expected, [queue, i](Checked c) {
+      queue->push({Completion::kChecked, i, {}, {}, {}, std::move(c)});
+    });
+  }
   summary.wall = Clock::now() - start;
   progress.finish();
   return rc;

@@ -15,7 +15,7 @@ struct FetchArgs {
   std::string manifest;           // refs and checksums to verify against
   bool all = false;               // everything the peer's store holds
   int concurrency = 8;
-  std::string window_bytes = "128M";  // bytes of objects in flight at most (two go regardless)
+  std::string window_bytes = "128M";  // bytes in flight or being checked (two go regardless)
   std::string out;                    // directory for <object_id>.<tensor_index>.bin files
   std::string transport = "auto";     // main sets the environment's (ContextOptions::transport)
   int64_t timeout_ms = 60000;         // per fetch
@@ -26,8 +26,8 @@ struct FetchArgs {
 };
 
 // Connects, fetches every requested object with at most `concurrency` in flight and, beyond two,
-// at most `window_bytes` of them (each one's memory is released once it is verified and
-// written), and prints the summary. `options`: what
+// at most `window_bytes` of them in flight or being checked (each one's memory is released once
+// it is verified and written, on the Checker's threads), and prints the summary. `options`: what
 // its context starts from (main's ContextOptions::from_environment()). Returns the process exit
 // code (see status.h).
 int run_fetch(const FetchArgs& args, ContextOptions options);

@@ -133,8 +133,9 @@ void add_fetch(CLI::App& app, FetchArgs& a) {
       ->type_name("N")
       ->check(CLI::Range(1, 4096))
       ->capture_default_str();
-  cmd->add_option("--window-bytes", a.window_bytes,
-                  "Bytes of objects in flight at most; two objects are always in flight")
+  cmd->add_option(
+         "--window-bytes", a.window_bytes,
+         "Bytes of objects in flight or being checked at most; two objects are always in flight")
       ->type_name("SIZE")
       ->check(check_size)
       ->capture_default_str();
