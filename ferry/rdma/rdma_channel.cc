@@ -663,8 +663,10 @@ void RdmaChannel::out_of_memory() { fail_peer(link_, *this, errc::resource_exhau
 
 void RdmaChannel::fail(std::error_code ec) {
   if (closed_) return;
-  // In the error state the QP flushes everything and places no more data: every fetch of this
-  // channel can be failed or started again now.
+  // In the error state the QP takes no new work and flushes what is outstanding, but rxe may go
+  // on placing responses it took in until the QP is destroyed (QuiesceBoard): a fetch that ends
+  // here with READs posted completes once it is, and the fetches that start again wait for a new
+  // pair, which waits for the same.
   to_error_state();
   ready_.clear();
   auto fetches = std::move(fetches_);
@@ -682,7 +684,12 @@ void RdmaChannel::fail(std::error_code ec) {
     if (f.granted) send_release(id, false);
     if (!link) continue;
     if (f.aborted || f.error) {
-      link->complete_fetch(id, f.aborted ? std::error_code() : f.error);
+      const auto result = f.aborted ? std::error_code() : f.error;
+      if (f.posted > 0 && quiet_) {
+        complete_when_quiet(link, id, result, std::move(f));
+      } else {
+        link->complete_fetch(id, result);
+      }
     } else {
       link->restart_fetch(id, ec);
       ++restarted;
@@ -707,6 +714,18 @@ void RdmaChannel::fail(std::error_code ec) {
   } else {
     close(ec);
   }
+}
+
+void RdmaChannel::complete_when_quiet(std::shared_ptr<PeerLink> link, uint64_t id,
+                                      std::error_code ec, Fetch f) {
+  auto held = std::make_shared<Fetch>(std::move(f));
+  const PeerLink* peer = link.get();
+  options_.quiesce->when_quiet(peer, [link = std::move(link), id, ec, held]() mutable {
+    asio::post(link->strand(), [link, id, ec, held = std::move(held)]() mutable {
+      held.reset();  // its regions, here on the strand, before the caller gets the targets back
+      link->complete_fetch(id, ec);
+    });
+  });
 }
 
 void RdmaChannel::on_peer_reset() {

@@ -174,6 +174,13 @@ class RdmaChannel final : public TransportChannel,
   // leases and has the session drop it (the next fetch sets up a new one, once this QP is
   // destroyed if READs were outstanding: QuiesceBoard).
   void fail(std::error_code ec);
+  // fail() for fetch `id`, which ended (aborted, or a READ of it failed) with READs of it still
+  // posted on this failed pair: `link` completes it with `ec` once the pair is destroyed
+  // (QuiesceBoard::when_quiet), and `f`'s regions are let go then, on the peer strand. Until
+  // then rxe may still place those READs' responses into its targets, which the completion
+  // hands back to the caller.
+  void complete_when_quiet(std::shared_ptr<PeerLink> link, uint64_t id, std::error_code ec,
+                           Fetch f);
   void to_error_state();
 
   std::shared_ptr<Device> device_;
