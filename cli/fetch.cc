@@ -114,12 +114,14 @@ int report_checked(const Target& target, const Checked& checked, FetchSummary& s
   return kExitOk;
 }
 
-// Fetches every target with at most `args.concurrency` in flight and, beyond two in flight, at
-// most `args.window_bytes` of objects in flight or being checked, and so at most that much in
-// memory: an object's bytes count until it has been verified, written and released. Objects are
-// checked on the Checker's threads while the next fetches go out; two in flight keep the peer
-// busy (a peer serves a window oldest first, so more large ones only wait, holding their
-// memory). Fills `summary`; returns an exit code, stopping at the first failed fetch.
+// Fetches every target with at most `args.concurrency` in flight and at most `args.window_bytes`
+// of objects in flight or being checked, and so at most that much in memory (an object's bytes
+// count until it has been verified, written and released), except that two in flight always
+// go while no more objects wait for their checks than the Checker has threads: memory is then
+// bounded by the window and a few objects. Objects are checked on the Checker's threads while
+// the next fetches go out; two in flight keep the peer busy (a peer serves a window oldest
+// first, so more large ones only wait, holding their memory). Fills `summary`; returns an exit
+// code, stopping at the first failed fetch.
 int fetch_targets(const FetchArgs& args, Peer& peer, const std::vector<Target>& targets,
                   FetchSummary& summary) {
   FetchOptions options;
@@ -150,7 +152,8 @@ int fetch_targets(const FetchArgs& args, Peer& peer, const std::vector<Target>& 
                                        [](const Target& t) { return t.expected != nullptr; });
   // Its destructor, as this returns, runs the checks still queued after an error.
   std::optional<Checker> checker;
-  if (checks) checker.emplace(Checker::default_threads(), args.out);
+  const size_t checkers = checks ? Checker::default_threads() : 0;
+  if (checks) checker.emplace(checkers, args.out);
 
   const auto start = Clock::now();
   const auto window = static_cast<size_t>(args.concurrency);
@@ -160,7 +163,7 @@ int fetch_targets(const FetchArgs& args, Peer& peer, const std::vector<Target>& 
   uint64_t bytes_held = 0;  // of the objects in flight and of those being checked
   const auto may_issue = [&] {
     return next < targets.size() && in_flight < window &&
-           (in_flight < 2 || bytes_held + size_of(next) <= window_bytes);
+           ((in_flight < 2 && checking <= checkers) || bytes_held + size_of(next) <= window_bytes);
   };
   int rc = kExitOk;
   while (rc == kExitOk && (next < targets.size() || in_flight > 0 || checking > 0)) {
