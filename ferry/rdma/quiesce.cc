@@ -1,6 +1,7 @@
 #include "ferry/rdma/quiesce.h"
 
 #include <atomic>
+#include <boost/asio/post.hpp>
 #include <boost/asio/steady_timer.hpp>
 
 #include "ferry/net/log.h"
@@ -33,7 +34,12 @@ std::function<void()> QuiesceBoard::add(const void* peer,
   return once;
 }
 
-void QuiesceBoard::when_quiet(const void* peer, std::function<void()> then) {
+void QuiesceBoard::when_quiet(const void* peer, const PeerStrand& strand,
+                              std::function<void()> then) {
+  then = [strand, then = std::move(then)]() mutable {
+    if (strand.running_in_this_thread()) return then();
+    boost::asio::post(strand, std::move(then));
+  };
   {
     std::lock_guard lock(mu_);
     auto it = peers_.find(peer);

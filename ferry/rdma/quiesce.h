@@ -19,6 +19,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include "ferry/net/transport.h"
+
 namespace ferry::rdma {
 
 class QuiesceBoard : public std::enable_shared_from_this<QuiesceBoard> {
@@ -28,10 +30,10 @@ class QuiesceBoard : public std::enable_shared_from_this<QuiesceBoard> {
   // this call (a timer on `executor`, logged). Any thread.
   std::function<void()> add(const void* peer, const boost::asio::any_io_executor& executor,
                             std::chrono::milliseconds bound);
-  // Runs `then` once no failed queue pair of `peer` is still to be destroyed: at once, on this
-  // thread, when none is; otherwise later, on the reaper's thread or the bound's executor (post
-  // from there to where it must run). Any thread.
-  void when_quiet(const void* peer, std::function<void()> then);
+  // Runs `then` on `strand` once no failed queue pair of `peer` is still to be destroyed: inline
+  // when none is and this thread runs in `strand`, else posted to it (from here, the reaper's
+  // thread or the bound's executor). Any thread.
+  void when_quiet(const void* peer, const PeerStrand& strand, std::function<void()> then);
 
  private:
   // One failed pair of `peer` is quiet.

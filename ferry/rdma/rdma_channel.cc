@@ -720,11 +720,9 @@ void RdmaChannel::complete_when_quiet(std::shared_ptr<PeerLink> link, uint64_t i
                                       std::error_code ec, Fetch f) {
   auto held = std::make_shared<Fetch>(std::move(f));
   const PeerLink* peer = link.get();
-  options_.quiesce->when_quiet(peer, [link = std::move(link), id, ec, held]() mutable {
-    asio::post(link->strand(), [link, id, ec, held = std::move(held)]() mutable {
-      held.reset();  // its regions, here on the strand, before the caller gets the targets back
-      link->complete_fetch(id, ec);
-    });
+  options_.quiesce->when_quiet(peer, link->strand(), [link, id, ec, held]() mutable {
+    held.reset();  // its regions, here on the strand, before the caller gets the targets back
+    link->complete_fetch(id, ec);
   });
 }
 

@@ -98,12 +98,9 @@ void RdmaTransport::async_open_channel(std::shared_ptr<PeerLink> link, ChannelOp
   // Once the peer's failed queue pairs are destroyed: one may still be placing data into the
   // targets of fetches that start again over the new pair.
   const PeerLink* peer = link.get();
-  channel_options_.quiesce->when_quiet(peer, [this, link, done = std::move(done)]() mutable {
-    if (link->strand().running_in_this_thread()) return open_channel(link, std::move(done));
-    asio::post(link->strand(), [this, link, done = std::move(done)]() mutable {
-      open_channel(link, std::move(done));
-    });
-  });
+  channel_options_.quiesce->when_quiet(
+      peer, link->strand(),
+      [this, link, done = std::move(done)]() mutable { open_channel(link, std::move(done)); });
 }
 
 void RdmaTransport::open_channel(const std::shared_ptr<PeerLink>& link, ChannelOpenHandler done) {
