@@ -425,6 +425,72 @@ TEST_F(Rdma, FetchesAbortedOnABrokenPairHandTheirTargetsBackOnlyOnceItIsQuiet) {
   EXPECT_TRUE(same_bytes(again.result().tensors[0], *bytes));
 }
 
+// The same when the fetcher closes the peer while the READs are landing: the session's close
+// completes the fetches with peer_closed only once the queue pair is destroyed
+// (TransportManager::when_quiet), not as it closes the channel.
+TEST_F(Rdma, FetchesInFlightWhenTheirPeerClosesCompleteOnlyOnceTheirQueuePairIsGone) {
+  Server server;
+  ContextOptions options = client_options("client");
+  options.peer_timeout = 120s;
+  Context client(options);
+  auto peer = connect_or_fail(client, server.address());
+  constexpr int kFetches = 4;
+  constexpr size_t kBytes = 2u << 20;
+  auto bytes = make_pattern(kBytes, 34);
+  std::vector<ObjectRef> refs;
+  for (int i = 0; i < kFetches; ++i) refs.push_back(server.put(bytes));
+  ASSERT_FALSE(peer.fetch(refs[0]).wait(scaled(60s)));  // the queue pair is up
+  ASSERT_EQ(rdma::registration_counters(client)->queue_pairs, 1u);
+  std::vector<std::vector<std::byte>> targets(kFetches, std::vector<std::byte>(kBytes));
+  std::vector<std::atomic<int>> pairs_at_completion(kFetches);
+  std::vector<FetchRequest> reqs;
+  for (int i = 0; i < kFetches; ++i) {
+    pairs_at_completion[i] = -1;
+    reqs.push_back(peer.fetch(refs[i], {MutableBuffer(targets[i])}, {},
+                              FetchHandler([&, i](boost::system::error_code, FetchResult) {
+                                pairs_at_completion[i] = static_cast<int>(
+                                    rdma::registration_counters(client)->queue_pairs);
+                              })));
+  }
+  const auto landing = [&] {
+    return std::any_of(reqs.begin(), reqs.end(), [](auto& r) { return r.bytes_landed() > 0; });
+  };
+  for (int i = 0; i < 10000 && !landing(); ++i) std::this_thread::sleep_for(1ms);
+  int running = 0;
+  for (auto& r : reqs) running += !r.done();
+  ASSERT_GT(running, 0) << "every fetch ended before the close: the test proves nothing";
+  peer.close();
+  constexpr auto kSentinel = std::byte{0xEE};
+  std::vector<int> closed;
+  for (int i = 0; i < kFetches; ++i) {
+    const auto ec = reqs[i].wait(scaled(60s));
+    ASSERT_TRUE(reqs[i].done()) << "fetch " << i << " did not end";
+    if (!ec) continue;  // it had finished first
+    EXPECT_EQ(ec, errc::peer_closed);
+    std::fill(targets[i].begin(), targets[i].end(), kSentinel);  // the caller's again
+    closed.push_back(i);
+  }
+  ASSERT_FALSE(closed.empty()) << "no fetch was ended by the close";
+  for (int i = 0; i < 200 && pairs_at_completion[closed.back()] < 0; ++i) {
+    std::this_thread::sleep_for(10ms);  // the handler runs after wait() has returned
+  }
+  std::this_thread::sleep_for(scaled(300ms));
+  for (int i : closed) {
+    EXPECT_EQ(pairs_at_completion[i], 0)
+        << "fetch " << i << " completed while its queue pair still existed";
+    const auto wrong = std::count_if(targets[i].begin(), targets[i].end(),
+                                     [&](std::byte b) { return b != kSentinel; });
+    EXPECT_EQ(wrong, 0) << "fetch " << i << ": bytes written into its target after it completed";
+  }
+  std::printf("%zu of %d fetches ended by the close\n", closed.size(), kFetches);
+  // A new connection to the same owner fetches over a new pair, whole.
+  auto again = connect_or_fail(client, server.address());
+  auto r = again.fetch(refs[0]);
+  ASSERT_FALSE(r.wait(scaled(60s)));
+  EXPECT_EQ(r.result().transport, "RDMA");
+  EXPECT_TRUE(same_bytes(r.result().tensors[0], *bytes));
+}
+
 // ---------------------------------------------------------------- access control
 
 // An owner with three 64 KiB objects. `shared_region`: views of one 1 MiB allocation, put with

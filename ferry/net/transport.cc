@@ -32,6 +32,8 @@ std::error_code TransportManager::wait_fetch_complete(const FetchRequest& reques
 
 void TransportManager::on_transport_message(PeerLink&, uint64_t, std::string_view) {}
 
+void TransportManager::when_quiet(PeerLink&, std::function<void()> then) { then(); }
+
 Result<FetchRequest> TransportChannel::fetch_multiple(const FetchOp&) {
   return make_error_code(errc::invalid_argument);  // two-sided channels receive: recv_multiple()
 }

@@ -267,6 +267,14 @@ class TransportManager {
   /// ignores it.
   virtual void on_transport_message(PeerLink& link, uint64_t request_id, std::string_view payload);
 
+  /// Runs `then` once no channel of this transport to `link`'s peer, open, closed or failed, can
+  /// still write into a fetch's targets; the session completes the fetches a close ended only
+  /// then, so that a caller never gets back a target a transport may still write. On the
+  /// link's strand: inline when nothing can (the default: a transport whose channels stop
+  /// writing when they close), else posted there later, within a bound the transport keeps.
+  /// Strand.
+  virtual void when_quiet(PeerLink& link, std::function<void()> then);
+
   /// Waits for a fetch with a timeout (Ray's wait_fetch_complete): the fetch's error, or
   /// timed_out when `timeout` passes first (the fetch goes on). The default waits on the request
   /// itself; any thread but a completion handler.

@@ -17,17 +17,23 @@ std::function<void()> QuiesceBoard::add(const void* peer,
   }
   auto said = std::make_shared<std::atomic<bool>>(false);
   auto self = shared_from_this();
-  auto once = [self, peer, said] {
-    if (!said->exchange(true)) self->quiet(peer);
-  };
-  // Not cancelled when the pair is destroyed first (the reaper's thread may not touch it): it
-  // then finds the pair quiet already.
   auto timer = std::make_shared<boost::asio::steady_timer>(executor, bound);
+  // Once quiet, the bound's timer is cancelled on its executor (the reaper's thread may not
+  // touch it): a pending timer would keep the context's loop from running out of work when it
+  // closes.
+  auto once = [self, peer, said, executor, weak = std::weak_ptr(timer)] {
+    if (said->exchange(true)) return;
+    self->quiet(peer);
+    boost::asio::post(executor, [weak] {
+      if (auto t = weak.lock()) t->cancel();
+    });
+  };
   timer->async_wait([timer, once, said, bound](boost::system::error_code ec) {
     if (ec || said->load()) return;
     FERRY_LOG_WARN(
-        "rdma: a failed queue pair is not destroyed {} ms after it failed: a new one to its peer "
-        "is set up without waiting for it any longer",
+        "rdma: a queue pair that failed or closed with READs posted is not destroyed {} ms "
+        "later: its fetches complete and a new pair to its peer is set up without waiting for it "
+        "any longer",
         bound.count());
     once();
   });

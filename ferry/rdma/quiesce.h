@@ -1,6 +1,6 @@
-// QuiesceBoard: queue pairs that failed with READs outstanding and are not destroyed yet, per
-// peer (internal to the RDMA transport). A new queue pair to that peer is set up only once they
-// are.
+// QuiesceBoard: queue pairs that failed or closed with READs outstanding and are not destroyed
+// yet, per peer (internal to the RDMA transport). A new queue pair to that peer is set up, and
+// the fetches a session's close ended complete (RdmaTransport::when_quiet), only once they are.
 //
 // The error state takes no new work and flushes what is outstanding, but the memory a posted
 // READ writes stays the queue pair's until the pair has completed that READ or been destroyed:
@@ -25,9 +25,9 @@ namespace ferry::rdma {
 
 class QuiesceBoard : public std::enable_shared_from_this<QuiesceBoard> {
  public:
-  // A failed queue pair of `peer` with READs outstanding. Returns the callback that says it is
-  // destroyed (once; any thread). Without that callback, the pair counts as quiet `bound` after
-  // this call (a timer on `executor`, logged). Any thread.
+  // A failed or closed queue pair of `peer` with READs outstanding. Returns the callback that says
+  // it is destroyed (once; any thread). Without that callback, the pair counts as quiet `bound`
+  // after this call (a timer on `executor`, logged). Any thread.
   std::function<void()> add(const void* peer, const boost::asio::any_io_executor& executor,
                             std::chrono::milliseconds bound);
   // Runs `then` on `strand` once no failed queue pair of `peer` is still to be destroyed: inline

@@ -745,7 +745,19 @@ void RdmaChannel::close(std::error_code ec) {
   cq_fd_.cancel(ignored);
   safety_timer_.cancel();
   ready_.clear();
-  fetches_.clear();  // the session completes them; their registrations go now
+  // The session completes the fetches (RdmaTransport::when_quiet). Those with READs posted keep
+  // their target registrations until the pair is destroyed: it may still place responses it took
+  // in, and the session hands their targets back only then.
+  const bool reads_outstanding = std::any_of(
+      fetches_.begin(), fetches_.end(), [](const auto& entry) { return entry.second.posted > 0; });
+  auto link = link_.lock();
+  if (reads_outstanding && link && options_.quiesce) {
+    if (!quiet_) quiet_ = options_.quiesce->add(link.get(), strand_, kQuiesceBound);
+    auto held = std::make_shared<decltype(fetches_)>(std::move(fetches_));
+    const PeerLink* peer = link.get();
+    options_.quiesce->when_quiet(peer, strand_, [held]() mutable { held.reset(); });
+  }
+  fetches_.clear();
   std::vector<uint64_t> ids;
   for (auto& [id, lease] : leases_) ids.push_back(id);
   for (uint64_t id : ids) end_lease(id, ec);

@@ -194,8 +194,8 @@ class RdmaChannel final : public TransportChannel,
   CompChannelHandle comp_channel_;
   CqHandle cq_;
   QpHandle qp_;
-  // Set by fail() when READs were outstanding: tells options_.quiesce that the QP is destroyed
-  // (the destructor retires it right after the QP).
+  // Set by fail() or close() when READs were outstanding: tells options_.quiesce that the QP is
+  // destroyed (the destructor retires it right after the QP).
   std::function<void()> quiet_;
   boost::asio::posix::stream_descriptor cq_fd_;
   boost::asio::steady_timer safety_timer_;

@@ -103,6 +103,11 @@ void RdmaTransport::async_open_channel(std::shared_ptr<PeerLink> link, ChannelOp
       [this, link, done = std::move(done)]() mutable { open_channel(link, std::move(done)); });
 }
 
+void RdmaTransport::when_quiet(PeerLink& link, std::function<void()> then) {
+  const PeerLink* peer = &link;
+  channel_options_.quiesce->when_quiet(peer, link.strand(), std::move(then));
+}
+
 void RdmaTransport::open_channel(const std::shared_ptr<PeerLink>& link, ChannelOpenHandler done) {
   auto [device, address] = local_address(link->info());
   if (!device) return done(make_error_code(errc::transport_unavailable), nullptr);

@@ -33,6 +33,9 @@ class RdmaTransport final : public TransportManager {
   // Queue pair setup (connect, accept, refuse), and the release of a lease whose channel is gone.
   void on_transport_message(PeerLink& link, uint64_t request_id, std::string_view payload) override;
   void garbage_collect(const StoredObject& object) override;
+  // Once the peer's failed and closed queue pairs that had READs posted are destroyed
+  // (QuiesceBoard), or their bound has passed.
+  void when_quiet(PeerLink& link, std::function<void()> then) override;
 
   RegistrationCounters counters() const;
   // counters() as ferry_rdma_* metrics.

@@ -47,7 +47,10 @@ Session::Session(std::shared_ptr<Context::Impl> ctx, MetaStream stream, bool ini
   if (!ignored) info_.remote_ip = remote.address().to_string();
 }
 
-Session::~Session() = default;
+Session::~Session() {
+  // A close whose quiet wait never ran (the loop stopped first) still completes every fetch.
+  fetches_.close(close_reason_ ? close_reason_ : std::error_code(errc::peer_closed));
+}
 
 std::string Session::chosen_transport() const { return handshake_.chosen(); }
 
@@ -593,7 +596,7 @@ void Session::do_close(std::error_code ec) {
   // Channels first: they drop their hold on every target buffer and pinned object.
   serves_.close();
   channels_.close(close_reason_);
-  fetches_.close(close_reason_);
+  close_fetches_when_quiet();
   auto rpcs = std::move(rpcs_);
   rpcs_.clear();
   for (auto& [id, pending] : rpcs) {
@@ -603,6 +606,20 @@ void Session::do_close(std::error_code ec) {
   ctx_->store.release_holder(local_id_);
   ctx_->remove_session(local_id_);
   if (auto done = std::move(on_ready_)) done(close_reason_);
+}
+
+void Session::close_fetches_when_quiet() {
+  // Each transport says when none of its channels to the peer can still write into a target
+  // (TransportManager::when_quiet): inline for most, later for a queue pair that had READs
+  // posted. The fetches complete after the last, so their callers get their targets back then.
+  auto transports = ctx_->transport_list();
+  auto left = std::make_shared<size_t>(transports->size() + 1);
+  auto self = shared_from_this();
+  const auto one_quiet = [self, left] {
+    if (--*left == 0) self->fetches_.close(self->close_reason_);
+  };
+  for (const auto& t : *transports) t->when_quiet(*this, one_quiet);
+  one_quiet();
 }
 
 }  // namespace ferry

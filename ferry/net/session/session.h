@@ -196,6 +196,10 @@ class Session final : public PeerLink,
   void send_error(uint64_t rid, std::error_code ec, const std::string& message,
                   bool fatal) override;
   void do_close(std::error_code ec);
+  // Completes the launched fetches with the close reason once every transport says none of its
+  // channels to the peer can still write into their targets (TransportManager::when_quiet).
+  // Strand.
+  void close_fetches_when_quiet();
 
   std::shared_ptr<Context::Impl> ctx_;
   const uint64_t local_id_;
