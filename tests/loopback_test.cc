@@ -1400,6 +1400,27 @@ TEST(Close, APeerKeptAfterItsContextClosedFailsEveryRequestAtOnce) {
   client.reset();
 }
 
+// close() from a completion handler (an io thread) closes the context but cannot join its own
+// loop: the destructor, on another thread, stops and joins it (it used to find the context
+// closed and leave the io threads unjoined: std::terminate).
+TEST(Close, ACloseFromACompletionHandlerIsJoinedByTheDestructor) {
+  Server server;
+  auto ref = server.put(make_pattern(1000, 4));
+  auto client = std::make_unique<Context>(client_options("client"));
+  auto peer = connect_or_fail(*client, server.address());
+  std::promise<std::error_code> handled;
+  peer.fetch(ref, {}, {}, [&](std::error_code ec, FetchResult) {
+    client->close();
+    handled.set_value(ec);
+  });
+  auto done = handled.get_future();
+  ASSERT_EQ(done.wait_for(scaled(10s)), std::future_status::ready) << "the handler never ran";
+  EXPECT_FALSE(done.get());
+  EXPECT_EQ(peer.fetch(ref).wait(scaled(5s)), errc::context_closed);
+  client.reset();
+  EXPECT_FALSE(peer.is_open());
+}
+
 // Threads that go on fetching and listing through a Peer while another thread closes its
 // context: every fetch completes exactly once (its handler runs; the ones that began before the
 // close complete either way, those after it with context_closed) and no request waits for its

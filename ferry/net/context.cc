@@ -632,31 +632,39 @@ Context::~Context() {
 }
 
 void Context::close() {
-  if (impl_->closed.exchange(true)) return;
-  impl_->unpark();  // the io threads run the loop again, held BusyPolls or not
-  detail::remove_registry_listener(impl_->registry_listener);
-  {
-    std::lock_guard lock(impl_->mu);
-    if (impl_->acceptor) {
-      boost::system::error_code ignored;
-      impl_->acceptor->close(ignored);
+  if (!impl_->closed.exchange(true)) {
+    impl_->unpark();  // the io threads run the loop again, held BusyPolls or not
+    detail::remove_registry_listener(impl_->registry_listener);
+    {
+      std::lock_guard lock(impl_->mu);
+      if (impl_->acceptor) {
+        boost::system::error_code ignored;
+        impl_->acceptor->close(ignored);
+      }
+      impl_->accept_retry.cancel();
+      impl_->pool_timer.cancel();
     }
-    impl_->accept_retry.cancel();
-    impl_->pool_timer.cancel();
+    std::map<uint64_t, std::function<void()>> dials;
+    {
+      std::lock_guard lock(impl_->mu);
+      dials.swap(impl_->dials);
+    }
+    for (auto& [id, cancel] : dials) {
+      if (cancel) cancel();  // a null one is starting: it sees `closed` and cancels itself
+    }
+    auto sessions = impl_->live_sessions();
+    for (auto& s : sessions) s->close(errc::context_closed);
+    sessions.clear();
+    impl_->work.reset();
+    impl_->closing_done.store(true);
   }
-  std::map<uint64_t, std::function<void()>> dials;
-  {
-    std::lock_guard lock(impl_->mu);
-    dials.swap(impl_->dials);
-  }
-  for (auto& [id, cancel] : dials) {
-    if (cancel) cancel();  // a null one is starting: it sees `closed` and cancels itself
-  }
-  auto sessions = impl_->live_sessions();
-  for (auto& s : sessions) s->close(errc::context_closed);
-  sessions.clear();
-  impl_->work.reset();
-  if (impl_->io.get_executor().running_in_this_thread()) return;  // cannot join from inside
+  // From an io thread the loop cannot be joined: the next close() from outside it (the
+  // destructor's) stops and joins it.
+  if (impl_->io.get_executor().running_in_this_thread()) return;
+  if (impl_->joined.exchange(true)) return;
+  // After the sessions' closes are posted (by this call or one that runs on another thread and
+  // never waits), so that the loop runs them.
+  while (!impl_->closing_done.load()) std::this_thread::yield();
   // Closing sessions cancels their I/O, so the loop runs out of work; bounded all the same.
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
   while (!impl_->io.stopped() && std::chrono::steady_clock::now() < deadline) {

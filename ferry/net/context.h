@@ -286,7 +286,9 @@ class Context {
   uint64_t instance() const;
 
   /// Stops listening, closes every peer (their pending fetches fail with context_closed), stops
-  /// the io_context. Idempotent; any thread but an io_context thread.
+  /// the io_context and joins its threads. Idempotent; any thread. On an io_context thread (a
+  /// completion handler) it closes but cannot join: the next close() from another thread, or the
+  /// destructor, does.
   void close();
 
   struct Impl;

@@ -118,6 +118,8 @@ struct Context::Impl : std::enable_shared_from_this<Context::Impl> {
   std::unordered_map<uint64_t, std::weak_ptr<Session>> sessions;  // by local id
   std::atomic<uint64_t> next_session_id{1};
   std::atomic<bool> closed{false};
+  std::atomic<bool> closing_done{false};  // close() has closed the sessions and let go of `work`
+  std::atomic<bool> joined{false};        // a close() from outside the loop stops and joins it
   // Work posted to the loop from outside it (a Peer's fetches and requests, a connect's answer)
   // must run, or its caller must learn that it will not: close() sets `drained` once the io
   // threads have stopped, waits until no PostGate is held, and then runs the loop one last time.
