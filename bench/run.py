@@ -638,7 +638,11 @@ def allreduce_tool(b, tool, n, sizes, samples, calls, warmup):
     # tool's 64 MiB allreduce on the 2-core VM, ~0.3 s).
     timeout = 60 + len(sizes) * (samples * (calls + 1) + warmup) * 2
     here = os.path.dirname(b.fb)
-    if tool == "mpi":
+    env = None
+    if tool == "mpi" or tool.startswith("mpi:"):
+        if tool != "mpi":  # Open MPI's tuned component, made to run that one algorithm
+            env = {"OMPI_MCA_coll_tuned_use_dynamic_rules": "1",
+                   "OMPI_MCA_coll_tuned_allreduce_algorithm": b.args.mpi_variants[tool]}
         exe = os.path.join(here, "mpi-allreduce")
         if not os.access(exe, os.X_OK):
             raise SkipTool("mpi-allreduce not built (libopenmpi-dev was not installed when the "
@@ -663,9 +667,9 @@ def allreduce_tool(b, tool, n, sizes, samples, calls, warmup):
         argvs = [[exe] + sub + ["--rank", str(r), "--ranks", str(n), "--rendezvous", rdv,
                                 "--host", "127.0.0.1"] + common for r in range(n)]
     try:
-        results = run_ranks(argvs, timeout + 30)
+        results = run_ranks(argvs, timeout + 30, env)
     finally:
-        if tool != "mpi":
+        if not tool.startswith("mpi"):
             shutil.rmtree(rdv, ignore_errors=True)
     bad = [(i, rc, err) for i, (rc, _, err) in enumerate(results) if rc != 0]
     if bad:
@@ -697,7 +701,8 @@ def suite_allreduce(b, n, sizes, reps, samples, calls, warmup, deadline=None):
     1 MiB 0.81-1.01 ms in the first run against 0.67-0.69 warm; ferry's first run of an
     invocation was slow in three of four suites, 0.97-1.39 against 0.69-0.72 in its later runs),
     and the rotation would hand that to the tool that goes first."""
-    tools = ["ferry"] + list(b.args.allreduce_variants) + ALLREDUCE_PEERS
+    tools = (["ferry"] + list(b.args.allreduce_variants) + ALLREDUCE_PEERS +
+             list(b.args.mpi_variants))
     log(f"allreduce, {n} ranks, warm-up: one discarded run of each tool")
     for tool in tools:
         try:
@@ -727,6 +732,7 @@ def suite_allreduce(b, n, sizes, reps, samples, calls, warmup, deadline=None):
                 for r in lines:
                     b.add(suite="allreduce", metric="bw", tool=tool, size=r["size"], rep=rep,
                           ranks=n, argv=b.args.allreduce_variants.get(tool, []),
+                          algorithm=b.args.mpi_variants.get(tool),
                           gbps=r["busbw_gbps"], busbw_gbps=r["busbw_gbps"],
                           algbw_gbps=r["algbw_gbps"], median_s=r["median_s"],
                           samples_s=r["samples_s"], raw=r)
@@ -1141,6 +1147,24 @@ def allreduce_table(samples, n):
                 ratio = paired(samples, "allreduce", "bw", v, "ferry", "busbw_gbps", size)
                 row += f"{fmt(ps):>22} {fmt(ratio, 2):>14} "
             lines.append(row.rstrip())
+    algorithms = sorted({s["tool"] for s in samples if s.get("suite") == "allreduce" and
+                         s.get("tool", "").startswith("mpi:") and "busbw_gbps" in s})
+    if algorithms:
+        number = {s["tool"]: s.get("algorithm") for s in samples
+                  if s.get("suite") == "allreduce" and s.get("tool") in algorithms}
+        lines.append(f"\nOpen MPI made to run one allreduce algorithm, {n} ranks "
+                     "(coll_tuned_allreduce_algorithm; busbw GB/s, median [min-max]; ratio = "
+                     "ferry / it within each run): " +
+                     "; ".join(f"{a[4:]} = {number.get(a) or '?'}" for a in algorithms))
+        lines.append(f"{'size':>6} " + " ".join(f"{a[4:] + ' busbw':>22} {'ferry/' + a[4:]:>14}"
+                                               for a in algorithms))
+        for size in sorted(ferry):
+            row = f"{human(size):>6} "
+            for a in algorithms:
+                ps = medians(samples, "allreduce", "bw", a, "busbw_gbps").get(size)
+                ratio = paired_ratios(samples, "allreduce", "bw", a, "busbw_gbps", size)
+                row += f"{fmt(ps):>22} {fmt(ratio, 2):>14} "
+            lines.append(row.rstrip())
     return lines
 
 
@@ -1459,6 +1483,11 @@ def main():
                     help="extra ferry configurations measured beside the default, "
                          "'NAME=ARGS;NAME=ARGS' (ARGS: ferry-bench allreduce options, e.g. "
                          "'ring=--ring-threshold 1M;seg2m=--ring-threshold 1M --segment 2M')")
+    ap.add_argument("--mpi-variants", default="",
+                    help="Open MPI allreduce algorithms measured beside its own choice, "
+                         "'NAME=N;NAME=N' (N: coll_tuned_allreduce_algorithm, Open MPI 4.1: "
+                         "1 basic linear, 2 nonoverlapping, 3 recursive doubling, 4 ring, "
+                         "5 segmented ring, 6 Rabenseifner), e.g. 'rd=3;ring=4;rab=6'")
     ap.add_argument("--budget", type=float, default=None,
                     help="seconds: no suite starts a repetition after its share of this is spent "
                          "(the first repetition always runs; tcp, python and allreduce suites)")
@@ -1485,6 +1514,13 @@ def main():
             ap.error(f"--allreduce-variants: expected NAME=ARGS, got '{item}'")
         variants["ferry:" + name.strip()] = rest.split()
     args.allreduce_variants = variants
+    mpi_variants = {}
+    for item in filter(None, (x.strip() for x in args.mpi_variants.split(";"))):
+        name, _, number = item.partition("=")
+        if not name.strip() or not number.strip().isdigit():
+            ap.error(f"--mpi-variants: expected NAME=NUMBER, got '{item}'")
+        mpi_variants["mpi:" + name.strip()] = number.strip()
+    args.mpi_variants = mpi_variants
     args.sizes = [int(x) for x in args.sizes.split(",")] if args.sizes else None
     args.allreduce_sizes = ([int(x) for x in args.allreduce_sizes.split(",")]
                             if args.allreduce_sizes else None)
