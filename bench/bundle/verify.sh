@@ -41,13 +41,15 @@ timeout 120 "$here/run" --suites allreduce --allreduce-reps 3 --allreduce-sample
   --allreduce-calls 8 --allreduce-warmup 2 --budget 80 --out "$out/allreduce" \
   >"$out/allreduce.log" 2>&1
 # Issue 32's 64 KiB gap (0.61-0.77 of Open MPI's own choice): Open MPI made to run recursive
-# doubling (ferry's algorithm there), its ring and Rabenseifner's, beside ferry, Gloo and its own
-# choice: whether Open MPI wins by its algorithm or by what one step costs.
-time_left "allreduce at 64 KiB, Open MPI's algorithms" &&
-  log "allreduce, 4 and 8 ranks, 64 KiB, Open MPI's algorithms" &&
-  timeout 110 "$here/run" --suites allreduce --allreduce-ranks 4,8 --allreduce-sizes 65536 \
+# doubling (ferry's algorithm there), its ring and Rabenseifner's, and ferry made to run halving
+# (Rabenseifner's) and its ring, beside both defaults and Gloo: whether Open MPI wins by its
+# algorithm or by what one step costs.
+time_left "allreduce at 64 KiB, each algorithm" &&
+  log "allreduce, 4 and 8 ranks, 64 KiB, each algorithm of ferry and Open MPI" &&
+  timeout 130 "$here/run" --suites allreduce --allreduce-ranks 4,8 --allreduce-sizes 65536 \
     --allreduce-reps 3 --allreduce-samples 4 --allreduce-calls 8 --allreduce-warmup 2 \
-    --mpi-variants "rd=3;ring=4;rab=6" --budget 80 --out "$out/allreduce64k" \
+    --allreduce-variants "halv=--doubling-threshold 64K;ring=--doubling-threshold 64K --ring-threshold 64K" \
+    --mpi-variants "rd=3;ring=4;rab=6" --budget 100 --out "$out/allreduce64k" \
     >"$out/allreduce64k.log" 2>&1
 # Issue 29: Python against C++ from 4 KiB to 64 MiB (64 MiB not yet measured on such a machine),
 # against torch.distributed over Gloo and the others.
