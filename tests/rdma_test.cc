@@ -356,139 +356,132 @@ TEST_F(Rdma, AQueuePairBrokenAtTheOwnerRestartsTheFetchesOnIt) {
   EXPECT_EQ(restarted, kFetches - done) << "each fetch on the broken pair starts again";
 }
 
+// kFetches fetches of 2 MiB each over one queue pair, into targets of their own (8 MiB in all:
+// every READ of every fetch is posted at once, RdmaChannel's pipe bound), each completion handler
+// reading the fetcher's queue-pair gauge. For the tests of what may end a fetch while its READs
+// are posted: rxe may go on placing the responses a pair took in until the pair is destroyed, so
+// such a fetch must complete (handing its targets back) only after that.
+struct LandingFetches {
+  static constexpr int kFetches = 4;
+  static constexpr size_t kBytes = 2u << 20;
+  static constexpr auto kSentinel = std::byte{0xEE};
+
+  LandingFetches(Server& server, Context& client, Peer& peer, int seed)
+      : server(server), client(client), peer(peer), bytes(make_pattern(kBytes, seed)) {}
+
+  // Brings the pair up, starts the fetches and returns once bytes are landing, some of the
+  // fetches still running.
+  void start() {
+    for (int i = 0; i < kFetches; ++i) refs.push_back(server.put(bytes));
+    ASSERT_FALSE(peer.fetch(refs[0]).wait(scaled(60s)));  // the queue pair is up
+    ASSERT_EQ(rdma::registration_counters(client)->queue_pairs, 1u);
+    for (int i = 0; i < kFetches; ++i) {
+      pairs_at_completion[i] = -1;
+      reqs.push_back(peer.fetch(refs[i], {MutableBuffer(targets[i])}, {},
+                                FetchHandler([this, i](boost::system::error_code, FetchResult) {
+                                  pairs_at_completion[i] = static_cast<int>(
+                                      rdma::registration_counters(client)->queue_pairs);
+                                })));
+    }
+    // READs are landing (8 MiB take ~0.25 s on rxe): every fetch has READs posted.
+    const auto landing = [&] {
+      return std::any_of(reqs.begin(), reqs.end(), [](auto& r) { return r.bytes_landed() > 0; });
+    };
+    for (int i = 0; i < 10000 && !landing(); ++i) std::this_thread::sleep_for(1ms);
+    int running = 0;
+    for (auto& r : reqs) running += !r.done();
+    ASSERT_GT(running, 0) << "every fetch ended first: the test proves nothing";
+  }
+
+  // Waits for every fetch: each succeeded (it finished first) or ended with `ec`. Those that
+  // ended with `ec` get their targets back: filled with kSentinel, as a caller reusing them
+  // would; their indices go to `ended`.
+  void wait_ended_with(std::error_code ec, std::vector<int>& ended) {
+    for (int i = 0; i < kFetches; ++i) {
+      const auto got = reqs[i].wait(scaled(60s));
+      ASSERT_TRUE(reqs[i].done()) << "fetch " << i << " did not end";
+      if (!got) continue;
+      EXPECT_EQ(got, ec) << "fetch " << i;
+      std::fill(targets[i].begin(), targets[i].end(), kSentinel);
+      ended.push_back(i);
+    }
+    ASSERT_FALSE(ended.empty()) << "no fetch ended with " << ec.message();
+  }
+
+  // Each of `ended` completed after its pair was gone (gauge 0), and nothing was written into
+  // its target after it completed.
+  void expect_quiet_at_completion(const std::vector<int>& ended) {
+    for (int i = 0; i < 200 && pairs_at_completion[ended.back()] < 0; ++i) {
+      std::this_thread::sleep_for(10ms);  // the handler runs after wait() has returned
+    }
+    std::this_thread::sleep_for(scaled(300ms));
+    for (int i : ended) {
+      EXPECT_EQ(pairs_at_completion[i], 0)
+          << "fetch " << i << " completed while its queue pair still existed";
+      const auto wrong = std::count_if(targets[i].begin(), targets[i].end(),
+                                       [&](std::byte b) { return b != kSentinel; });
+      EXPECT_EQ(wrong, 0) << "fetch " << i << ": bytes written into its target after it completed";
+    }
+  }
+
+  Server& server;
+  Context& client;
+  Peer& peer;
+  std::shared_ptr<std::vector<std::byte>> bytes;
+  std::vector<ObjectRef> refs;
+  std::vector<std::vector<std::byte>> targets =
+      std::vector<std::vector<std::byte>>(kFetches, std::vector<std::byte>(kBytes));
+  std::vector<std::atomic<int>> pairs_at_completion = std::vector<std::atomic<int>>(kFetches);
+  std::vector<FetchRequest> reqs;
+};
+
 // Fetches aborted while their READs are posted, then their queue pair broken before the READs
-// drained: each completes only once the pair is destroyed (rxe may go on placing the responses
-// it took in until then, into targets the completion hands back to the caller). Each completion
-// handler reads the fetcher's queue-pair gauge: 0, the broken pair gone and no new one yet.
-// Completed at once, as before, every handler saw the pair still there (1), in 3 of 3 runs in the
-// 6.12 guest; the stale writes themselves never showed in this test's targets.
+// drained: each completes only once the pair is destroyed. Completed at once, as before, every
+// handler saw the pair still there (1), in 3 of 3 runs in the 6.12 guest; the stale writes
+// themselves never showed in this test's targets.
 TEST_F(Rdma, FetchesAbortedOnABrokenPairHandTheirTargetsBackOnlyOnceItIsQuiet) {
   Server server;
   ContextOptions options = client_options("client");
   options.peer_timeout = 120s;
   Context client(options);
   auto peer = connect_or_fail(client, server.address());
-  // 8 MiB in all: every READ of every fetch is posted at once (RdmaChannel's pipe bound).
-  constexpr int kFetches = 4;
-  constexpr size_t kBytes = 2u << 20;
-  auto bytes = make_pattern(kBytes, 33);
-  std::vector<ObjectRef> refs;
-  for (int i = 0; i < kFetches; ++i) refs.push_back(server.put(bytes));
-  ASSERT_FALSE(peer.fetch(refs[0]).wait(scaled(60s)));  // the queue pair is up
-  ASSERT_EQ(rdma::registration_counters(client)->queue_pairs, 1u);
-  std::vector<std::vector<std::byte>> targets(kFetches, std::vector<std::byte>(kBytes));
-  std::vector<std::atomic<int>> pairs_at_completion(kFetches);
-  std::vector<FetchRequest> reqs;
-  for (int i = 0; i < kFetches; ++i) {
-    pairs_at_completion[i] = -1;
-    reqs.push_back(peer.fetch(refs[i], {MutableBuffer(targets[i])}, {},
-                              FetchHandler([&, i](boost::system::error_code, FetchResult) {
-                                pairs_at_completion[i] = static_cast<int>(
-                                    rdma::registration_counters(client)->queue_pairs);
-                              })));
-  }
-  // READs are landing (8 MiB take ~0.25 s on rxe): every fetch has READs posted.
-  const auto landing = [&] {
-    return std::any_of(reqs.begin(), reqs.end(), [](auto& r) { return r.bytes_landed() > 0; });
-  };
-  for (int i = 0; i < 10000 && !landing(); ++i) std::this_thread::sleep_for(1ms);
-  int running = 0;
-  for (auto& r : reqs) running += !r.done();
-  ASSERT_GT(running, 0) << "every fetch ended before the abort: the test proves nothing";
-  for (auto& r : reqs) r.abort();
+  LandingFetches f(server, client, peer, 33);
+  ASSERT_NO_FATAL_FAILURE(f.start());
+  for (auto& r : f.reqs) r.abort();
   EXPECT_EQ(rdma::inject_queue_pair_errors(client), 1u);
-  constexpr auto kSentinel = std::byte{0xEE};
   std::vector<int> aborted;
-  for (int i = 0; i < kFetches; ++i) {
-    const auto ec = reqs[i].wait(scaled(60s));
-    ASSERT_TRUE(reqs[i].done()) << "fetch " << i << " did not end";
-    if (ec != errc::aborted) continue;                           // it had finished first
-    std::fill(targets[i].begin(), targets[i].end(), kSentinel);  // the caller's again
-    aborted.push_back(i);
-  }
-  ASSERT_FALSE(aborted.empty()) << "no fetch was aborted on the broken pair";
-  for (int i = 0; i < 200 && pairs_at_completion[aborted.back()] < 0; ++i) {
-    std::this_thread::sleep_for(10ms);  // the handler runs after wait() has returned
-  }
-  std::this_thread::sleep_for(scaled(300ms));
-  for (int i : aborted) {
-    EXPECT_EQ(pairs_at_completion[i], 0)
-        << "fetch " << i << " completed while its broken queue pair still existed";
-    const auto wrong = std::count_if(targets[i].begin(), targets[i].end(),
-                                     [&](std::byte b) { return b != kSentinel; });
-    EXPECT_EQ(wrong, 0) << "fetch " << i << ": bytes written into its target after it completed";
-  }
-  std::printf("%zu of %d fetches aborted on the broken pair\n", aborted.size(), kFetches);
+  ASSERT_NO_FATAL_FAILURE(f.wait_ended_with(errc::aborted, aborted));
+  f.expect_quiet_at_completion(aborted);
+  std::printf("%zu of %d fetches aborted on the broken pair\n", aborted.size(), f.kFetches);
   // The next fetch sets up a new pair and lands whole.
-  auto again = peer.fetch(refs[0]);
+  auto again = peer.fetch(f.refs[0]);
   ASSERT_FALSE(again.wait(scaled(60s)));
-  EXPECT_TRUE(same_bytes(again.result().tensors[0], *bytes));
+  EXPECT_TRUE(same_bytes(again.result().tensors[0], *f.bytes));
 }
 
 // The same when the fetcher closes the peer while the READs are landing: the session's close
 // completes the fetches with peer_closed only once the queue pair is destroyed
-// (TransportManager::when_quiet), not as it closes the channel.
+// (TransportManager::when_quiet), not as it closes the channel. Completed as it closed the
+// channel, as before, every handler saw the pair (1) in 1 of 3 guest runs.
 TEST_F(Rdma, FetchesInFlightWhenTheirPeerClosesCompleteOnlyOnceTheirQueuePairIsGone) {
   Server server;
   ContextOptions options = client_options("client");
   options.peer_timeout = 120s;
   auto client = std::make_unique<Context>(options);
   auto peer = connect_or_fail(*client, server.address());
-  constexpr int kFetches = 4;
-  constexpr size_t kBytes = 2u << 20;
-  auto bytes = make_pattern(kBytes, 34);
-  std::vector<ObjectRef> refs;
-  for (int i = 0; i < kFetches; ++i) refs.push_back(server.put(bytes));
-  ASSERT_FALSE(peer.fetch(refs[0]).wait(scaled(60s)));  // the queue pair is up
-  ASSERT_EQ(rdma::registration_counters(*client)->queue_pairs, 1u);
-  std::vector<std::vector<std::byte>> targets(kFetches, std::vector<std::byte>(kBytes));
-  std::vector<std::atomic<int>> pairs_at_completion(kFetches);
-  std::vector<FetchRequest> reqs;
-  for (int i = 0; i < kFetches; ++i) {
-    pairs_at_completion[i] = -1;
-    reqs.push_back(peer.fetch(refs[i], {MutableBuffer(targets[i])}, {},
-                              FetchHandler([&, i](boost::system::error_code, FetchResult) {
-                                pairs_at_completion[i] = static_cast<int>(
-                                    rdma::registration_counters(*client)->queue_pairs);
-                              })));
-  }
-  const auto landing = [&] {
-    return std::any_of(reqs.begin(), reqs.end(), [](auto& r) { return r.bytes_landed() > 0; });
-  };
-  for (int i = 0; i < 10000 && !landing(); ++i) std::this_thread::sleep_for(1ms);
-  int running = 0;
-  for (auto& r : reqs) running += !r.done();
-  ASSERT_GT(running, 0) << "every fetch ended before the close: the test proves nothing";
+  LandingFetches f(server, *client, peer, 34);
+  ASSERT_NO_FATAL_FAILURE(f.start());
   peer.close();
-  constexpr auto kSentinel = std::byte{0xEE};
   std::vector<int> closed;
-  for (int i = 0; i < kFetches; ++i) {
-    const auto ec = reqs[i].wait(scaled(60s));
-    ASSERT_TRUE(reqs[i].done()) << "fetch " << i << " did not end";
-    if (!ec) continue;  // it had finished first
-    EXPECT_EQ(ec, errc::peer_closed);
-    std::fill(targets[i].begin(), targets[i].end(), kSentinel);  // the caller's again
-    closed.push_back(i);
-  }
-  ASSERT_FALSE(closed.empty()) << "no fetch was ended by the close";
-  for (int i = 0; i < 200 && pairs_at_completion[closed.back()] < 0; ++i) {
-    std::this_thread::sleep_for(10ms);  // the handler runs after wait() has returned
-  }
-  std::this_thread::sleep_for(scaled(300ms));
-  for (int i : closed) {
-    EXPECT_EQ(pairs_at_completion[i], 0)
-        << "fetch " << i << " completed while its queue pair still existed";
-    const auto wrong = std::count_if(targets[i].begin(), targets[i].end(),
-                                     [&](std::byte b) { return b != kSentinel; });
-    EXPECT_EQ(wrong, 0) << "fetch " << i << ": bytes written into its target after it completed";
-  }
-  std::printf("%zu of %d fetches ended by the close\n", closed.size(), kFetches);
+  ASSERT_NO_FATAL_FAILURE(f.wait_ended_with(errc::peer_closed, closed));
+  f.expect_quiet_at_completion(closed);
+  std::printf("%zu of %d fetches ended by the close\n", closed.size(), f.kFetches);
   // A new connection to the same owner fetches over a new pair, whole.
   auto again = connect_or_fail(*client, server.address());
-  auto r = again.fetch(refs[0]);
+  auto r = again.fetch(f.refs[0]);
   ASSERT_FALSE(r.wait(scaled(60s)));
   EXPECT_EQ(r.result().transport, "RDMA");
-  EXPECT_TRUE(same_bytes(r.result().tensors[0], *bytes));
+  EXPECT_TRUE(same_bytes(r.result().tensors[0], *f.bytes));
   // The closed pair's bound (5 s from the close) was cancelled once the pair was destroyed: the
   // context closes without waiting for it.
   const auto t0 = std::chrono::steady_clock::now();

@@ -506,6 +506,40 @@ def test_exit_with_everything_open_is_prompt_and_clean():
     assert time.monotonic() - t0 < 15 * time_scale()
 
 
+def test_exit_with_a_daemon_thread_inside_a_call_is_prompt_and_clean():
+    """A process that ends while a daemon thread waits in an allreduce (the other rank never
+    calls) exits at once and cleanly: the exit hook closes the context, which fails the call,
+    so no thread is in native code when the interpreter stops its threads."""
+    code = """if True:
+        import os, threading, time, numpy as np, ferry
+        from ferry import collective
+        HOST = os.environ["FERRY_TEST_HOST"]
+        a, b = ferry.Context(f"{HOST}:0"), ferry.Context(f"{HOST}:0")
+        addresses = [a.address, b.address]
+        other = []
+        t = threading.Thread(target=lambda: other.append(
+            collective.Group.join(b, addresses, 1, timeout=30)))
+        t.start()
+        group = collective.Group.join(a, addresses, 0, timeout=30)
+        t.join()
+        x = np.ones(1 << 14, dtype=np.float32)
+        started = threading.Event()
+        def call():
+            started.set()
+            group.allreduce(x)  # rank 1 never calls: it waits until the exit ends it
+        threading.Thread(target=call, daemon=True).start()
+        started.wait()
+        time.sleep(0.2)
+        print("leaving", flush=True)
+    """
+    t0 = time.monotonic()
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.strip() == "leaving"
+    assert "terminate" not in r.stderr and "Fatal" not in r.stderr, r.stderr
+    assert time.monotonic() - t0 < 15 * time_scale()
+
+
 def test_docs_example(tmp_path):
     text = open(DOCS).read()
     block = re.search(r"<!-- python/tests/test_collective.py::test_docs_example[^\n]*-->\n"
