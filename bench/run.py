@@ -1079,6 +1079,34 @@ def targets(samples):
     return out
 
 
+def variant_table(samples, sizes, prefix, setting, ratio_name, column, title, ratio):
+    """Lines of a table of the allreduce tools named `prefix`NAME (ferry's --allreduce-variants,
+    Open MPI's --mpi-variants): each one's busbw and `ratio(tool, size)` (`ratio_name`, its
+    column headed `column` with NAME for {}) at each of `sizes`; `setting`: the sample key that
+    says what the tool ran with."""
+    tools = sorted({s["tool"] for s in samples if s.get("suite") == "allreduce" and
+                    s.get("tool", "").startswith(prefix) and "busbw_gbps" in s})
+    if not tools:
+        return []
+    said = {}
+    for s in samples:
+        if s.get("suite") == "allreduce" and s.get("tool") in tools:
+            value = s.get(setting)
+            said[s["tool"]] = " ".join(value) if isinstance(value, list) else value
+    short = {t: t[len(prefix):] for t in tools}
+    label = {t: column.format(short[t]) for t in tools}
+    lines = [f"\n{title} (busbw GB/s, median [min-max]; ratio = {ratio_name} within each run): " +
+             "; ".join(f"{short[t]} = {said.get(t) or '?'}" for t in tools),
+             f"{'size':>6} " + " ".join(f"{short[t] + ' busbw':>22} {label[t]:>14}" for t in tools)]
+    for size in sorted(sizes):
+        row = f"{human(size):>6} "
+        for t in tools:
+            ps = medians(samples, "allreduce", "bw", t, "busbw_gbps").get(size)
+            row += f"{fmt(ps):>22} {fmt(ratio(t, size), 2):>14} "
+        lines.append(row.rstrip())
+    return lines
+
+
 def allreduce_table(samples, n):
     ferry = medians(samples, "allreduce", "bw", "ferry", "busbw_gbps")
     lines = []
@@ -1130,41 +1158,15 @@ def allreduce_table(samples, n):
                      "process's CPU time, every thread, and its context switches, voluntary "
                      "(it slept) / involuntary (it was preempted)")
         lines.extend(usage)
-    variants = sorted({s["tool"] for s in samples if s.get("suite") == "allreduce" and
-                       s.get("tool", "").startswith("ferry:") and "busbw_gbps" in s})
-    if variants:
-        args = {s["tool"]: " ".join(s.get("argv", [])) for s in samples
-                if s.get("suite") == "allreduce" and s.get("tool") in variants}
-        lines.append(f"\nferry's variants, {n} ranks (busbw GB/s, median [min-max]; ratio = "
-                     "variant / ferry's default within each run): " +
-                     "; ".join(f"{v[6:]} = {args.get(v) or '?'}" for v in variants))
-        lines.append(f"{'size':>6} " + " ".join(f"{v[6:] + ' busbw':>22} {v[6:] + '/ferry':>14}"
-                                               for v in variants))
-        for size in sorted(ferry):
-            row = f"{human(size):>6} "
-            for v in variants:
-                ps = medians(samples, "allreduce", "bw", v, "busbw_gbps").get(size)
-                ratio = paired(samples, "allreduce", "bw", v, "ferry", "busbw_gbps", size)
-                row += f"{fmt(ps):>22} {fmt(ratio, 2):>14} "
-            lines.append(row.rstrip())
-    algorithms = sorted({s["tool"] for s in samples if s.get("suite") == "allreduce" and
-                         s.get("tool", "").startswith("mpi:") and "busbw_gbps" in s})
-    if algorithms:
-        number = {s["tool"]: s.get("algorithm") for s in samples
-                  if s.get("suite") == "allreduce" and s.get("tool") in algorithms}
-        lines.append(f"\nOpen MPI made to run one allreduce algorithm, {n} ranks "
-                     "(coll_tuned_allreduce_algorithm; busbw GB/s, median [min-max]; ratio = "
-                     "ferry / it within each run): " +
-                     "; ".join(f"{a[4:]} = {number.get(a) or '?'}" for a in algorithms))
-        lines.append(f"{'size':>6} " + " ".join(f"{a[4:] + ' busbw':>22} {'ferry/' + a[4:]:>14}"
-                                               for a in algorithms))
-        for size in sorted(ferry):
-            row = f"{human(size):>6} "
-            for a in algorithms:
-                ps = medians(samples, "allreduce", "bw", a, "busbw_gbps").get(size)
-                ratio = paired_ratios(samples, "allreduce", "bw", a, "busbw_gbps", size)
-                row += f"{fmt(ps):>22} {fmt(ratio, 2):>14} "
-            lines.append(row.rstrip())
+    lines += variant_table(
+        samples, ferry, "ferry:", "argv", "variant / ferry's default", "{}/ferry",
+        f"ferry's variants, {n} ranks",
+        lambda v, size: paired(samples, "allreduce", "bw", v, "ferry", "busbw_gbps", size))
+    lines += variant_table(
+        samples, ferry, "mpi:", "algorithm", "ferry / it", "ferry/{}",
+        f"Open MPI made to run one allreduce algorithm, {n} ranks "
+        "(coll_tuned_allreduce_algorithm)",
+        lambda a, size: paired_ratios(samples, "allreduce", "bw", a, "busbw_gbps", size))
     return lines
 
 
