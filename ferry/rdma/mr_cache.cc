@@ -70,7 +70,17 @@ Result<std::shared_ptr<Region>> MrCache::acquire(const void* addr, size_t len,
                            shared_->access, ns));
   if (!mr) {
     auto err = last_errno();
-    FERRY_LOG_WARN("ibv_reg_mr of {} bytes failed: {}", end - begin, err.message());
+    // ENOMEM is what a user can act on: the locked-memory limit (pinned pages count against
+    // it), or on soft-RoCE a single registration over 1 GiB (seen on Linux 6.12's rxe: 1000 MiB
+    // registers, 1100 MiB does not).
+    const bool no_memory = err == std::errc::not_enough_memory;
+    FERRY_LOG_WARN("ibv_reg_mr of {} bytes failed: {}{}", end - begin, err.message(),
+                   !no_memory ? ""
+                   : end - begin > (uintptr_t{1} << 30)
+                       ? " (soft-RoCE (rxe) refuses a registration over 1 GiB; elsewhere, check "
+                         "the locked-memory limit, ulimit -l)"
+                       : " (check the locked-memory limit, ulimit -l: registered pages are "
+                         "locked)");
     return make_error_code(errc::device_error);
   }
   auto region = std::shared_ptr<Region>(new Region(shared_, std::move(mr), begin, end));
