@@ -2,6 +2,8 @@
 
 #include <unistd.h>
 
+#include <string_view>
+
 #include "ferry/net/errors.h"
 #include "ferry/net/log.h"
 
@@ -73,14 +75,15 @@ Result<std::shared_ptr<Region>> MrCache::acquire(const void* addr, size_t len,
     // ENOMEM is what a user can act on: the locked-memory limit (pinned pages count against
     // it), or on soft-RoCE a single registration over 1 GiB (seen on Linux 6.12's rxe: 1000 MiB
     // registers, 1100 MiB does not).
-    const bool no_memory = err == std::errc::not_enough_memory;
-    FERRY_LOG_WARN("ibv_reg_mr of {} bytes failed: {}{}", end - begin, err.message(),
-                   !no_memory ? ""
-                   : end - begin > (uintptr_t{1} << 30)
-                       ? " (soft-RoCE (rxe) refuses a registration over 1 GiB; elsewhere, check "
-                         "the locked-memory limit, ulimit -l)"
-                       : " (check the locked-memory limit, ulimit -l: registered pages are "
-                         "locked)");
+    std::string_view hint;
+    if (err == std::errc::not_enough_memory && end - begin > (uintptr_t{1} << 30)) {
+      hint =
+          " (soft-RoCE (rxe) refuses a registration over 1 GiB; elsewhere, check the "
+          "locked-memory limit, ulimit -l)";
+    } else if (err == std::errc::not_enough_memory) {
+      hint = " (check the locked-memory limit, ulimit -l: registered pages are locked)";
+    }
+    FERRY_LOG_WARN("ibv_reg_mr of {} bytes failed: {}{}", end - begin, err.message(), hint);
     return make_error_code(errc::device_error);
   }
   auto region = std::shared_ptr<Region>(new Region(shared_, std::move(mr), begin, end));

@@ -669,14 +669,10 @@ void RdmaChannel::fail(std::error_code ec) {
   // pair, which waits for the same.
   to_error_state();
   ready_.clear();
+  auto link = link_.lock();
+  quiesce_if_reading(link.get());
   auto fetches = std::move(fetches_);
   fetches_.clear();
-  auto link = link_.lock();
-  const bool reads_outstanding = std::any_of(
-      fetches.begin(), fetches.end(), [](const auto& entry) { return entry.second.posted > 0; });
-  if (link && reads_outstanding && options_.quiesce) {
-    quiet_ = options_.quiesce->add(link.get(), strand_, kQuiesceBound);
-  }
   // Their READs are gone with the queue pair and none of them failed on its own account: each is
   // started again over a new pair (the session's restart waits for drop_channel below).
   size_t restarted = 0;
@@ -726,6 +722,15 @@ void RdmaChannel::complete_when_quiet(std::shared_ptr<PeerLink> link, uint64_t i
   });
 }
 
+bool RdmaChannel::quiesce_if_reading(const PeerLink* link) {
+  if (quiet_) return true;
+  const bool reading = std::any_of(fetches_.begin(), fetches_.end(),
+                                   [](const auto& entry) { return entry.second.posted > 0; });
+  if (!reading || !link || !options_.quiesce) return false;
+  quiet_ = options_.quiesce->add(link, strand_, kQuiesceBound);
+  return true;
+}
+
 void RdmaChannel::on_peer_reset() {
   // Fails the channel at once instead of after the flushed completions (fail() puts the QP in
   // the error state, where it places no more data): the flush can take seconds (rxe), and new
@@ -748,14 +753,10 @@ void RdmaChannel::close(std::error_code ec) {
   // The session completes the fetches (RdmaTransport::when_quiet). Those with READs posted keep
   // their target registrations until the pair is destroyed: it may still place responses it took
   // in, and the session hands their targets back only then.
-  const bool reads_outstanding = std::any_of(
-      fetches_.begin(), fetches_.end(), [](const auto& entry) { return entry.second.posted > 0; });
   auto link = link_.lock();
-  if (reads_outstanding && link && options_.quiesce) {
-    if (!quiet_) quiet_ = options_.quiesce->add(link.get(), strand_, kQuiesceBound);
+  if (quiesce_if_reading(link.get())) {
     auto held = std::make_shared<decltype(fetches_)>(std::move(fetches_));
-    const PeerLink* peer = link.get();
-    options_.quiesce->when_quiet(peer, strand_, [held]() mutable { held.reset(); });
+    options_.quiesce->when_quiet(link.get(), strand_, [held]() mutable { held.reset(); });
   }
   fetches_.clear();
   std::vector<uint64_t> ids;

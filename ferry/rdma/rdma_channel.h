@@ -181,6 +181,9 @@ class RdmaChannel final : public TransportChannel,
   // hands back to the caller.
   void complete_when_quiet(std::shared_ptr<PeerLink> link, uint64_t id, std::error_code ec,
                            Fetch f);
+  // fail() and close(), before they let go of fetches_: when READs of them are posted, puts this
+  // pair on options_.quiesce (once) for `link`'s peer. Returns whether it is on it.
+  bool quiesce_if_reading(const PeerLink* link);
   void to_error_state();
 
   std::shared_ptr<Device> device_;
