@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <filesystem>
+#include <optional>
 #include <random>
 #include <set>
 #include <thread>
@@ -366,15 +367,29 @@ struct LandingFetches {
   static constexpr size_t kBytes = 2u << 20;
   static constexpr auto kSentinel = std::byte{0xEE};
 
+  // The fetcher's options: a quiesce bound far beyond any destroy's time on a busy machine, so
+  // that a completion before the pair is gone is the transport's doing, never the bound's.
+  static ContextOptions fetcher_options(const std::string& name) {
+    ContextOptions options = client_options(name);
+    options.peer_timeout = 120s;
+    options.transport_options_for<rdma::RdmaOptions>(rdma::kRdmaTransportName).quiesce_timeout =
+        scaled(60s);
+    return options;
+  }
+
   LandingFetches(Server& server, Context& client, Peer& peer, int seed)
       : server(server), client(client), peer(peer), bytes(make_pattern(kBytes, seed)) {}
 
-  // Brings the pair up, starts the fetches and returns once bytes are landing, some of the
-  // fetches still running.
-  void start() {
+  // Brings the pair up, then stops the RoCE traffic (`dropped`) and starts the fetches: their
+  // grants arrive (the metadata channel is TCP) and their READs are posted, where they can
+  // neither complete nor fail until the test ends them. With the traffic flowing, a fetch whose
+  // READs drained between the test's abort or close and the pair's failure completed with the
+  // pair still there, as it should: the test could not tell that from the bug.
+  void start(std::optional<RoceDropped>& dropped) {
     for (int i = 0; i < kFetches; ++i) refs.push_back(server.put(bytes));
     ASSERT_FALSE(peer.fetch(refs[0]).wait(scaled(60s)));  // the queue pair is up
     ASSERT_EQ(rdma::registration_counters(client)->queue_pairs, 1u);
+    dropped.emplace();
     for (int i = 0; i < kFetches; ++i) {
       pairs_at_completion[i] = -1;
       reqs.push_back(peer.fetch(refs[i], {MutableBuffer(targets[i])}, {},
@@ -383,25 +398,21 @@ struct LandingFetches {
                                       rdma::registration_counters(client)->queue_pairs);
                                 })));
     }
-    // READs are landing (8 MiB take ~0.25 s on rxe): every fetch has READs posted.
-    const auto landing = [&] {
-      return std::any_of(reqs.begin(), reqs.end(), [](auto& r) { return r.bytes_landed() > 0; });
-    };
-    for (int i = 0; i < 10000 && !landing(); ++i) std::this_thread::sleep_for(1ms);
+    std::this_thread::sleep_for(scaled(300ms));
     int running = 0;
     for (auto& r : reqs) running += !r.done();
-    ASSERT_GT(running, 0) << "every fetch ended first: the test proves nothing";
+    ASSERT_EQ(running, kFetches) << "fetches ended with the RoCE traffic stopped";
   }
 
-  // Waits for every fetch: each succeeded (it finished first) or ended with `ec`. Those that
-  // ended with `ec` get their targets back: filled with kSentinel, as a caller reusing them
-  // would; their indices go to `ended`.
+  // Waits for every fetch to end with `ec` (none can succeed with the traffic stopped). Those
+  // that ended get their targets back: filled with kSentinel, as a caller reusing them would;
+  // their indices go to `ended`.
   void wait_ended_with(std::error_code ec, std::vector<int>& ended) {
     for (int i = 0; i < kFetches; ++i) {
       const auto got = reqs[i].wait(scaled(60s));
       ASSERT_TRUE(reqs[i].done()) << "fetch " << i << " did not end";
-      if (!got) continue;
       EXPECT_EQ(got, ec) << "fetch " << i;
+      if (!got) continue;
       std::fill(targets[i].begin(), targets[i].end(), kSentinel);
       ended.push_back(i);
     }
@@ -409,12 +420,15 @@ struct LandingFetches {
   }
 
   // Each of `ended` completed after its pair was gone (gauge 0), and nothing was written into
-  // its target after it completed.
-  void expect_quiet_at_completion(const std::vector<int>& ended) {
+  // its target after it completed, with the RoCE traffic flowing again (`dropped` reset): a pair
+  // still there would go on with the READs it had posted.
+  void expect_quiet_at_completion(const std::vector<int>& ended,
+                                  std::optional<RoceDropped>& dropped) {
     for (int i = 0; i < 200 && pairs_at_completion[ended.back()] < 0; ++i) {
       std::this_thread::sleep_for(10ms);  // the handler runs after wait() has returned
     }
-    std::this_thread::sleep_for(scaled(300ms));
+    dropped.reset();
+    std::this_thread::sleep_for(scaled(1s));
     for (int i : ended) {
       EXPECT_EQ(pairs_at_completion[i], 0)
           << "fetch " << i << " completed while its queue pair still existed";
@@ -441,17 +455,16 @@ struct LandingFetches {
 // themselves never showed in this test's targets.
 TEST_F(Rdma, FetchesAbortedOnABrokenPairHandTheirTargetsBackOnlyOnceItIsQuiet) {
   Server server;
-  ContextOptions options = client_options("client");
-  options.peer_timeout = 120s;
-  Context client(options);
+  Context client(LandingFetches::fetcher_options("client"));
   auto peer = connect_or_fail(client, server.address());
   LandingFetches f(server, client, peer, 33);
-  ASSERT_NO_FATAL_FAILURE(f.start());
+  std::optional<RoceDropped> dropped;
+  ASSERT_NO_FATAL_FAILURE(f.start(dropped));
   for (auto& r : f.reqs) r.abort();
   EXPECT_EQ(rdma::inject_queue_pair_errors(client), 1u);
   std::vector<int> aborted;
   ASSERT_NO_FATAL_FAILURE(f.wait_ended_with(errc::aborted, aborted));
-  f.expect_quiet_at_completion(aborted);
+  f.expect_quiet_at_completion(aborted, dropped);
   std::printf("%zu of %d fetches aborted on the broken pair\n", aborted.size(), f.kFetches);
   // The next fetch sets up a new pair and lands whole.
   auto again = peer.fetch(f.refs[0]);
@@ -465,16 +478,15 @@ TEST_F(Rdma, FetchesAbortedOnABrokenPairHandTheirTargetsBackOnlyOnceItIsQuiet) {
 // channel, as before, every handler saw the pair (1) in 1 of 3 guest runs.
 TEST_F(Rdma, FetchesInFlightWhenTheirPeerClosesCompleteOnlyOnceTheirQueuePairIsGone) {
   Server server;
-  ContextOptions options = client_options("client");
-  options.peer_timeout = 120s;
-  auto client = std::make_unique<Context>(options);
+  auto client = std::make_unique<Context>(LandingFetches::fetcher_options("client"));
   auto peer = connect_or_fail(*client, server.address());
   LandingFetches f(server, *client, peer, 34);
-  ASSERT_NO_FATAL_FAILURE(f.start());
+  std::optional<RoceDropped> dropped;
+  ASSERT_NO_FATAL_FAILURE(f.start(dropped));
   peer.close();
   std::vector<int> closed;
   ASSERT_NO_FATAL_FAILURE(f.wait_ended_with(errc::peer_closed, closed));
-  f.expect_quiet_at_completion(closed);
+  f.expect_quiet_at_completion(closed, dropped);
   std::printf("%zu of %d fetches ended by the close\n", closed.size(), f.kFetches);
   // A new connection to the same owner fetches over a new pair, whole.
   auto again = connect_or_fail(*client, server.address());

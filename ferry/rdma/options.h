@@ -3,6 +3,7 @@
 /// ContextOptions::transport_options under "RDMA" (rdma::kRdmaTransportName).
 #pragma once
 
+#include <chrono>
 #include <optional>
 #include <string_view>
 
@@ -40,6 +41,12 @@ struct RdmaOptions {
   RdmaGrants grants = RdmaGrants::automatic;
   /// Poll the completion queue instead of sleeping on its channel.
   bool busy_poll = false;
+  /// How long a queue pair that failed or closed with READs posted may take to be destroyed
+  /// before the fetches it ended complete and a new pair to its peer is set up without waiting
+  /// any longer (logged when it passes). Until the pair is destroyed the device may still place
+  /// READ responses into those fetches' targets; a destroy that takes longer is rxe's, retrying
+  /// packets of a dead peer.
+  std::chrono::milliseconds quiesce_timeout{5000};
 
   /// The defaults with what the environment sets: `grants` from $FERRY_RDMA_GRANTS
   /// (parse_rdma_grants(); a value that is not a mode is logged and automatic kept).

@@ -27,8 +27,6 @@ constexpr uint64_t kPipeBytes = 8u << 20;
 constexpr unsigned kAckBatch = 64;  // CQ events acknowledged at once
 constexpr int kPollBatch = 32;
 constexpr auto kSafetyNet = std::chrono::seconds(1);
-// How long a new queue pair to a peer waits for the failed one to be destroyed (QuiesceBoard).
-constexpr auto kQuiesceBound = std::chrono::milliseconds(5000);
 // Work requests that bind memory windows carry the lease's request id with this bit set, apart
 // from the READs (which carry the fetch's request id; ids never reach it).
 constexpr uint64_t kBindBit = 1ull << 63;
@@ -727,7 +725,7 @@ bool RdmaChannel::quiesce_if_reading(const PeerLink* link) {
   const bool reading = std::any_of(fetches_.begin(), fetches_.end(),
                                    [](const auto& entry) { return entry.second.posted > 0; });
   if (!reading || !link || !options_.quiesce) return false;
-  quiet_ = options_.quiesce->add(link, strand_, kQuiesceBound);
+  quiet_ = options_.quiesce->add(link, strand_, options_.quiesce_timeout);
   return true;
 }
 

@@ -51,6 +51,8 @@ struct ChannelOptions {
   std::shared_ptr<ObjectRegions> objects;
   // Failed queue pairs a new one to the same peer waits for (shared by the transport's channels).
   std::shared_ptr<QuiesceBoard> quiesce;
+  // How long a pair on `quiesce` counts as not yet quiet at most (RdmaOptions::quiesce_timeout).
+  std::chrono::milliseconds quiesce_timeout{5000};
 };
 
 class RdmaChannel final : public TransportChannel,

@@ -25,7 +25,8 @@ RdmaTransport::RdmaTransport(const TransportEnv& env, const RdmaOptions& options
                        std::make_shared<Hooks>(),
                        env.options.peer_timeout,
                        std::make_shared<ObjectRegions>(),
-                       std::make_shared<QuiesceBoard>()},
+                       std::make_shared<QuiesceBoard>(),
+                       options.quiesce_timeout},
       open_timeout_(env.options.handshake_timeout) {
   if (!env.pool) return;
   // Each region of the receive pool is registered with every device once, when it appears, and
