@@ -4,7 +4,9 @@
 #include <poll.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
+#include <algorithm>
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
 
 #include "ferry/net/errors.h"
@@ -28,13 +30,18 @@ int remote_access(RdmaGrants grants) {
   }
 }
 
+// Soft-RoCE: rxe, vendor id 0xffffff.
+bool is_soft(const std::string& name, const ibv_device_attr& attr) {
+  return attr.vendor_id == 0xffffff || name.rfind("rxe", 0) == 0;
+}
+
 // The grant mode a device uses for `requested` (never automatic); logs what it chose when that
 // is not what was asked for, or is weaker than per-peer.
 RdmaGrants resolve_grants(RdmaGrants requested, const std::string& name,
                           const ibv_device_attr& attr) {
   // Soft-RoCE (rxe: vendor id 0xffffff) stalls READs through memory windows under load and
   // checks window accesses against the registration's range, not the window's.
-  const bool soft = attr.vendor_id == 0xffffff || name.rfind("rxe", 0) == 0;
+  const bool soft = is_soft(name, attr);
   const bool has_windows = (attr.device_cap_flags & IBV_DEVICE_MEM_WINDOW_TYPE_2B) != 0;
   switch (requested) {
     case RdmaGrants::automatic:
@@ -63,17 +70,32 @@ RdmaGrants resolve_grants(RdmaGrants requested, const std::string& name,
   return RdmaGrants::registrations;
 }
 
+// The largest registration `requested` allows on a device (0: its own limit), rounded up to a
+// whole number of pages. Soft-RoCE advertises no limit (max_mr_size is all ones) but, on Linux
+// 6.12, keeps 16 bytes per page of a registration in one kmalloc, which cannot exceed 4 MiB: a
+// registration over 1 GiB fails with ENOMEM, and one near it fails too once the guest's memory
+// is fragmented. 256 MiB asks for 1 MiB.
+size_t resolve_max_registration(size_t requested, bool soft, const ibv_device_attr& attr) {
+  static const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  size_t limit = requested;
+  if (limit == 0) limit = soft ? size_t{256} << 20 : static_cast<size_t>(attr.max_mr_size);
+  if (limit == 0) limit = SIZE_MAX;  // a device that says nothing
+  limit = std::max(limit - limit % page, page);
+  return limit;
+}
+
 }  // namespace
 
 Device::Device(std::string name, ContextHandle ctx, PdHandle pd, const ibv_device_attr& attr,
-               RdmaGrants grants)
+               RdmaGrants grants, size_t max_registration)
     : name_(std::move(name)),
       ctx_(std::move(ctx)),
       pd_(std::move(pd)),
       attr_(attr),
       grants_(grants),
-      remote_cache_(pd_.get(), remote_access(grants)),
-      local_cache_(pd_.get(), IBV_ACCESS_LOCAL_WRITE) {}
+      max_registration_(max_registration),
+      remote_cache_(pd_.get(), remote_access(grants), max_registration),
+      local_cache_(pd_.get(), IBV_ACCESS_LOCAL_WRITE, max_registration) {}
 
 Device::~Device() {
   if (async_events_.joinable()) {
@@ -168,7 +190,8 @@ const Address* Device::find(const std::string& ip) const {
   return nullptr;
 }
 
-std::vector<std::shared_ptr<Device>> Device::open_all(RdmaGrants requested) {
+std::vector<std::shared_ptr<Device>> Device::open_all(RdmaGrants requested,
+                                                      size_t max_registration) {
   std::vector<std::shared_ptr<Device>> out;
   int n = 0;
   std::unique_ptr<ibv_device*, decltype(&ibv_free_device_list)> list(ibv_get_device_list(&n),
@@ -189,7 +212,9 @@ std::vector<std::shared_ptr<Device>> Device::open_all(RdmaGrants requested) {
     ibv_device_attr attr{};
     if (ibv_query_device(ctx.get(), &attr) != 0) continue;
     const RdmaGrants grants = resolve_grants(requested, name, attr);
-    std::shared_ptr<Device> dev(new Device(name, std::move(ctx), std::move(pd), attr, grants));
+    const size_t max_mr = resolve_max_registration(max_registration, is_soft(name, attr), attr);
+    std::shared_ptr<Device> dev(
+        new Device(name, std::move(ctx), std::move(pd), attr, grants, max_mr));
     dev->watch_async_events();
     for (uint8_t port = 1; port <= dev->attr_.phys_port_cnt; ++port) {
       ibv_port_attr pa{};

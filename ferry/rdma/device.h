@@ -29,8 +29,9 @@ struct Address {
 class Device {
  public:
   // Opens every device with at least one active RoCE v2 address. Devices that fail to open
-  // are skipped (logged). `grants` is resolved per device (see RdmaGrants and grants()).
-  static std::vector<std::shared_ptr<Device>> open_all(RdmaGrants grants);
+  // are skipped (logged). `grants` is resolved per device (see RdmaGrants and grants());
+  // `max_registration` too (RdmaOptions::max_registration; 0: the device's own limit).
+  static std::vector<std::shared_ptr<Device>> open_all(RdmaGrants grants, size_t max_registration);
 
   const std::string& name() const { return name_; }
   ibv_context* context() const { return ctx_.get(); }
@@ -43,6 +44,9 @@ class Device {
   // automatic). With windows, remote_cache() registrations carry no remote access of their own;
   // with registrations, owner memory is registered only per grant (register_grant).
   RdmaGrants grants() const { return grants_; }
+  // The most bytes one registration here covers (a multiple of the page size): larger memory is
+  // registered in chunks of this size, by the caches and per grant alike.
+  size_t max_registration() const { return max_registration_; }
   // A type-2 window on this PD, counted in windows_live(); null with errno set on failure.
   MwHandle alloc_window();
   uint64_t windows_live() const { return windows_live_->load(std::memory_order_relaxed); }
@@ -73,12 +77,13 @@ class Device {
 
  private:
   Device(std::string name, ContextHandle ctx, PdHandle pd, const ibv_device_attr& attr,
-         RdmaGrants grants);
+         RdmaGrants grants, size_t max_registration);
   std::string name_;
   ContextHandle ctx_;
   PdHandle pd_;
   ibv_device_attr attr_{};
   RdmaGrants grants_ = RdmaGrants::regions;
+  size_t max_registration_;
   Gauge windows_live_ = std::make_shared<std::atomic<uint64_t>>(0);
   Gauge grant_mrs_live_ = std::make_shared<std::atomic<uint64_t>>(0);
   std::atomic<uint64_t> grant_registrations_{0};

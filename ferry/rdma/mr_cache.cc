@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <string_view>
 
 #include "ferry/net/errors.h"
@@ -12,26 +13,30 @@ namespace ferry::rdma {
 struct Region::Shared {
   ibv_pd* pd;
   int access;
+  uintptr_t chunk;
   std::mutex mu;
   std::map<uintptr_t, std::weak_ptr<Region>> regions;  // by begin address
   MrCache::Counters counters;
 };
 
-Region::Region(std::shared_ptr<Shared> shared, MrHandle mr, uintptr_t begin, uintptr_t end)
-    : shared_(std::move(shared)), mr_(std::move(mr)), begin_(begin), end_(end) {}
+Region::Region(std::shared_ptr<Shared> shared, std::vector<MrHandle> mrs, uintptr_t begin,
+               uintptr_t end, uintptr_t chunk)
+    : shared_(std::move(shared)), mrs_(std::move(mrs)), begin_(begin), end_(end), chunk_(chunk) {}
 
 Region::~Region() {
   std::lock_guard lock(shared_->mu);
   auto it = shared_->regions.find(begin_);
   if (it != shared_->regions.end() && it->second.expired()) shared_->regions.erase(it);
-  ++shared_->counters.deregistrations;
-  --shared_->counters.live;
-  mr_.reset();  // ibv_dereg_mr, under the lock so a concurrent acquire never sees it half-gone
+  shared_->counters.deregistrations += mrs_.size();
+  shared_->counters.live -= mrs_.size();
+  mrs_.clear();  // ibv_dereg_mr, under the lock so a concurrent acquire never sees it half-gone
 }
 
-MrCache::MrCache(ibv_pd* pd, int access) : shared_(std::make_shared<Region::Shared>()) {
+MrCache::MrCache(ibv_pd* pd, int access, size_t max_registration)
+    : shared_(std::make_shared<Region::Shared>()) {
   shared_->pd = pd;
   shared_->access = access;
+  shared_->chunk = max_registration;
 }
 
 MrCache::~MrCache() = default;
@@ -67,30 +72,35 @@ Result<std::shared_ptr<Region>> MrCache::acquire(const void* addr, size_t len,
     end = (a + len + page - 1) & ~(page - 1);
   }
   if (end == begin) end = begin + 1;
+  // One registration per chunk; a failure releases those made before it.
+  std::vector<MrHandle> mrs;
   uint64_t ns = 0;
-  MrHandle mr(reg_mr_timed(shared_->pd, reinterpret_cast<const void*>(begin), end - begin,
-                           shared_->access, ns));
-  if (!mr) {
-    auto err = last_errno();
-    // ENOMEM is what a user can act on: the locked-memory limit (pinned pages count against
-    // it), or on soft-RoCE a single registration over 1 GiB (seen on Linux 6.12's rxe: 1000 MiB
-    // registers, 1100 MiB does not).
-    std::string_view hint;
-    if (err == std::errc::not_enough_memory && end - begin > (uintptr_t{1} << 30)) {
-      hint =
-          " (soft-RoCE (rxe) refuses a registration over 1 GiB; elsewhere, check the "
-          "locked-memory limit, ulimit -l)";
-    } else if (err == std::errc::not_enough_memory) {
-      hint = " (check the locked-memory limit, ulimit -l: registered pages are locked)";
+  for (uintptr_t at = begin; at < end; at += shared_->chunk) {
+    const uintptr_t len = std::min<uintptr_t>(shared_->chunk, end - at);
+    uint64_t took = 0;
+    MrHandle mr(
+        reg_mr_timed(shared_->pd, reinterpret_cast<const void*>(at), len, shared_->access, took));
+    if (!mr) {
+      auto err = last_errno();
+      // ENOMEM is what a user can act on: the locked-memory limit (registered pages are locked).
+      const std::string_view what =
+          err == std::errc::not_enough_memory
+              ? " (check the locked-memory limit, ulimit -l: registered pages are locked)"
+              : "";
+      FERRY_LOG_WARN("ibv_reg_mr of {} bytes (of a region of {}) failed: {}{}", len, end - begin,
+                     err.message(), what);
+      return make_error_code(errc::device_error);
     }
-    FERRY_LOG_WARN("ibv_reg_mr of {} bytes failed: {}{}", end - begin, err.message(), hint);
-    return make_error_code(errc::device_error);
+    ns += took;
+    mrs.push_back(std::move(mr));
   }
-  auto region = std::shared_ptr<Region>(new Region(shared_, std::move(mr), begin, end));
+  const size_t made = mrs.size();
+  auto region =
+      std::shared_ptr<Region>(new Region(shared_, std::move(mrs), begin, end, shared_->chunk));
   shared_->regions[begin] = region;
-  ++shared_->counters.registrations;
+  shared_->counters.registrations += made;
   shared_->counters.registration_ns += ns;
-  ++shared_->counters.live;
+  shared_->counters.live += made;
   return region;
 }
 

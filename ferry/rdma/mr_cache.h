@@ -1,10 +1,12 @@
 // MrCache: memory registrations of one protection domain, shared by every buffer inside them.
 //
 // acquire(addr, len) returns a registered Region covering [addr, addr+len): an existing one when
-// some live registration covers the range (a cache hit: many tensor views of one allocation cost
-// one ibv_reg_mr), otherwise a new registration of `hint` (the whole allocation, when the
-// caller knows it) or of the page-aligned range. Regions are reference-counted: the last
-// shared_ptr deregisters. Thread-safe.
+// some live region covers the range (a cache hit: many tensor views of one allocation cost one
+// registration), otherwise a new region of `hint` (the whole allocation, when the caller knows
+// it) or of the page-aligned range. A region larger than the cache's largest registration is
+// registered in chunks of that size (soft-RoCE on Linux 6.12 refuses one registration over
+// 1 GiB): a work request must then stay within one chunk (Region::chunk_end). Regions are
+// reference-counted: the last shared_ptr deregisters. Thread-safe.
 #pragma once
 
 #include <cstddef>
@@ -13,6 +15,7 @@
 #include <memory>
 #include <mutex>
 #include <span>
+#include <vector>
 
 #include "ferry/net/result.h"
 #include "ferry/rdma/verbs.h"
@@ -21,13 +24,23 @@ namespace ferry::rdma {
 
 class MrCache;
 
-// A registered range. Deregistered when the last reference goes.
+// A registered range [begin, end), in one registration per chunk: chunk k covers
+// [begin + k * chunk, begin + (k + 1) * chunk), the last one up to end. Deregistered when the
+// last reference goes.
 class Region {
  public:
   ~Region();
-  uint32_t lkey() const { return mr_->lkey; }
-  uint32_t rkey() const { return mr_->rkey; }
-  ibv_mr* mr() const { return mr_.get(); }  // for binding memory windows to it
+  // The registration holding `addr`, which must lie in [begin, end): its lkey and rkey, and the
+  // registration itself for binding memory windows to it.
+  ibv_mr* mr_at(uintptr_t addr) const { return mrs_[(addr - begin_) / chunk_].get(); }
+  uint32_t lkey_at(uintptr_t addr) const { return mr_at(addr)->lkey; }
+  uint32_t rkey_at(uintptr_t addr) const { return mr_at(addr)->rkey; }
+  // Where the registration holding `addr` ends: a work request on [addr, x) needs x <= this.
+  uintptr_t chunk_end(uintptr_t addr) const {
+    const uintptr_t next = begin_ + ((addr - begin_) / chunk_ + 1) * chunk_;
+    return next < end_ ? next : end_;
+  }
+  size_t registrations() const { return mrs_.size(); }
   uintptr_t begin() const { return begin_; }
   uintptr_t end() const { return end_; }
   bool covers(uintptr_t addr, size_t len) const { return addr >= begin_ && addr + len <= end_; }
@@ -35,11 +48,13 @@ class Region {
  private:
   friend class MrCache;
   struct Shared;
-  Region(std::shared_ptr<Shared> shared, MrHandle mr, uintptr_t begin, uintptr_t end);
+  Region(std::shared_ptr<Shared> shared, std::vector<MrHandle> mrs, uintptr_t begin, uintptr_t end,
+         uintptr_t chunk);
   std::shared_ptr<Shared> shared_;
-  MrHandle mr_;
+  std::vector<MrHandle> mrs_;
   uintptr_t begin_;
   uintptr_t end_;
+  uintptr_t chunk_;
 };
 
 class MrCache {
@@ -47,17 +62,19 @@ class MrCache {
   struct Counters {
     uint64_t registrations = 0;    // ibv_reg_mr calls that succeeded
     uint64_t registration_ns = 0;  // time spent in them
-    uint64_t deregistrations = 0;
-    uint64_t hits = 0;  // acquires served by an existing registration
-    uint64_t live = 0;  // regions registered now
+    uint64_t deregistrations = 0;  // ibv_dereg_mr calls
+    uint64_t hits = 0;             // acquires served by an existing region
+    uint64_t live = 0;             // registrations live now (a region holds one per chunk)
   };
 
-  MrCache(ibv_pd* pd, int access);
+  // Registrations in `pd` with `access`, each of at most `max_registration` bytes (a multiple
+  // of the page size, at least one page).
+  MrCache(ibv_pd* pd, int access, size_t max_registration);
   ~MrCache();
 
   // A region covering [addr, addr+len). `hint` (optional) is the allocation around it: when a
   // new registration is needed, the whole hint is registered. device_error when registration
-  // fails (errno in the log).
+  // fails (errno in the log; the chunks registered before it are released).
   Result<std::shared_ptr<Region>> acquire(const void* addr, size_t len,
                                           std::span<const std::byte> hint = {});
   Counters counters() const;

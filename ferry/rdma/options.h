@@ -4,6 +4,7 @@
 #pragma once
 
 #include <chrono>
+#include <cstddef>
 #include <optional>
 #include <string_view>
 
@@ -47,6 +48,11 @@ struct RdmaOptions {
   /// READ responses into those fetches' targets; a destroy that takes longer is rxe's, retrying
   /// packets of a dead peer.
   std::chrono::milliseconds quiesce_timeout{5000};
+  /// The most bytes one memory registration covers; larger memory (an owner's object, a
+  /// fetcher's target, a receive pool region) is registered in chunks of it, and READs never
+  /// cross a chunk. 0: the device's own limit (its max_mr_size; 256 MiB on soft-RoCE, which
+  /// advertises none but refuses a registration over 1 GiB). Rounded up to whole pages.
+  size_t max_registration = 0;
 
   /// The defaults with what the environment sets: `grants` from $FERRY_RDMA_GRANTS
   /// (parse_rdma_grants(); a value that is not a mode is logged and automatic kept).

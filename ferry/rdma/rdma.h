@@ -47,8 +47,9 @@ std::optional<RegistrationCounters> registration_counters(Context& ctx);
 size_t inject_queue_pair_errors(Context& ctx);
 
 /// Fault injection (tests): forges what `ctx`'s fetches READ. Called on the fetcher's strand for
-/// each granted segment of each grant, before any READ is posted, with the granted address and
-/// rkey (which it may rewrite) and the segment's length. Returning false holds the fetch: no READ
+/// each extent of each grant that one rkey opens (a segment, or each piece of a segment the owner
+/// registered in pieces), before any READ is posted, with its address and rkey (which it may
+/// rewrite) and its length. Returning false holds the fetch: no READ
 /// is posted, and it ends by its deadline or an abort, like a fetcher that never reads. An empty
 /// function turns it off. Used to show that forged, expired and other peers' grants are refused.
 using GrantTamper = std::function<bool(uint64_t& addr, uint32_t& rkey, uint64_t length)>;

@@ -6,6 +6,7 @@
 #include <boost/asio/bind_executor.hpp>
 #include <boost/asio/post.hpp>
 #include <cstring>
+#include <optional>
 #include <random>
 
 #include "ferry/net/core/guard.h"
@@ -30,6 +31,60 @@ constexpr auto kSafetyNet = std::chrono::seconds(1);
 // Work requests that bind memory windows carry the lease's request id with this bit set, apart
 // from the READs (which carry the fetch's request id; ids never reach it).
 constexpr uint64_t kBindBit = 1ull << 63;
+
+// One extent of a grant's segment that a single rkey opens: the segment itself, or one of its
+// pieces (wire::Segment.pieces).
+struct Extent {
+  uint64_t addr;
+  uint64_t length;
+  uint32_t rkey;
+  int piece;  // -1: the segment's own rkey
+};
+
+// `seg`'s extents in address order; nullopt when its pieces do not add up to its length or one
+// is empty (a malformed grant).
+std::optional<std::vector<Extent>> extents_of(const wire::Segment& seg) {
+  std::vector<Extent> out;
+  if (seg.pieces_size() == 0) {
+    if (seg.length() > 0) out.push_back({seg.addr(), seg.length(), seg.rkey(), -1});
+    return out;
+  }
+  uint64_t at = seg.addr();
+  uint64_t left = seg.length();
+  for (int i = 0; i < seg.pieces_size(); ++i) {
+    const auto& p = seg.pieces(i);
+    if (p.length() == 0 || p.length() > left) return std::nullopt;
+    out.push_back({at, p.length(), p.rkey(), i});
+    at += p.length();
+    left -= p.length();
+  }
+  if (left != 0) return std::nullopt;
+  return out;
+}
+
+// Sets `seg`'s rkey from `region`, or its pieces, one per registration of `region` it spans.
+void describe(wire::Segment& seg, const Region& region) {
+  const uintptr_t begin = seg.addr();
+  const uintptr_t end = begin + seg.length();
+  if (region.chunk_end(begin) >= end) {
+    seg.set_rkey(region.rkey_at(begin));
+    return;
+  }
+  seg.set_rkey(0);
+  for (uintptr_t at = begin; at < end;) {
+    const uintptr_t next = std::min(region.chunk_end(at), end);
+    auto* piece = seg.add_pieces();
+    piece->set_length(next - at);
+    piece->set_rkey(region.rkey_at(at));
+    at = next;
+  }
+}
+
+// Sets the rkey of `seg`'s extent `piece` (-1: the segment's own).
+void set_extent_rkey(wire::Segment& seg, int piece, uint32_t rkey) {
+  if (piece < 0) return seg.set_rkey(rkey);
+  seg.mutable_pieces(piece)->set_rkey(rkey);
+}
 
 }  // namespace
 
@@ -306,9 +361,13 @@ void RdmaChannel::on_grant(uint64_t request_id, const wire::Grant& grant) {
   auto& f = it->second;
   f.granted = true;
   const auto& targets = f.op.targets;
+  std::vector<std::vector<Extent>> extents;
   bool ok = static_cast<size_t>(grant.segments_size()) == targets.size();
   for (size_t i = 0; ok && i < targets.size(); ++i) {
-    ok = grant.segments(static_cast<int>(i)).length() == targets[i].size();
+    const auto& seg = grant.segments(static_cast<int>(i));
+    auto e = extents_of(seg);
+    ok = seg.length() == targets[i].size() && e.has_value();
+    if (ok) extents.push_back(std::move(*e));
   }
   if (!ok) {
     FERRY_LOG_WARN("rdma: grant for request {} does not match its targets", request_id);
@@ -316,26 +375,30 @@ void RdmaChannel::on_grant(uint64_t request_id, const wire::Grant& grant) {
     maybe_finish(request_id);
     return;
   }
-  const uint64_t chunk = std::min<uint64_t>(kReadChunk, address_.max_msg);  // device's limit
+  // A READ stays within one of the device's messages, one extent of the owner's and one
+  // registration of the target's.
+  const uint64_t chunk = std::min<uint64_t>(kReadChunk, address_.max_msg);
   for (size_t i = 0; i < targets.size(); ++i) {
-    const auto& seg = grant.segments(static_cast<int>(i));
-    uint64_t addr = seg.addr();
-    uint32_t rkey = seg.rkey();
-    if (options_.hooks && options_.hooks->armed.load(std::memory_order_acquire)) {
-      std::lock_guard lock(options_.hooks->mu);
-      if (options_.hooks->tamper && !options_.hooks->tamper(addr, rkey, seg.length())) {
-        f.reads.clear();
-        return;  // held: ends by its deadline or an abort
+    const auto base = reinterpret_cast<uintptr_t>(targets[i].data());
+    uint64_t offset = 0;  // of the extent in the segment
+    for (Extent e : extents[i]) {
+      if (options_.hooks && options_.hooks->armed.load(std::memory_order_acquire)) {
+        std::lock_guard lock(options_.hooks->mu);
+        if (options_.hooks->tamper && !options_.hooks->tamper(e.addr, e.rkey, e.length)) {
+          f.reads.clear();
+          return;  // held: ends by its deadline or an abort
+        }
       }
-    }
-    for (uint64_t off = 0; off < targets[i].size(); off += chunk) {
-      Read r;
-      r.local = reinterpret_cast<uint64_t>(targets[i].data()) + off;
-      r.lkey = f.regions[i]->lkey();
-      r.remote = addr + off;
-      r.rkey = rkey;
-      r.length = static_cast<uint32_t>(std::min<uint64_t>(chunk, targets[i].size() - off));
-      f.reads.push_back(r);
+      const Region& region = *f.regions[i];
+      for (uint64_t off = 0; off < e.length;) {
+        const uintptr_t local = base + offset + off;
+        const uint64_t length = std::min(
+            {chunk, e.length - off, static_cast<uint64_t>(region.chunk_end(local) - local)});
+        f.reads.push_back(Read{local, region.lkey_at(local), e.addr + off, e.rkey,
+                               static_cast<uint32_t>(length)});
+        off += length;
+      }
+      offset += e.length;
     }
   }
   if (f.reads.empty()) {
@@ -454,7 +517,7 @@ void RdmaChannel::send_multiple(uint64_t request_id, ObjectStore::Pin object, Se
     auto* seg = g.add_segments();
     seg->set_addr(reinterpret_cast<uint64_t>(tensors[i].data.data()));
     seg->set_length(tensors[i].data.size());
-    seg->set_rkey(regions[i] ? regions[i]->rkey() : 0);
+    if (regions[i]) describe(*seg, *regions[i]);
   }
   grant(request_id, std::move(object), std::move(regions), std::move(g), std::move(done));
 }
@@ -525,12 +588,18 @@ void RdmaChannel::grant(uint64_t request_id, ObjectStore::Pin pin,
     leases_[request_id] = std::move(lease);
     return send_grant(request_id, grant);
   }
+  // One window per extent: each is bound over the registration that holds it.
   lease.regions = std::move(regions);
-  lease.windows.resize(lease.regions.size());
-  for (size_t i = 0; i < lease.regions.size(); ++i) {
+  for (int i = 0; i < grant.segments_size(); ++i) {
     if (!lease.regions[i]) continue;
-    lease.windows[i] = device_->alloc_window();
-    if (!lease.windows[i]) {
+    const auto extents = extents_of(grant.segments(i));  // describe()'s: well formed
+    for (const Extent& e : *extents) {
+      lease.binds.push_back(Bind{i, e.piece, lease.regions[i]->mr_at(e.addr), e.addr, e.length});
+    }
+  }
+  for (size_t i = 0; i < lease.binds.size(); ++i) {
+    lease.windows.push_back(device_->alloc_window());
+    if (!lease.windows.back()) {
       FERRY_LOG_WARN("rdma: cannot allocate a memory window on {}: {}", device_->name(),
                      last_errno().message());
       leases_[request_id] = std::move(lease);
@@ -545,13 +614,22 @@ void RdmaChannel::grant(uint64_t request_id, ObjectStore::Pin pin,
 }
 
 bool RdmaChannel::register_segments(Lease& lease) {
+  const uint64_t most = device_->max_registration();
   for (auto& seg : *lease.grant.mutable_segments()) {
-    if (seg.length() == 0) continue;
-    auto mr = device_->register_grant(pd_, reinterpret_cast<const void*>(seg.addr()),
-                                      static_cast<size_t>(seg.length()));
-    if (!mr) return false;
-    seg.set_rkey((*mr)->rkey);
-    lease.registrations.push_back(std::move(*mr));
+    for (uint64_t off = 0; off < seg.length(); off += most) {
+      const uint64_t length = std::min(most, seg.length() - off);
+      auto mr = device_->register_grant(pd_, reinterpret_cast<const void*>(seg.addr() + off),
+                                        static_cast<size_t>(length));
+      if (!mr) return false;
+      if (length == seg.length()) {
+        seg.set_rkey((*mr)->rkey);
+      } else {
+        auto* piece = seg.add_pieces();
+        piece->set_length(length);
+        piece->set_rkey((*mr)->rkey);
+      }
+      lease.registrations.push_back(std::move(*mr));
+    }
   }
   return true;
 }
@@ -566,22 +644,18 @@ void RdmaChannel::post_binds() {
     }
     const uint64_t id = it->first;
     Lease& lease = it->second;
-    while (lease.next_bind < lease.windows.size() && in_flight_ < sq_depth_) {
+    while (lease.next_bind < lease.binds.size() && in_flight_ < sq_depth_) {
       const size_t i = lease.next_bind;
-      if (!lease.windows[i]) {
-        ++lease.next_bind;
-        continue;
-      }
-      auto* seg = lease.grant.mutable_segments(static_cast<int>(i));
+      const Bind& b = lease.binds[i];
       ibv_send_wr wr{};
       wr.wr_id = id | kBindBit;
       wr.opcode = IBV_WR_BIND_MW;
       wr.send_flags = IBV_SEND_SIGNALED;
       wr.bind_mw.mw = lease.windows[i].get();
       wr.bind_mw.rkey = ibv_inc_rkey(lease.windows[i]->rkey);
-      wr.bind_mw.bind_info.mr = lease.regions[i]->mr();
-      wr.bind_mw.bind_info.addr = seg->addr();
-      wr.bind_mw.bind_info.length = seg->length();
+      wr.bind_mw.bind_info.mr = b.mr;
+      wr.bind_mw.bind_info.addr = b.addr;
+      wr.bind_mw.bind_info.length = b.length;
       wr.bind_mw.bind_info.mw_access_flags = IBV_ACCESS_REMOTE_READ;
       ibv_send_wr* bad = nullptr;
       if (int rc = ibv_post_send(qp_.get(), &wr, &bad); rc != 0) {
@@ -590,13 +664,13 @@ void RdmaChannel::post_binds() {
         fail(std::error_code(rc, std::system_category()));
         return;
       }
-      seg->set_rkey(wr.bind_mw.rkey);
+      set_extent_rkey(*lease.grant.mutable_segments(b.segment), b.piece, wr.bind_mw.rkey);
       ++lease.next_bind;
       ++lease.binding;
       ++in_flight_;
       posted_any = true;
     }
-    if (lease.next_bind < lease.windows.size()) break;  // the send queue is full
+    if (lease.next_bind < lease.binds.size()) break;  // the send queue is full
     binds_waiting_.pop_front();
     if (lease.binding == 0) send_grant(id, lease.grant);  // nothing needed binding
   }
@@ -608,7 +682,7 @@ void RdmaChannel::on_bound(uint64_t request_id) {
     Lease& lease = it->second;
     if (lease.binding) --lease.binding;
     // The bind's completion means the window is usable: only now may the peer READ through it.
-    if (lease.binding == 0 && lease.next_bind == lease.windows.size()) {
+    if (lease.binding == 0 && lease.next_bind == lease.binds.size()) {
       send_grant(request_id, lease.grant);
     }
     return;

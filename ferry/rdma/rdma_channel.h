@@ -111,15 +111,24 @@ class RdmaChannel final : public TransportChannel,
     bool aborted = false;
     std::error_code error;
   };
+  // A memory window to bind over one extent of a lease's grant (post_binds).
+  struct Bind {
+    int segment;
+    int piece;   // -1: the segment's own rkey
+    ibv_mr* mr;  // the registration of the object's memory it is bound over
+    uint64_t addr;
+    uint64_t length;
+  };
   struct Lease {
     ObjectStore::Pin pin;
     SendDone done;
     std::unique_ptr<boost::asio::steady_timer> timer;
     std::vector<std::shared_ptr<Region>> regions;  // per segment; null for empty tensors
     wire::Grant grant;                             // sent once every window is bound
-    std::vector<MwHandle> windows;                 // per segment (null: nothing to bind)
+    std::vector<Bind> binds;                       // with windows: one per extent
+    std::vector<MwHandle> windows;                 // one per bind
     std::vector<GrantMrHandle> registrations;      // per-grant registrations, if any
-    size_t next_bind = 0;                          // segments whose bind is posted
+    size_t next_bind = 0;                          // binds posted
     uint32_t binding = 0;                          // binds posted, not yet completed
   };
   // A lease that ended while binds of its windows were in flight: kept until those complete,
@@ -140,7 +149,7 @@ class RdmaChannel final : public TransportChannel,
   // True when nothing is in flight for it any more (see TransportChannel::abort).
   bool abort_fetch(uint64_t request_id);
   // Pins the object for the lease and sends `grant` (one segment per tensor; region rkeys
-  // filled in with region grants). With memory windows, first binds one window per segment to
+  // filled in with region grants). With memory windows, first binds one window per extent to
   // this queue pair; with per-grant registrations, registers each segment in this queue pair's
   // protection domain; either way the grant carries their rkeys: the peer can READ only the
   // granted ranges, only over this queue pair, only until the lease ends. `done` runs once,
@@ -169,7 +178,8 @@ class RdmaChannel final : public TransportChannel,
   void post_binds();
   void on_bound(uint64_t request_id);
   void send_grant(uint64_t request_id, const wire::Grant& grant);
-  // Registers each segment of `lease.grant` in pd_ and puts the rkeys in it; false (logged) if
+  // Registers each segment of `lease.grant` in pd_, in pieces of at most the device's largest
+  // registration, and puts the rkeys in it; false (logged) if
   // one fails.
   bool register_segments(Lease& lease);
   // A completion error or a failed post: the QP is unusable. Fails this channel's fetches and

@@ -299,7 +299,7 @@ bool register_rdma_transport() {
         kTransportName, {"cpu"},
         [](const TransportEnv& env,
            const RdmaOptions& options) -> Result<std::shared_ptr<TransportManager>> {
-          auto devices = Device::open_all(options.grants);
+          auto devices = Device::open_all(options.grants, options.max_registration);
           if (devices.empty()) return make_error_code(errc::device_error);
           return std::shared_ptr<TransportManager>(
               std::make_shared<RdmaTransport>(env, options, std::move(devices)));
