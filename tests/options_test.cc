@@ -54,7 +54,7 @@ TEST(ContextOptions, FromEnvironmentReadsEveryVariable) {
       ca("FERRY_TLS_CA", "/certs/ca.pem"), pool("FERRY_POOL_BYTES", "512M"),
       congestion("FERRY_TCP_CONGESTION", "cubic"), grants("FERRY_RDMA_GRANTS", "registrations"),
       cma("FERRY_CMA_PREFERRED", "1"), populate("FERRY_POOL_POPULATE_THREADS", "12"),
-      spin("FERRY_IO_SPIN_US", "250");
+      spin("FERRY_IO_SPIN_US", "250"), max_mr("FERRY_RDMA_MAX_REGISTRATION", "256M");
   const ContextOptions o = ContextOptions::from_environment();
   EXPECT_EQ(o.idle_spin, std::chrono::microseconds(250));
   EXPECT_EQ(o.transport, "TCP");
@@ -69,9 +69,12 @@ TEST(ContextOptions, FromEnvironmentReadsEveryVariable) {
   EXPECT_EQ(tcp::TcpOptions::from_environment().congestion, "cubic");
   EXPECT_TRUE(o.transport_options_for<cma::CmaOptions>(cma::kTransportName).preferred);
   EXPECT_EQ(rdma::RdmaOptions::from_environment().grants, rdma::RdmaGrants::registrations);
+  EXPECT_EQ(rdma::RdmaOptions::from_environment().max_registration, size_t{256} << 20);
   if (registered(rdma::kRdmaTransportName)) {  // a build with RDMA support
     EXPECT_EQ(o.transport_options_for<rdma::RdmaOptions>(rdma::kRdmaTransportName).grants,
               rdma::RdmaGrants::registrations);
+    EXPECT_EQ(o.transport_options_for<rdma::RdmaOptions>(rdma::kRdmaTransportName).max_registration,
+              size_t{256} << 20);
   }
 }
 
@@ -98,6 +101,10 @@ TEST(ContextOptions, FromEnvironmentKeepsTheDefaultForWhatItCannotUse) {
   {
     ScopedEnv transport("FERRY_TRANSPORT", nullptr), pool("FERRY_POOL_BYTES", "lots"),
         grants("FERRY_RDMA_GRANTS", "sometimes"), cma("FERRY_CMA_PREFERRED", "perhaps");
+    for (const char* bad : {"big", "1T", "-5", "4 M", "99999999999999999999G", ""}) {
+      ScopedEnv max_mr("FERRY_RDMA_MAX_REGISTRATION", bad);
+      EXPECT_EQ(rdma::RdmaOptions::from_environment().max_registration, 0u) << bad;
+    }
     const ContextOptions o = ContextOptions::from_environment();
     for (const char* bad : {"0", "many", "4x", "257", "-1"}) {
       ScopedEnv populate("FERRY_POOL_POPULATE_THREADS", bad);

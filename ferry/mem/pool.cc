@@ -631,23 +631,26 @@ std::span<std::byte> Pool::region_of(const void* p, size_t len) const noexcept {
 
 PoolCounters Pool::counters() const noexcept { return state_->counters(); }
 
-size_t pool_cap_from_env(size_t fallback) {
-  const char* v = std::getenv("FERRY_POOL_BYTES");
-  if (!v || !*v) return fallback;
-  const std::string_view text(v);
+std::optional<size_t> parse_byte_count(std::string_view text) {
   size_t n = 0;
   auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), n);
-  if (ec != std::errc()) return fallback;
+  if (ec != std::errc() || end == text.data()) return std::nullopt;
   const std::string_view suffix(end, text.data() + text.size() - end);
   constexpr std::string_view kSuffixes = "kKmMgG";  // powers of 1024, either case
   int shift = 0;
   if (!suffix.empty()) {
     const size_t at = suffix.size() == 1 ? kSuffixes.find(suffix[0]) : std::string_view::npos;
-    if (at == std::string_view::npos) return fallback;
+    if (at == std::string_view::npos) return std::nullopt;
     shift = 10 * static_cast<int>(at / 2 + 1);
   }
-  if (n > (SIZE_MAX >> shift)) return fallback;
+  if (n > (SIZE_MAX >> shift)) return std::nullopt;
   return n << shift;
+}
+
+size_t pool_cap_from_env(size_t fallback) {
+  const char* v = std::getenv("FERRY_POOL_BYTES");
+  if (!v || !*v) return fallback;
+  return parse_byte_count(v).value_or(fallback);
 }
 
 }  // namespace ferry::mem

@@ -26,7 +26,9 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
+#include <string_view>
 
 /// Receive memory: the recycled, pre-faulted Pool behind ContextOptions::pool_bytes.
 namespace ferry::mem {
@@ -155,8 +157,12 @@ class Pool {
   std::shared_ptr<detail::PoolState> state_;
 };
 
-/// $FERRY_POOL_BYTES as a byte count: digits, optionally followed by K, M or G (either case;
-/// powers of 1024). `fallback` when unset, empty or not parsable (the caller logs that).
+/// A byte count written as digits, optionally followed by K, M or G (either case; powers of
+/// 1024): "1073741824", "1G". nullopt for anything else, and for a count that does not fit.
+std::optional<size_t> parse_byte_count(std::string_view text);
+
+/// $FERRY_POOL_BYTES as a byte count (parse_byte_count). `fallback` when unset, empty or not
+/// parsable (the caller logs that).
 size_t pool_cap_from_env(size_t fallback);
 
 }  // namespace ferry::mem

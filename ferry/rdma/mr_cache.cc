@@ -75,8 +75,8 @@ Result<std::shared_ptr<Region>> MrCache::acquire(const void* addr, size_t len,
   // One registration per chunk; a failure releases those made before it.
   std::vector<MrHandle> mrs;
   uint64_t ns = 0;
-  for (uintptr_t at = begin; at < end; at += shared_->chunk) {
-    const uintptr_t len = std::min<uintptr_t>(shared_->chunk, end - at);
+  for (uintptr_t at = begin, len = 0; at < end; at += len) {
+    len = std::min<uintptr_t>(shared_->chunk, end - at);
     uint64_t took = 0;
     MrHandle mr(
         reg_mr_timed(shared_->pd, reinterpret_cast<const void*>(at), len, shared_->access, took));

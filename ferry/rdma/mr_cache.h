@@ -24,6 +24,14 @@ namespace ferry::rdma {
 
 class MrCache;
 
+// Where the chunk holding `addr` ends, for memory [begin, end) in chunks of `chunk` bytes from
+// `begin` (begin <= addr < end): the next chunk's start, or `end`. Computed from offsets, so any
+// `chunk` works, SIZE_MAX included (a device that advertises no limit).
+constexpr uintptr_t chunk_end(uintptr_t begin, uintptr_t end, uintptr_t chunk, uintptr_t addr) {
+  const uintptr_t left_in_chunk = chunk - (addr - begin) % chunk;
+  return left_in_chunk < end - addr ? addr + left_in_chunk : end;
+}
+
 // A registered range [begin, end), in one registration per chunk: chunk k covers
 // [begin + k * chunk, begin + (k + 1) * chunk), the last one up to end. Deregistered when the
 // last reference goes.
@@ -36,10 +44,7 @@ class Region {
   uint32_t lkey_at(uintptr_t addr) const { return mr_at(addr)->lkey; }
   uint32_t rkey_at(uintptr_t addr) const { return mr_at(addr)->rkey; }
   // Where the registration holding `addr` ends: a work request on [addr, x) needs x <= this.
-  uintptr_t chunk_end(uintptr_t addr) const {
-    const uintptr_t next = begin_ + ((addr - begin_) / chunk_ + 1) * chunk_;
-    return next < end_ ? next : end_;
-  }
+  uintptr_t chunk_end(uintptr_t addr) const { return rdma::chunk_end(begin_, end_, chunk_, addr); }
   size_t registrations() const { return mrs_.size(); }
   uintptr_t begin() const { return begin_; }
   uintptr_t end() const { return end_; }
@@ -47,6 +52,14 @@ class Region {
 
  private:
   friend class MrCache;
+
+  // Where the chunk holding `addr` ends, for memory [begin, end) in chunks of `chunk` bytes from
+  // `begin` (begin <= addr < end): the next chunk's start, or `end`. Computed from offsets, so any
+  // `chunk` works, SIZE_MAX included (a device that advertises no limit).
+  constexpr uintptr_t chunk_end(uintptr_t begin, uintptr_t end, uintptr_t chunk, uintptr_t addr) {
+    const uintptr_t left_in_chunk = chunk - (addr - begin) % chunk;
+    return left_in_chunk < end - addr ? addr + left_in_chunk : end;
+  }
   struct Shared;
   Region(std::shared_ptr<Shared> shared, std::vector<MrHandle> mrs, uintptr_t begin, uintptr_t end,
          uintptr_t chunk);

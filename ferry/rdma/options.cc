@@ -3,6 +3,7 @@
 #include <string>
 #include <utility>
 
+#include "ferry/mem/pool.h"
 #include "ferry/net/log.h"
 #include "ferry/net/system/env.h"
 
@@ -34,12 +35,23 @@ const char* rdma_grants_name(RdmaGrants grants) {
 
 RdmaOptions RdmaOptions::from_environment() {
   RdmaOptions o;
-  const std::string v = env_text("FERRY_RDMA_GRANTS");
-  if (v.empty()) return o;
-  if (auto g = parse_rdma_grants(v)) {
-    o.grants = *g;
-  } else {
-    FERRY_LOG_WARN("FERRY_RDMA_GRANTS={} is not auto, windows, registrations or regions: auto", v);
+  if (const std::string v = env_text("FERRY_RDMA_GRANTS"); !v.empty()) {
+    if (auto g = parse_rdma_grants(v)) {
+      o.grants = *g;
+    } else {
+      FERRY_LOG_WARN("FERRY_RDMA_GRANTS={} is not auto, windows, registrations or regions: auto",
+                     v);
+    }
+  }
+  if (const std::string v = env_text("FERRY_RDMA_MAX_REGISTRATION"); !v.empty()) {
+    if (auto bytes = mem::parse_byte_count(v)) {
+      o.max_registration = *bytes;
+    } else {
+      FERRY_LOG_WARN(
+          "FERRY_RDMA_MAX_REGISTRATION={} is not a byte count (such as 268435456 or 256M): the "
+          "device's own limit",
+          v);
+    }
   }
   return o;
 }

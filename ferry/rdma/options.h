@@ -52,10 +52,13 @@ struct RdmaOptions {
   /// fetcher's target, a receive pool region) is registered in chunks of it, and READs never
   /// cross a chunk. 0: the device's own limit (its max_mr_size; 256 MiB on soft-RoCE, which
   /// advertises none but refuses a registration over 1 GiB). Rounded up to whole pages.
+  /// $FERRY_RDMA_MAX_REGISTRATION sets it (a byte count: "268435456", "256M").
   size_t max_registration = 0;
 
   /// The defaults with what the environment sets: `grants` from $FERRY_RDMA_GRANTS
-  /// (parse_rdma_grants(); a value that is not a mode is logged and automatic kept).
+  /// (parse_rdma_grants(); a value that is not a mode is logged and automatic kept) and
+  /// `max_registration` from $FERRY_RDMA_MAX_REGISTRATION (mem::parse_byte_count(); a value that
+  /// is not a byte count is logged and 0 kept).
   /// ContextOptions::from_environment() calls it (the transport registers it).
   static RdmaOptions from_environment();
 };

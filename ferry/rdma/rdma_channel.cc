@@ -616,8 +616,8 @@ void RdmaChannel::grant(uint64_t request_id, ObjectStore::Pin pin,
 bool RdmaChannel::register_segments(Lease& lease) {
   const uint64_t most = device_->max_registration();
   for (auto& seg : *lease.grant.mutable_segments()) {
-    for (uint64_t off = 0; off < seg.length(); off += most) {
-      const uint64_t length = std::min(most, seg.length() - off);
+    for (uint64_t off = 0, length = 0; off < seg.length(); off += length) {
+      length = std::min(most, seg.length() - off);
       auto mr = device_->register_grant(pd_, reinterpret_cast<const void*>(seg.addr() + off),
                                         static_cast<size_t>(length));
       if (!mr) return false;
