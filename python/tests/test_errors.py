@@ -209,6 +209,10 @@ def test_bad_context_options():
     with pytest.raises(ValueError):
         ferry.Context(rdma_grants="sometimes")
     with pytest.raises(ValueError):
+        ferry.Context(rdma_max_registration=-1)
+    with pytest.raises(ValueError):
+        ferry.Context(rdma_max_registration=1.5)
+    with pytest.raises(ValueError):
         ferry.Context(connect_timeout=-1)
     with pytest.raises(ferry.FerryError):
         ferry.Context(transports=["no-such-transport"])
