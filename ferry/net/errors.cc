@@ -43,7 +43,7 @@ class FerryCategory final : public std::error_category {
       case errc::handshake_failed:
         return "handshake failed";
       case errc::peer_unresponsive:
-        return "peer stopped answering heartbeats";
+        return "peer unresponsive past the peer timeout";
       case errc::transport_unavailable:
         return "transport not available on both sides";
       case errc::auth_failed:

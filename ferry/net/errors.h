@@ -36,7 +36,9 @@ enum class errc {
   version_mismatch = 24,   ///< the peer speaks another protocol version (kProtocolVersion)
   handshake_failed = 25,   ///< the handshake (Hello / HelloAnswer, a side connection's) did not
                            ///< complete in time or was refused
-  peer_unresponsive = 26,  ///< the peer stopped answering heartbeats (ContextOptions::peer_timeout)
+  /// the peer stopped responding for longer than ContextOptions::peer_timeout: no heartbeat
+  /// answered, its control channel not read, or an RDMA queue pair's READs not completing
+  peer_unresponsive = 26,
   transport_unavailable = 27,  ///< no transport both sides have (or the one asked for is missing)
   auth_failed = 28,   ///< shared secret missing or wrong on one side (ContextOptions::secret)
   tls_failed = 29,    ///< TLS handshake failed: certificate not trusted, or the peer has no TLS
