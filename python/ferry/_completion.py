@@ -6,13 +6,16 @@ with the GIL released and, with the GIL held, resolves fetch futures (running th
 done-callbacks) and drops the Python objects ferry held (the arrays behind collected puts).
 
 At interpreter exit (atexit) every open Context is closed, which fails the fetches still in
-flight with ContextClosedError; the thread resolves them, then stops. Both steps are bounded.
+flight with ContextClosedError; the thread resolves them, then stops, and the threads still
+inside ferry calls (a daemon thread waiting on a fetch or a collective) leave them. Each step is
+bounded.
 """
 
 import atexit
 import logging
 import os
 import threading
+import time
 import weakref
 
 from . import _ferry
@@ -97,6 +100,15 @@ def _shutdown():
         if thread.is_alive():
             _log.warning("ferry: completion thread still busy %.0f s after exit began "
                          "(a done-callback that blocks?)", EXIT_TIMEOUT)
+    # Threads (daemon ones) still inside ferry calls leave them now that their contexts are
+    # closed, once they have the GIL back: let them, before the interpreter stops daemon
+    # threads, which would end one inside C++ and abort the process.
+    deadline = time.monotonic() + EXIT_TIMEOUT
+    while _ferry._threads_in_native() > 0 and time.monotonic() < deadline:
+        time.sleep(0.001)
+    if _ferry._threads_in_native() > 0:
+        _log.warning("ferry: %d threads still inside ferry calls %.0f s after exit began",
+                     _ferry._threads_in_native(), EXIT_TIMEOUT)
 
 
 def _after_fork_in_child():

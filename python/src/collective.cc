@@ -44,19 +44,13 @@ using collective::Service;
 using collective::Status;
 using collective::Submitted;
 
-template <typename F>
-auto without_gil(F&& f) {
-  py::gil_scoped_release nogil;
-  return f();
-}
-
 // Drops `p` (whose destructor may block) without the GIL when this thread holds it. `p` is
 // emptied first, with the GIL still held: other threads read it with the GIL held.
 template <typename P>
 void reset_without_gil(P& p) {
   auto gone = std::move(p);
   if (Py_IsInitialized() && PyGILState_Check()) {
-    py::gil_scoped_release nogil;
+    NativeCall nogil;
     gone.reset();
   }
 }
@@ -275,7 +269,7 @@ class ServiceHandle {
   void stop() {
     if (!joined_) return;
     auto joined = std::move(joined_);
-    py::gil_scoped_release nogil;
+    NativeCall nogil;
     service_.reset();
     {
       std::lock_guard lock(joined->mu);

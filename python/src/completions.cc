@@ -95,7 +95,7 @@ CompletionQueue& queue() { return *g_queue; }
 py::object wait_completions() {
   std::deque<Completion> items;
   {
-    py::gil_scoped_release nogil;
+    NativeCall nogil;
     items = queue().take();
   }
   if (items.empty()) return py::none();
@@ -128,6 +128,9 @@ void bind_completions(py::module_& m) {
   m.def(
       "_completion_counts", [] { return queue().counts(); },
       "(items queued now, items queued since start): for tests.");
+  m.def(
+      "_threads_in_native", [] { return threads_in_native.load(); },
+      "Threads now inside a ferry call that let the GIL go (the exit hook waits for none).");
 }
 
 }  // namespace ferry::python

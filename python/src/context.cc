@@ -37,11 +37,6 @@ namespace ferry::python {
 namespace {
 
 // Runs f() with the GIL released; its result is used after the GIL is back.
-template <typename F>
-auto without_gil(F&& f) {
-  py::gil_scoped_release nogil;
-  return f();
-}
 
 tcp::TcpOptions& tcp_options(ContextOptions& o) {
   return o.transport_options_for<tcp::TcpOptions>(tcp::kTransportName);
@@ -315,13 +310,13 @@ class ContextHandle {
 
   bool release(const ObjectRef& ref) {
     auto c = ctx();
-    py::gil_scoped_release nogil;
+    NativeCall nogil;
     return c->release(ref);
   }
 
   bool abort_serving(const ObjectRef& ref) {
     auto c = ctx();
-    py::gil_scoped_release nogil;
+    NativeCall nogil;
     return c->abort_serving(ref);
   }
 
@@ -346,7 +341,7 @@ class ContextHandle {
       return;
     }
     auto ctx = std::move(ctx_);  // from here other calls raise context_closed
-    py::gil_scoped_release nogil;
+    NativeCall nogil;
     shut(std::move(ctx));
   }
   bool closed() const { return !ctx_; }

@@ -229,7 +229,7 @@ NativeFetch start_fetch(const Peer& peer, const std::shared_ptr<InflightFetches>
     if (auto in = weak.lock()) in->remove(key);
   };
   try {
-    std::optional<py::gil_scoped_release> nogil;
+    std::optional<NativeCall> nogil;
     if (targets.empty()) nogil.emplace();  // taking the receive memory may fault a new region in
     auto request = peer.fetch(std::move(ref), std::move(targets), std::move(options),
                               FetchHandler(std::move(handler)));
@@ -266,7 +266,7 @@ void bind_fetch(py::module_& m) {
             for (;;) {
               PendingFetch::WaitResult r;
               {
-                py::gil_scoped_release nogil;
+                NativeCall nogil;
                 r = f.pending->wait(deadline, f.wait_mode);
               }
               // Other fetches' callbacks run here, on this thread; then this one's. An
