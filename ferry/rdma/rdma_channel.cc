@@ -6,7 +6,6 @@
 #include <boost/asio/bind_executor.hpp>
 #include <boost/asio/post.hpp>
 #include <cstring>
-#include <optional>
 #include <random>
 
 #include "ferry/net/core/guard.h"
@@ -41,41 +40,46 @@ struct Extent {
   int piece;  // -1: the segment's own rkey
 };
 
-// `seg`'s extents in address order; nullopt when its pieces do not add up to its length or one
-// is empty (a malformed grant).
-std::optional<std::vector<Extent>> extents_of(const wire::Segment& seg) {
-  std::vector<Extent> out;
-  if (seg.pieces_size() == 0) {
-    if (seg.length() > 0) out.push_back({seg.addr(), seg.length(), seg.rkey(), -1});
-    return out;
-  }
-  uint64_t at = seg.addr();
+// Whether `seg`'s pieces, if it has any, are all non-empty and add up to its length (else the
+// grant is malformed).
+bool pieces_cover(const wire::Segment& seg) {
   uint64_t left = seg.length();
-  for (int i = 0; i < seg.pieces_size(); ++i) {
-    const auto& p = seg.pieces(i);
-    if (p.length() == 0 || p.length() > left) return std::nullopt;
-    out.push_back({at, p.length(), p.rkey(), i});
-    at += p.length();
+  for (const auto& p : seg.pieces()) {
+    if (p.length() == 0 || p.length() > left) return false;
     left -= p.length();
   }
-  if (left != 0) return std::nullopt;
-  return out;
+  return seg.pieces_size() == 0 || left == 0;
+}
+
+// Calls `fn(Extent)` for each extent of `seg` in address order (pieces_cover(seg) holds).
+template <typename Fn>
+void for_each_extent(const wire::Segment& seg, Fn&& fn) {
+  if (seg.pieces_size() == 0) {
+    if (seg.length() > 0) fn(Extent{seg.addr(), seg.length(), seg.rkey(), -1});
+    return;
+  }
+  uint64_t at = seg.addr();
+  for (int i = 0; i < seg.pieces_size(); ++i) {
+    fn(Extent{at, seg.pieces(i).length(), seg.pieces(i).rkey(), i});
+    at += seg.pieces(i).length();
+  }
+}
+
+// Adds to `seg` the extent of `length` bytes that `rkey` opens, next after those it has: its own
+// rkey when that extent is the whole segment, else a piece.
+void add_extent(wire::Segment& seg, uint64_t length, uint32_t rkey) {
+  if (length == seg.length()) return seg.set_rkey(rkey);
+  auto* piece = seg.add_pieces();
+  piece->set_length(length);
+  piece->set_rkey(rkey);
 }
 
 // Sets `seg`'s rkey from `region`, or its pieces, one per registration of `region` it spans.
 void describe(wire::Segment& seg, const Region& region) {
-  const uintptr_t begin = seg.addr();
-  const uintptr_t end = begin + seg.length();
-  if (region.chunk_end(begin) >= end) {
-    seg.set_rkey(region.rkey_at(begin));
-    return;
-  }
-  seg.set_rkey(0);
-  for (uintptr_t at = begin; at < end;) {
+  const uintptr_t end = seg.addr() + seg.length();
+  for (uintptr_t at = seg.addr(); at < end;) {
     const uintptr_t next = std::min(region.chunk_end(at), end);
-    auto* piece = seg.add_pieces();
-    piece->set_length(next - at);
-    piece->set_rkey(region.rkey_at(at));
+    add_extent(seg, next - at, region.rkey_at(at));
     at = next;
   }
 }
@@ -361,13 +365,10 @@ void RdmaChannel::on_grant(uint64_t request_id, const wire::Grant& grant) {
   auto& f = it->second;
   f.granted = true;
   const auto& targets = f.op.targets;
-  std::vector<std::vector<Extent>> extents;
   bool ok = static_cast<size_t>(grant.segments_size()) == targets.size();
   for (size_t i = 0; ok && i < targets.size(); ++i) {
     const auto& seg = grant.segments(static_cast<int>(i));
-    auto e = extents_of(seg);
-    ok = seg.length() == targets[i].size() && e.has_value();
-    if (ok) extents.push_back(std::move(*e));
+    ok = seg.length() == targets[i].size() && pieces_cover(seg);
   }
   if (!ok) {
     FERRY_LOG_WARN("rdma: grant for request {} does not match its targets", request_id);
@@ -380,25 +381,31 @@ void RdmaChannel::on_grant(uint64_t request_id, const wire::Grant& grant) {
   const uint64_t chunk = std::min<uint64_t>(kReadChunk, address_.max_msg);
   for (size_t i = 0; i < targets.size(); ++i) {
     const auto base = reinterpret_cast<uintptr_t>(targets[i].data());
+    const Region* region = f.regions[i].get();
     uint64_t offset = 0;  // of the extent in the segment
-    for (Extent e : extents[i]) {
+    bool held = false;
+    for_each_extent(grant.segments(static_cast<int>(i)), [&](Extent e) {
+      if (held) return;
       if (options_.hooks && options_.hooks->armed.load(std::memory_order_acquire)) {
         std::lock_guard lock(options_.hooks->mu);
         if (options_.hooks->tamper && !options_.hooks->tamper(e.addr, e.rkey, e.length)) {
-          f.reads.clear();
-          return;  // held: ends by its deadline or an abort
+          held = true;
+          return;
         }
       }
-      const Region& region = *f.regions[i];
       for (uint64_t off = 0; off < e.length;) {
         const uintptr_t local = base + offset + off;
         const uint64_t length = std::min(
-            {chunk, e.length - off, static_cast<uint64_t>(region.chunk_end(local) - local)});
-        f.reads.push_back(Read{local, region.lkey_at(local), e.addr + off, e.rkey,
+            {chunk, e.length - off, static_cast<uint64_t>(region->chunk_end(local) - local)});
+        f.reads.push_back(Read{local, region->lkey_at(local), e.addr + off, e.rkey,
                                static_cast<uint32_t>(length)});
         off += length;
       }
       offset += e.length;
+    });
+    if (held) {
+      f.reads.clear();
+      return;  // held: ends by its deadline or an abort
     }
   }
   if (f.reads.empty()) {
@@ -592,10 +599,9 @@ void RdmaChannel::grant(uint64_t request_id, ObjectStore::Pin pin,
   lease.regions = std::move(regions);
   for (int i = 0; i < grant.segments_size(); ++i) {
     if (!lease.regions[i]) continue;
-    const auto extents = extents_of(grant.segments(i));  // describe()'s: well formed
-    for (const Extent& e : *extents) {
+    for_each_extent(grant.segments(i), [&](const Extent& e) {  // describe()'s: well formed
       lease.binds.push_back(Bind{i, e.piece, lease.regions[i]->mr_at(e.addr), e.addr, e.length});
-    }
+    });
   }
   for (size_t i = 0; i < lease.binds.size(); ++i) {
     lease.windows.push_back(device_->alloc_window());
@@ -621,13 +627,7 @@ bool RdmaChannel::register_segments(Lease& lease) {
       auto mr = device_->register_grant(pd_, reinterpret_cast<const void*>(seg.addr() + off),
                                         static_cast<size_t>(length));
       if (!mr) return false;
-      if (length == seg.length()) {
-        seg.set_rkey((*mr)->rkey);
-      } else {
-        auto* piece = seg.add_pieces();
-        piece->set_length(length);
-        piece->set_rkey((*mr)->rkey);
-      }
+      add_extent(seg, length, (*mr)->rkey);
       lease.registrations.push_back(std::move(*mr));
     }
   }
