@@ -203,7 +203,7 @@ class FakeSessionLink : public SessionLink, public PeerLink {
     return it == channels.end() ? nullptr : it->second;
   }
   void complete_fetch(uint64_t, std::error_code) override {}
-  void restart_fetch(uint64_t, std::error_code) override {}
+  void restart_fetch(uint64_t, std::error_code, uint64_t) override {}
   void fail(std::error_code) override {}
   bool install_channel(std::string_view, std::shared_ptr<TransportChannel>) override {
     return false;

@@ -88,7 +88,7 @@ struct FetchTableTest : ::testing::Test {
     auto s = state();
     start(s, target);
     s->add_landed(8);
-    table.restart(1, errc::device_error);
+    table.restart(1, errc::device_error, 0);
     EXPECT_FALSE(s->done());
     EXPECT_EQ(table.size(), 0u);  // between channels
     meanwhile();
@@ -292,7 +292,7 @@ TEST_F(FetchTableTest, ARestartWhoseChannelOpenThrowsIsCompletedWhenTheSessionEn
   link.add_transport(one_sided, true);
   auto s = state();
   start(s, target);
-  table.restart(1, errc::device_error);
+  table.restart(1, errc::device_error, 0);
   link.channels.clear();
   link.channel_open_throws = true;
   EXPECT_THROW(link.run_posted(), std::bad_alloc);
@@ -306,12 +306,12 @@ TEST_F(FetchTableTest, RestartsAreBounded) {
   auto s = state();
   start(s, target);
   for (uint32_t i = 0; i < kMaxFetchRestarts; ++i) {
-    table.restart(one_sided->fetches.back().request_id, errc::device_error);
+    table.restart(one_sided->fetches.back().request_id, errc::device_error, 0);
     link.run_posted();
   }
   EXPECT_EQ(s->result().restarts, kMaxFetchRestarts);
   ASSERT_FALSE(s->done());
-  table.restart(one_sided->fetches.back().request_id, errc::device_error);
+  table.restart(one_sided->fetches.back().request_id, errc::device_error, 0);
   EXPECT_EQ(s->outcome(), std::error_code(errc::device_error));
 }
 
@@ -344,7 +344,7 @@ TEST_F(FetchTableTest, ATransportThatCombinesGetsTheCombineAndIsNotRestarted) {
   ASSERT_EQ(streaming->fetches.size(), 1u);
   EXPECT_TRUE(streaming->fetches[0].combine);
   EXPECT_EQ(streaming->fetches[0].targets[0].data(), target.data());
-  table.restart(1, errc::device_error);  // bytes may have been combined already
+  table.restart(1, errc::device_error, 0);  // bytes may have been combined already
   EXPECT_EQ(s->outcome(), std::error_code(errc::device_error));
 }
 

@@ -5,6 +5,7 @@
 // broken under READs) are tested in the guest (rdma_test.cc, collective_test.cc).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <boost/asio/post.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <cstring>
@@ -27,9 +28,15 @@ struct Board {
   std::chrono::milliseconds reopen_delay{0};  // before a channel after the first one is ready
   int opens = 0;
   std::vector<uint64_t> request_ids;  // of every fetch handed to the transport
+  std::vector<uint64_t> resume_ats;   // FetchOp::resume_at of each
+  // With `source` (the object's bytes, one tensor): each break first lands `step` more bytes of
+  // it into the target and reports them landed, as a queue pair that completed some READs.
+  std::shared_ptr<std::vector<std::byte>> source;
+  uint64_t step = 0;
   struct Waiting {
     std::shared_ptr<PeerLink> link;
     std::vector<MutableBuffer> targets;
+    uint64_t resume_at = 0;
   };
   std::map<uint64_t, Waiting> waiting;  // fetches the owner's grant completes
 };
@@ -46,19 +53,27 @@ class FlakyChannel final : public TransportChannel {
     if (!link) return make_error_code(errc::peer_closed);
     std::lock_guard lock(board_->mu);
     board_->request_ids.push_back(op.request_id);
+    board_->resume_ats.push_back(op.resume_at);
     if (board_->breaks > 0) {
       --board_->breaks;
+      uint64_t landed = 0;
+      if (board_->source) {
+        landed = std::min<uint64_t>(op.resume_at + board_->step, board_->source->size());
+        std::memcpy(op.targets[0].data() + op.resume_at, board_->source->data() + op.resume_at,
+                    landed - op.resume_at);
+      }
       // As RdmaChannel::fail does: restart, then drop the channel.
-      boost::asio::post(link->strand(), [l = link, id = op.request_id] {
-        l->restart_fetch(id, make_error_code(errc::peer_unresponsive));
+      boost::asio::post(link->strand(), [l = link, id = op.request_id, landed] {
+        l->restart_fetch(id, make_error_code(errc::peer_unresponsive), landed);
         l->drop_channel(kFlaky, make_error_code(errc::peer_unresponsive));
       });
     } else if (!board_->hold) {
-      board_->waiting[op.request_id] = {link, op.targets};
+      board_->waiting[op.request_id] = {link, op.targets, op.resume_at};
     }
     return op.request;
   }
-  // Owner side: copies the object into the fetcher's targets and completes its fetch there.
+  // Owner side: copies the object into the fetcher's targets (past the bytes an earlier attempt
+  // left there, counted over the tensors in order) and completes its fetch there.
   void send_multiple(uint64_t request_id, ObjectStore::Pin pin, SendDone done) override {
     Board::Waiting w;
     {
@@ -69,8 +84,12 @@ class FlakyChannel final : public TransportChannel {
       board_->waiting.erase(it);
     }
     const auto& tensors = pin.object().tensors;
+    uint64_t skip = w.resume_at;
     for (size_t i = 0; i < tensors.size(); ++i) {
-      std::memcpy(w.targets[i].data(), tensors[i].data.data(), tensors[i].data.size());
+      const uint64_t from = std::min<uint64_t>(skip, tensors[i].data.size());
+      skip -= from;
+      std::memcpy(w.targets[i].data() + from, tensors[i].data.data() + from,
+                  tensors[i].data.size() - from);
     }
     boost::asio::post(w.link->strand(),
                       [l = w.link, request_id] { l->complete_fetch(request_id, {}); });
@@ -180,6 +199,71 @@ TEST(FetchRestarts, GivesUpWithTheChannelsErrorAfterThreeRestarts) {
   auto req = f.peer.fetch(ref, {}, f.options);
   EXPECT_EQ(req.wait(scaled(10s)), errc::peer_unresponsive);
   EXPECT_EQ(f.on_board([](Board& b) { return b.request_ids.size(); }), 1u + kMaxFetchRestarts);
+}
+
+// Each attempt lands a tenth of the object before its channel breaks: every restart resumes
+// after the bytes the attempts before it left (the owner's last "grant" copies only the rest),
+// and, each having made progress, the fetch goes on past kMaxFetchRestarts restarts.
+TEST(FetchRestarts, AnAttemptThatLandedBytesIsResumedAfterThemAndNotCountedAgainstTheLimit) {
+  Fixture f;
+  auto data = make_pattern(100'000, 12);
+  auto ref = f.server->put(data);
+  constexpr int kBreaks = 2 * kMaxFetchRestarts;
+  f.on_board([&](Board& b) {
+    b.breaks = kBreaks;
+    b.source = data;
+    b.step = 10'000;
+  });
+  std::vector<std::byte> target(data->size(), std::byte{0});
+  auto req = f.peer.fetch(ref, {target}, f.options);
+  ASSERT_FALSE(req.wait(scaled(10s))) << req.wait(0s).message();
+  EXPECT_EQ(req.result().restarts, static_cast<uint32_t>(kBreaks));
+  EXPECT_TRUE(same_bytes(target, *data));
+  EXPECT_EQ(req.bytes_landed(), data->size());
+  const auto resumed = f.on_board([](Board& b) { return b.resume_ats; });
+  ASSERT_EQ(resumed.size(), kBreaks + 1u);
+  for (size_t i = 0; i < resumed.size(); ++i) {
+    EXPECT_EQ(resumed[i], i * 10'000) << "attempt " << i << " resumed elsewhere";
+  }
+}
+
+// Without progress the count runs on from an attempt that made some: the fetch fails after
+// kMaxFetchRestarts fruitless restarts in a row.
+TEST(FetchRestarts, FruitlessRestartsAfterProgressAreStillBounded) {
+  Fixture f;
+  auto data = make_pattern(100'000, 13);
+  auto ref = f.server->put(data);
+  f.on_board([&](Board& b) {
+    b.breaks = 100;
+    b.source = data;
+    b.step = 60'000;  // the first attempt lands 60 %, the second the rest, then nothing more
+  });
+  std::vector<std::byte> target(data->size());
+  auto req = f.peer.fetch(ref, {target}, f.options);
+  EXPECT_EQ(req.wait(scaled(10s)), errc::peer_unresponsive);
+  // Two attempts with progress, then 1 + kMaxFetchRestarts that land nothing new.
+  EXPECT_EQ(f.on_board([](Board& b) { return b.request_ids.size(); }), 3u + kMaxFetchRestarts);
+}
+
+// A ref by name may stand for another object by the next attempt: it is read whole again.
+TEST(FetchRestarts, AFetchByNameStartsAgainFromItsFirstByte) {
+  Fixture f;
+  auto data = make_pattern(50'000, 14);
+  PutOptions o;
+  o.name = "restart/by-name";
+  ASSERT_TRUE(f.server->ctx.put({Tensor::bytes(*data)}, data, o).ok());
+  f.on_board([&](Board& b) {
+    b.breaks = 2;
+    b.source = data;
+    b.step = 10'000;
+  });
+  std::vector<std::byte> target(data->size());
+  auto ref =
+      ObjectRef::named(f.server->address(), "restart/by-name", {TensorMeta::bytes(data->size())});
+  auto req = f.peer.fetch(ref, {target}, f.options);
+  ASSERT_FALSE(req.wait(scaled(10s))) << req.wait(0s).message();
+  EXPECT_TRUE(same_bytes(target, *data));
+  EXPECT_EQ(f.on_board([](Board& b) { return b.resume_ats; }), (std::vector<uint64_t>{0, 0, 0}));
 }
 
 // The bytes land in ferry's slots and are combined once, on success: a restart combines nothing

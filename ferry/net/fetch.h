@@ -35,13 +35,16 @@ struct FetchResult {
   std::string transport;                ///< the transport that moved the bytes
   uint64_t bytes = 0;                   ///< the object's size: every tensor's bytes
   std::chrono::nanoseconds elapsed{0};  ///< from the fetch's start to its completion
-  /// Times the fetch was started again because its data channel broke under it (at most
-  /// kMaxFetchRestarts; PeerLink::restart_fetch): 0 for almost every fetch.
+  /// Times the fetch was started again because its data channel broke under it
+  /// (PeerLink::restart_fetch; at most kMaxFetchRestarts in a row that brought no new bytes):
+  /// 0 for almost every fetch.
   uint32_t restarts = 0;
 };
 
-/// How many times one fetch is started again over a new data channel when its channel broke
-/// while its peer lives (a one-sided transport's queue pair flushed, stalled or reset).
+/// How many times in a row one fetch is started again over a new data channel when its channel
+/// broke while its peer lives (a one-sided transport's queue pair flushed, stalled or reset)
+/// without having landed a byte more than the attempt before. An attempt that made progress
+/// resumes where it stopped and starts the count again.
 inline constexpr uint32_t kMaxFetchRestarts = 3;
 
 /// FetchOptions::combine: gets a piece of a target and the bytes that arrived for it (the same
@@ -115,9 +118,9 @@ class FetchState {
   void set_abort_hook(std::function<void()> hook);
   void request_abort();
   // Bytes landed in the targets so far: transports add as they land (any thread), a restart
-  // starts again from 0, success sets the total.
+  // starts again from what its new attempt resumes at, success sets the total.
   void add_landed(uint64_t bytes) { landed_.fetch_add(bytes, std::memory_order_relaxed); }
-  void reset_landed() { landed_.store(0, std::memory_order_relaxed); }
+  void set_landed(uint64_t bytes) { landed_.store(bytes, std::memory_order_relaxed); }
   uint64_t landed() const { return landed_.load(std::memory_order_relaxed); }
 
  private:

@@ -70,6 +70,10 @@ struct FetchOp {
   FetchRequest request;                ///< the handle the caller holds; completed by the core
   /// FetchOptions::combine, for a transport that combines() (else empty: the core does it).
   CombineFn combine;
+  /// Bytes at the start of the object (its tensors in order) that an earlier attempt of this
+  /// fetch over the same transport left whole in the targets (PeerLink::restart_fetch's
+  /// `landed`): the transport reads only what follows them. 0 for a first attempt.
+  uint64_t resume_at = 0;
 };
 
 /// Called by the owner's channel when it has finished serving a request (any error ends it).
@@ -155,10 +159,15 @@ class PeerLink {
   /// started to). The transport has let go of the targets and ended the owner's lease (or the
   /// channel's end does). The session starts it again as a new request, over a new channel,
   /// while the peer's session is open, the fetch's deadline has not passed and it was started
-  /// again fewer than kMaxFetchRestarts times; otherwise it completes it with `ec`, as
-  /// complete_fetch would. Unknown or completed ids are ignored. Call it before dropping the
-  /// channel (drop_channel): the restart waits for a new one.
-  virtual void restart_fetch(uint64_t request_id, std::error_code ec) = 0;
+  /// again fewer than kMaxFetchRestarts times in a row without progress; otherwise it completes
+  /// it with `ec`, as complete_fetch would. `landed`: bytes at the start of the object (its
+  /// tensors in order, counted from the start of the object, not of this attempt) that are whole
+  /// in the targets and that nothing of the broken channel will touch again; the new attempt
+  /// gets them as FetchOp::resume_at and reads only the rest (0: everything again). A fetch of a
+  /// ref by name starts from 0 whatever `landed` says: the name may stand for another object by
+  /// then. Unknown or completed ids are ignored. Call it before dropping the channel
+  /// (drop_channel): the restart waits for a new one.
+  virtual void restart_fetch(uint64_t request_id, std::error_code ec, uint64_t landed) = 0;
 
   /// A peer-scope failure seen by the transport: closes the session; pending fetches fail.
   virtual void fail(std::error_code ec) = 0;

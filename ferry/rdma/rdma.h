@@ -58,4 +58,10 @@ using GrantTamper = std::function<bool(uint64_t& addr, uint32_t& rkey, uint64_t 
 /// thread.
 void set_grant_tamper(Context& ctx, GrantTamper tamper);
 
+/// Fault injection (tests): the next queue pair of `ctx`'s RDMA transport to complete `reads`
+/// more READs loses the completions of every READ after those, as rxe has been seen to under
+/// load: the pair goes on working and its data lands, but those READs never complete. Once, for
+/// one pair; does nothing when `ctx` has no RDMA transport. Any thread.
+void lose_read_completions_after(Context& ctx, uint32_t reads);
+
 }  // namespace ferry::rdma

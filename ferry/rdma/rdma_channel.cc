@@ -7,6 +7,7 @@
 #include <boost/asio/post.hpp>
 #include <cstring>
 #include <random>
+#include <utility>
 
 #include "ferry/net/core/guard.h"
 #include "ferry/net/errors.h"
@@ -30,6 +31,10 @@ constexpr auto kSafetyNet = std::chrono::seconds(1);
 // Work requests that bind memory windows carry the lease's request id with this bit set, apart
 // from the READs (which carry the fetch's request id; ids never reach it).
 constexpr uint64_t kBindBit = 1ull << 63;
+// The wr_id of a probe (post_probe): the bind bit with a request id no request reaches.
+constexpr uint64_t kProbe = kBindBit | (1ull << 62);
+// Safety-net ticks without a completion after which a probe goes out.
+constexpr unsigned kProbeAfter = 2;
 
 // One extent of a grant's segment that a single rkey opens: the segment itself, or one of its
 // pieces (wire::Segment.pieces).
@@ -239,6 +244,32 @@ void RdmaChannel::drain() {
       const ibv_wc& wc = wcs[i];
       ++completions_;
       if (in_flight_) --in_flight_;
+      if (wc.wr_id == kProbe) {
+        probing_ = false;
+        if (wc.status == IBV_WC_SUCCESS && probe_ahead_ > 0) {
+          FERRY_LOG_WARN(
+              "rdma: queue pair {} completed a probe but not the {} work requests posted before "
+              "it: the device lost their completions; treating the pair as broken",
+              qp_->qp_num, probe_ahead_);
+          fail(make_error_code(errc::device_error));
+          return;
+        }
+        if (wc.status != IBV_WC_SUCCESS) {
+          if (wc.status != IBV_WC_WR_FLUSH_ERR) {
+            FERRY_LOG_WARN("rdma: queue pair {}: probe failed: {}", qp_->qp_num,
+                           ibv_wc_status_str(wc.status));
+          }
+          fail(make_wc_error(wc.status));
+          return;
+        }
+        continue;
+      }
+      if (!(wc.wr_id & kBindBit) && wc.status == IBV_WC_SUCCESS && lose_completion()) {
+        ++in_flight_;  // as if the device never wrote it
+        --completions_;
+        continue;
+      }
+      if (probe_ahead_ > 0) --probe_ahead_;
       if (wc.wr_id & kBindBit) {
         if (wc.status != IBV_WC_SUCCESS) {
           if (wc.status != IBV_WC_WR_FLUSH_ERR) {
@@ -257,7 +288,10 @@ void RdmaChannel::drain() {
         const uint32_t length = it->second.posted_lengths.front();
         it->second.posted_lengths.pop_front();
         posted_bytes_ -= length;
-        if (wc.status == IBV_WC_SUCCESS) it->second.op.request.report_landed(length);
+        if (wc.status == IBV_WC_SUCCESS) {
+          it->second.landed += length;
+          it->second.op.request.report_landed(length);
+        }
       }
       if (wc.status != IBV_WC_SUCCESS) {
         if (wc.status != IBV_WC_WR_FLUSH_ERR) {
@@ -321,6 +355,7 @@ void RdmaChannel::arm_safety_net() {
           qp_->qp_num, idle_ticks_, in_flight_);
       return fail(make_error_code(errc::peer_unresponsive));
     }
+    if (idle_ticks_ == kProbeAfter) post_probe();
     if (idle_ticks_ % 5 == 2) {
       ibv_qp_attr a{};
       ibv_qp_init_attr init{};
@@ -333,6 +368,34 @@ void RdmaChannel::arm_safety_net() {
     }
     arm_safety_net();
   }));
+}
+
+bool RdmaChannel::lose_completion() {
+  if (lose_after_ == Hooks::kNever && options_.hooks) {
+    uint32_t after = options_.hooks->lose_after.load(std::memory_order_acquire);
+    if (after != Hooks::kNever &&
+        options_.hooks->lose_after.compare_exchange_strong(after, Hooks::kNever)) {
+      lose_after_ = after;
+    }
+  }
+  if (lose_after_ == Hooks::kNever) return false;
+  if (lose_after_ == 0) return true;
+  --lose_after_;
+  return false;
+}
+
+void RdmaChannel::post_probe() {
+  if (probing_ || closed_ || !connected_ || in_flight_ >= sq_depth_) return;
+  // Zero bytes need neither a local nor a remote key (IBTA C9-88): nothing is read.
+  ibv_send_wr wr{};
+  wr.wr_id = kProbe;
+  wr.opcode = IBV_WR_RDMA_READ;
+  wr.send_flags = IBV_SEND_SIGNALED;
+  ibv_send_wr* bad = nullptr;
+  if (ibv_post_send(qp_.get(), &wr, &bad) != 0) return;  // full: the stall bound still holds
+  probing_ = true;
+  probe_ahead_ = in_flight_;
+  ++in_flight_;
 }
 
 // ---------------------------------------------------------------- fetcher side
@@ -377,8 +440,10 @@ void RdmaChannel::on_grant(uint64_t request_id, const wire::Grant& grant) {
     return;
   }
   // A READ stays within one of the device's messages, one extent of the owner's and one
-  // registration of the target's.
+  // registration of the target's. The first `skip` bytes an earlier attempt left whole in the
+  // targets are not read again.
   const uint64_t chunk = std::min<uint64_t>(kReadChunk, address_.max_msg);
+  uint64_t skip = f.op.resume_at;
   for (size_t i = 0; i < targets.size(); ++i) {
     const auto base = reinterpret_cast<uintptr_t>(targets[i].data());
     const Region* region = f.regions[i].get();
@@ -393,7 +458,12 @@ void RdmaChannel::on_grant(uint64_t request_id, const wire::Grant& grant) {
           return;
         }
       }
-      for (uint64_t off = 0; off < e.length;) {
+      if (skip >= e.length) {
+        skip -= e.length;
+        offset += e.length;
+        return;
+      }
+      for (uint64_t off = std::exchange(skip, 0); off < e.length;) {
         const uintptr_t local = base + offset + off;
         const uint64_t length = std::min(
             {chunk, e.length - off, static_cast<uint64_t>(region->chunk_end(local) - local)});
@@ -759,14 +829,14 @@ void RdmaChannel::fail(std::error_code ec) {
         link->complete_fetch(id, result);
       }
     } else {
-      link->restart_fetch(id, ec);
+      link->restart_fetch(id, ec, f.op.resume_at + f.landed);
       ++restarted;
     }
   }
   if (restarted > 0) {
     FERRY_LOG_WARN(
-        "rdma: queue pair {} failed ({}): {} of its fetches start again over a new pair "
-        "(each at most {} times)",
+        "rdma: queue pair {} failed ({}): {} of its fetches go on over a new pair from where "
+        "they stopped (each at most {} times in a row without progress)",
         qp_->qp_num, ec.message(), restarted, kMaxFetchRestarts);
   }
   if (link && !link->info().initiator && link->is_open()) {

@@ -38,6 +38,10 @@ struct Hooks {
   std::atomic<bool> armed{false};  // a tamper is set: the fetch path looks only at this
   std::mutex mu;
   GrantTamper tamper;  // see set_grant_tamper in ferry/rdma/rdma.h
+  // See lose_read_completions_after in ferry/rdma/rdma.h: READs the next pair completes before it
+  // loses the rest; kNever when off. The pair that takes it sets it back to kNever.
+  static constexpr uint32_t kNever = UINT32_MAX;
+  std::atomic<uint32_t> lose_after{kNever};
 };
 
 struct ChannelOptions {
@@ -107,6 +111,9 @@ class RdmaChannel final : public TransportChannel,
     std::deque<Read> reads;                        // not yet posted
     uint32_t posted = 0;                           // handed to the QP, not yet completed
     std::deque<uint32_t> posted_lengths;           // of those, in posting (= completion) order
+    // Bytes of its READs that completed: they follow op.resume_at without a gap, since its
+    // READs are posted in the object's order and a queue pair completes them in posting order.
+    uint64_t landed = 0;
     bool granted = false;
     bool aborted = false;
     std::error_code error;
@@ -197,6 +204,14 @@ class RdmaChannel final : public TransportChannel,
   // pair on options_.quiesce (once) for `link`'s peer. Returns whether it is on it.
   bool quiesce_if_reading(const PeerLink* link);
   void to_error_state();
+  // After kProbeAfter without a completion: posts a READ of zero bytes behind the work requests
+  // outstanding (probe_ahead_ of them). A queue pair completes its work requests in posting
+  // order, so the probe completing while any of those is still outstanding means the device
+  // lost their completions (seen on rxe under load: the pair goes on working, the READs never
+  // complete); drain() then fails the pair at once instead of after the stall timeout.
+  void post_probe();
+  // Fault injection (Hooks::lose_after): whether to drop this successful READ completion.
+  bool lose_completion();
 
   std::shared_ptr<Device> device_;
   Address address_;
@@ -224,9 +239,13 @@ class RdmaChannel final : public TransportChannel,
   bool safety_armed_ = false;
 
   uint32_t in_flight_ = 0;
-  uint64_t posted_bytes_ = 0;   // of the READs in flight
-  uint64_t completions_ = 0;    // polled so far
-  unsigned idle_ticks_ = 0;     // safety-net ticks in a row without a completion
+  uint64_t posted_bytes_ = 0;  // of the READs in flight
+  uint64_t completions_ = 0;   // polled so far
+  unsigned idle_ticks_ = 0;    // safety-net ticks in a row without a completion
+  bool probing_ = false;       // a probe (post_probe) is posted
+  // Hooks::lose_after taken by this pair: READ completions it reports before losing the rest.
+  uint32_t lose_after_ = Hooks::kNever;
+  uint32_t probe_ahead_ = 0;    // work requests posted before it that have not completed
   std::deque<uint64_t> ready_;  // fetches with READs to post, oldest first (post_reads)
   std::unordered_map<uint64_t, Fetch> fetches_;
   std::unordered_map<uint64_t, Lease> leases_;

@@ -10,5 +10,6 @@ std::optional<RegistrationCounters> registration_counters(Context&) { return std
 size_t inject_queue_pair_errors(Context&) { return 0; }
 
 void set_grant_tamper(Context&, GrantTamper) {}
+void lose_read_completions_after(Context&, uint32_t) {}
 
 }  // namespace ferry::rdma

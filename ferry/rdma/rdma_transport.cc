@@ -320,6 +320,11 @@ void set_grant_tamper(Context& ctx, GrantTamper tamper) {
   if (t) t->set_grant_tamper(std::move(tamper));
 }
 
+void lose_read_completions_after(Context& ctx, uint32_t reads) {
+  auto t = std::dynamic_pointer_cast<RdmaTransport>(ctx.transport(kTransportName));
+  if (t) t->hooks()->lose_after.store(reads, std::memory_order_release);
+}
+
 std::optional<RegistrationCounters> registration_counters(Context& ctx) {
   auto t = std::dynamic_pointer_cast<RdmaTransport>(ctx.transport(kTransportName));
   if (!t) return std::nullopt;

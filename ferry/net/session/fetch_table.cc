@@ -182,7 +182,8 @@ void FetchTable::launch(uint64_t id, PendingFetch pending, std::vector<MutableBu
   const auto& ref = state->result().ref;
   if (deadline != Clock::time_point::max()) link_.arm_deadline(deadline);
   try {
-    FetchOp op{id, ref, std::move(targets), FetchRequest(state), std::move(stream)};
+    FetchOp op{
+        id, ref, std::move(targets), FetchRequest(state), std::move(stream), pending.resume_at};
     fetches_.emplace(id, std::move(pending));
     // The channel is gone again if it broke since ensure_channel (then nothing was started).
     const auto channel = link_.peer().channel(transport->name());
@@ -253,18 +254,27 @@ uint64_t FetchTable::wire_id(uint64_t id) const {
   return it == restarted_.end() ? id : it->second;
 }
 
-void FetchTable::restart(uint64_t request_id, std::error_code ec) {
+void FetchTable::restart(uint64_t request_id, std::error_code ec, uint64_t landed) {
   auto it = fetches_.find(request_id);
   if (it == fetches_.end()) return;
   auto& p = it->second;
   auto& restarts = p.state->result().restarts;
-  if (p.releasing || p.streams || restarts >= kMaxFetchRestarts || !link_.is_open() ||
-      link_.now() >= p.deadline) {
+  // A name may stand for another object by the next attempt: such a fetch reads it all again.
+  if (!p.state->result().ref.name.empty()) landed = 0;
+  const bool progress = landed > p.resume_at;
+  if (p.releasing || p.streams || (!progress && p.fruitless >= kMaxFetchRestarts) ||
+      !link_.is_open() || link_.now() >= p.deadline) {
     return complete(request_id, ec);
   }
   // The transport has let go of the targets: the fetch waits for a new channel, outside fetches_
   // (an abort completes it at once; its deadline goes on running in waiting_).
   ++restarts;
+  if (progress) {
+    p.resume_at = landed;
+    p.fruitless = 0;
+  } else {
+    ++p.fruitless;
+  }
   auto pending = std::move(p);
   fetches_.erase(it);
   const uint64_t original = pending.state->id();
@@ -274,10 +284,10 @@ void FetchTable::restart(uint64_t request_id, std::error_code ec) {
   const uint64_t id = link_.next_request_id();
   restarted_[original] = id;
   FERRY_LOG_INFO(
-      "peer '{}': fetch {} lost its {} channel ({}): fetching it again as request {} "
-      "({} of {})",
-      link_.peer().info().name, original, pending.transport->name(), ec.message(), id, restarts,
-      kMaxFetchRestarts);
+      "peer '{}': fetch {} lost its {} channel ({}): fetching it again as request {} from byte "
+      "{} (restart {}, {} of {} in a row without progress)",
+      link_.peer().info().name, original, pending.transport->name(), ec.message(), id,
+      pending.resume_at, restarts, pending.fruitless, kMaxFetchRestarts);
   // Posted: the transport drops the broken channel after this call, and the restart must not
   // find it still installed.
   link_.post([this, id, ec, pending = std::move(pending)]() mutable {
@@ -311,7 +321,7 @@ void FetchTable::relaunch(uint64_t id, PendingFetch pending, std::error_code ec,
     return;
   }
   auto targets = pending.combine ? pending.slots : state->result().tensors;
-  state->reset_landed();  // every byte lands again
+  state->set_landed(pending.resume_at);  // what follows lands again
   launch(id, std::move(pending), std::move(targets), {});
 }
 

@@ -66,9 +66,10 @@ class FetchTable {
   // ignored.
   void complete(uint64_t request_id, std::error_code ec);
   // PeerLink::restart_fetch: launches fetch `request_id` again as a new request once a new
-  // channel opened, within kMaxFetchRestarts, its deadline and the session's life; otherwise
-  // completes it with `ec`. Unknown ids are ignored.
-  void restart(uint64_t request_id, std::error_code ec);
+  // channel opened, resuming after the `landed` bytes its attempts left in the targets (from 0
+  // for a ref by name), within kMaxFetchRestarts in a row without progress, its deadline and the
+  // session's life; otherwise completes it with `ec`. Unknown ids are ignored.
+  void restart(uint64_t request_id, std::error_code ec, uint64_t landed);
 
   // Whether `request_id` is a launched fetch of this table.
   bool contains(uint64_t request_id) const { return fetches_.count(request_id) != 0; }
@@ -100,6 +101,8 @@ class FetchTable {
     CombineFn combine;
     std::vector<MutableBuffer> targets, slots;
     std::shared_ptr<std::byte[]> landed;
+    uint64_t resume_at = 0;  // FetchOp::resume_at of its next attempt
+    uint32_t fruitless = 0;  // restarts in a row that landed nothing new
   };
 
   // Once `transport`'s channel exists: builds the pending fetch (deadline, combine slots) and

@@ -384,8 +384,8 @@ void Session::do_fetch(std::shared_ptr<detail::FetchState> state, ObjectRef ref,
                  std::move(options));
 }
 
-void Session::restart_fetch(uint64_t request_id, std::error_code ec) {
-  fetches_.restart(request_id, ec);
+void Session::restart_fetch(uint64_t request_id, std::error_code ec, uint64_t landed) {
+  fetches_.restart(request_id, ec, landed);
 }
 
 void Session::complete_fetch(uint64_t request_id, std::error_code ec) {

@@ -112,7 +112,7 @@ class Session final : public PeerLink,
   bool is_open() const override { return state_.load() == State::open; }
   std::shared_ptr<TransportChannel> channel(std::string_view transport) const override;
   void complete_fetch(uint64_t request_id, std::error_code ec) override;
-  void restart_fetch(uint64_t request_id, std::error_code ec) override;
+  void restart_fetch(uint64_t request_id, std::error_code ec, uint64_t landed) override;
   void fail(std::error_code ec) override;
   void send_transport_message(std::string_view transport, uint64_t request_id,
                               std::string payload) override;
