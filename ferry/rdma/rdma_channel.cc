@@ -31,10 +31,6 @@ constexpr auto kSafetyNet = std::chrono::seconds(1);
 // Work requests that bind memory windows carry the lease's request id with this bit set, apart
 // from the READs (which carry the fetch's request id; ids never reach it).
 constexpr uint64_t kBindBit = 1ull << 63;
-// The wr_id of a probe (post_probe): the bind bit with a request id no request reaches.
-constexpr uint64_t kProbe = kBindBit | (1ull << 62);
-// Safety-net ticks without a completion after which a probe goes out.
-constexpr unsigned kProbeAfter = 2;
 
 // One extent of a grant's segment that a single rkey opens: the segment itself, or one of its
 // pieces (wire::Segment.pieces).
@@ -244,32 +240,11 @@ void RdmaChannel::drain() {
       const ibv_wc& wc = wcs[i];
       ++completions_;
       if (in_flight_) --in_flight_;
-      if (wc.wr_id == kProbe) {
-        probing_ = false;
-        if (wc.status == IBV_WC_SUCCESS && probe_ahead_ > 0) {
-          FERRY_LOG_WARN(
-              "rdma: queue pair {} completed a probe but not the {} work requests posted before "
-              "it: the device lost their completions; treating the pair as broken",
-              qp_->qp_num, probe_ahead_);
-          fail(make_error_code(errc::device_error));
-          return;
-        }
-        if (wc.status != IBV_WC_SUCCESS) {
-          if (wc.status != IBV_WC_WR_FLUSH_ERR) {
-            FERRY_LOG_WARN("rdma: queue pair {}: probe failed: {}", qp_->qp_num,
-                           ibv_wc_status_str(wc.status));
-          }
-          fail(make_wc_error(wc.status));
-          return;
-        }
-        continue;
-      }
       if (!(wc.wr_id & kBindBit) && wc.status == IBV_WC_SUCCESS && lose_completion()) {
         ++in_flight_;  // as if the device never wrote it
         --completions_;
         continue;
       }
-      if (probe_ahead_ > 0) --probe_ahead_;
       if (wc.wr_id & kBindBit) {
         if (wc.status != IBV_WC_SUCCESS) {
           if (wc.status != IBV_WC_WR_FLUSH_ERR) {
@@ -355,7 +330,6 @@ void RdmaChannel::arm_safety_net() {
           qp_->qp_num, idle_ticks_, in_flight_);
       return fail(make_error_code(errc::peer_unresponsive));
     }
-    if (idle_ticks_ == kProbeAfter) post_probe();
     if (idle_ticks_ % 5 == 2) {
       ibv_qp_attr a{};
       ibv_qp_init_attr init{};
@@ -382,20 +356,6 @@ bool RdmaChannel::lose_completion() {
   if (lose_after_ == 0) return true;
   --lose_after_;
   return false;
-}
-
-void RdmaChannel::post_probe() {
-  if (probing_ || closed_ || !connected_ || in_flight_ >= sq_depth_) return;
-  // Zero bytes need neither a local nor a remote key (IBTA C9-88): nothing is read.
-  ibv_send_wr wr{};
-  wr.wr_id = kProbe;
-  wr.opcode = IBV_WR_RDMA_READ;
-  wr.send_flags = IBV_SEND_SIGNALED;
-  ibv_send_wr* bad = nullptr;
-  if (ibv_post_send(qp_.get(), &wr, &bad) != 0) return;  // full: the stall bound still holds
-  probing_ = true;
-  probe_ahead_ = in_flight_;
-  ++in_flight_;
 }
 
 // ---------------------------------------------------------------- fetcher side

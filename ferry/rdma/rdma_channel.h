@@ -204,12 +204,6 @@ class RdmaChannel final : public TransportChannel,
   // pair on options_.quiesce (once) for `link`'s peer. Returns whether it is on it.
   bool quiesce_if_reading(const PeerLink* link);
   void to_error_state();
-  // After kProbeAfter without a completion: posts a READ of zero bytes behind the work requests
-  // outstanding (probe_ahead_ of them). A queue pair completes its work requests in posting
-  // order, so the probe completing while any of those is still outstanding means the device
-  // lost their completions (seen on rxe under load: the pair goes on working, the READs never
-  // complete); drain() then fails the pair at once instead of after the stall timeout.
-  void post_probe();
   // Fault injection (Hooks::lose_after): whether to drop this successful READ completion.
   bool lose_completion();
 
@@ -242,10 +236,8 @@ class RdmaChannel final : public TransportChannel,
   uint64_t posted_bytes_ = 0;  // of the READs in flight
   uint64_t completions_ = 0;   // polled so far
   unsigned idle_ticks_ = 0;    // safety-net ticks in a row without a completion
-  bool probing_ = false;       // a probe (post_probe) is posted
   // Hooks::lose_after taken by this pair: READ completions it reports before losing the rest.
   uint32_t lose_after_ = Hooks::kNever;
-  uint32_t probe_ahead_ = 0;    // work requests posted before it that have not completed
   std::deque<uint64_t> ready_;  // fetches with READs to post, oldest first (post_reads)
   std::unordered_map<uint64_t, Fetch> fetches_;
   std::unordered_map<uint64_t, Lease> leases_;

@@ -69,8 +69,8 @@ class Future(concurrent.futures.Future):
     @property
     def bytes_landed(self):
         """Bytes of the fetch that have landed so far, for progress: moves while it is in flight
-        (TCP per chunk, RDMA per completed read), the total once it succeeded, back to 0 if it
-        restarts on a new channel."""
+        (TCP per chunk, RDMA per completed read), the total once it succeeded, back to where the
+        new attempt resumes if it restarts on a new channel."""
         request = self._request
         return request.bytes_landed if request is not None else 0
 
