@@ -236,7 +236,8 @@ bool Call::sent(const std::string& tag) {
 
 // A fetch whose data channel broke under it (a queue pair flushed, stalled or reset by the
 // owner) while its peer lives was started again by ferry itself (Peer::fetch, at most
-// kMaxFetchRestarts times, within the deadline): the owner still offers it (an offer lasts
+// kMaxFetchRestarts times in a row without progress, within the deadline, resuming after the
+// bytes that landed): the owner still offers it (an offer lasts
 // until it has been sent to the rank it is for: over RDMA, until that rank's READs succeeded
 // and it said so).
 void Call::count_restarts(const FetchRequest& req) { group_.refetches_ += req.result().restarts; }

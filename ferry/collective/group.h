@@ -132,8 +132,8 @@ class Group {
   int rank() const { return rank_; }
   /// Fetches started again because their data channel broke while the peer's connection lived
   /// (a queue pair flushed, stalled or reset), by ferry itself (FetchResult::restarts, at most
-  /// kMaxFetchRestarts per fetch, within its deadline); and watches of other ranks started again
-  /// after theirs broke. Any thread.
+  /// kMaxFetchRestarts in a row without progress per fetch, within its deadline); and watches of
+  /// other ranks started again after theirs broke. Any thread.
   uint64_t refetches() const { return refetches_.load(std::memory_order_relaxed); }
   /// The number of ranks. Any thread.
   int size() const { return static_cast<int>(addresses_.size()); }
