@@ -169,6 +169,7 @@ Result<GrantMrHandle> Device::register_grant(ibv_pd* pd, const void* addr, size_
                    last_errno().message());
     return make_error_code(errc::device_error);
   }
+  warn_if_slow_registration(len, ns);
   grant_mrs_live_->fetch_add(1, std::memory_order_relaxed);
   grant_registrations_.fetch_add(1, std::memory_order_relaxed);
   grant_registration_ns_.fetch_add(ns, std::memory_order_relaxed);

@@ -94,6 +94,7 @@ Result<std::shared_ptr<Region>> MrCache::acquire(const void* addr, size_t len,
     ns += took;
     mrs.push_back(std::move(mr));
   }
+  warn_if_slow_registration(end - begin, ns);
   const size_t made = mrs.size();
   auto region =
       std::shared_ptr<Region>(new Region(shared_, std::move(mrs), begin, end, shared_->chunk));

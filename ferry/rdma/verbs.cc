@@ -6,6 +6,8 @@
 #include <chrono>
 #include <cstring>
 
+#include "ferry/net/log.h"
+
 namespace ferry::rdma {
 namespace {
 
@@ -31,6 +33,15 @@ ibv_mr* reg_mr_timed(ibv_pd* pd, const void* addr, size_t len, int access, uint6
       std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0)
           .count());
   return mr;
+}
+
+void warn_if_slow_registration(uint64_t bytes, uint64_t ns) {
+  if (ns < 1'000'000'000) return;
+  FERRY_LOG_WARN(
+      "rdma: registering {} MiB took {:.1f} s on this thread (a peer's io thread, for a fetch or "
+      "a serve: it did nothing else meanwhile, and a peer timeout shorter than that reads it as "
+      "silence)",
+      bytes >> 20, static_cast<double>(ns) / 1e9);
 }
 
 std::error_code last_errno() { return {errno ? errno : EIO, std::system_category()}; }

@@ -81,6 +81,10 @@ inline std::error_code make_wc_error(ibv_wc_status status) {
 
 // ibv_reg_mr, timed: adds the nanoseconds it took to `ns`. Null with errno set on failure.
 ibv_mr* reg_mr_timed(ibv_pd* pd, const void* addr, size_t len, int access, uint64_t& ns);
+// Logs a warning when registering `bytes` took `ns` of a second or more: it ran on the thread
+// that needed it, for a fetch or a serve a peer's io thread, which did nothing else meanwhile
+// (a peer timeout shorter than that reads it as silence).
+void warn_if_slow_registration(uint64_t bytes, uint64_t ns);
 
 // errno after a failed verbs call, as an error code.
 std::error_code last_errno();
