@@ -238,13 +238,11 @@ void RdmaChannel::drain() {
   while (!closed_ && (n = ibv_poll_cq(cq_.get(), kPollBatch, wcs)) > 0) {
     for (int i = 0; i < n; ++i) {
       const ibv_wc& wc = wcs[i];
+      if (!(wc.wr_id & kBindBit) && wc.status == IBV_WC_SUCCESS && lose_completion()) {
+        continue;  // as if the device never wrote it
+      }
       ++completions_;
       if (in_flight_) --in_flight_;
-      if (!(wc.wr_id & kBindBit) && wc.status == IBV_WC_SUCCESS && lose_completion()) {
-        ++in_flight_;  // as if the device never wrote it
-        --completions_;
-        continue;
-      }
       if (wc.wr_id & kBindBit) {
         if (wc.status != IBV_WC_SUCCESS) {
           if (wc.status != IBV_WC_WR_FLUSH_ERR) {
