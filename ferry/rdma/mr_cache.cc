@@ -41,25 +41,47 @@ MrCache::MrCache(ibv_pd* pd, int access, size_t max_registration)
 
 MrCache::~MrCache() = default;
 
-Result<std::shared_ptr<Region>> MrCache::acquire(const void* addr, size_t len,
-                                                 std::span<const std::byte> hint) {
-  const auto a = reinterpret_cast<uintptr_t>(addr);
-  // Declared before the lock: if this ends up the last reference, the region's destructor
-  // (which takes the lock) runs after the lock is released.
-  std::shared_ptr<Region> nearest;
-  std::lock_guard lock(shared_->mu);
+namespace {
+
+// The live region of `regions` covering [a, a+len), or null. The cache's lock held. `nearest`
+// is declared by the caller before the lock: if the region looked at is not the one returned
+// and this was its last reference, its destructor (which takes the lock) runs after the lock
+// is released.
+std::shared_ptr<Region> covering(const std::map<uintptr_t, std::weak_ptr<Region>>& regions,
+                                 uintptr_t a, size_t len, std::shared_ptr<Region>& nearest) {
   // The candidate is the live region starting at or before `a` closest to it.
-  auto it = shared_->regions.upper_bound(a);
-  while (it != shared_->regions.begin()) {
+  auto it = regions.upper_bound(a);
+  while (it != regions.begin()) {
     --it;
     nearest = it->second.lock();
     if (!nearest) continue;
-    if (nearest->covers(a, len)) {
-      ++shared_->counters.hits;
-      return nearest;
-    }
-    break;  // the nearest live region does not cover the range: register anew
+    if (nearest->covers(a, len)) return nearest;
+    return nullptr;  // the nearest live region does not cover the range
   }
+  return nullptr;
+}
+
+}  // namespace
+
+Result<std::shared_ptr<Region>> MrCache::acquire(const void* addr, size_t len,
+                                                 std::span<const std::byte> hint) {
+  if (auto hit = find(addr, len)) return hit;
+  auto made = make(addr, len, hint);
+  if (!made) return made;
+  return publish(*made);
+}
+
+std::shared_ptr<Region> MrCache::find(const void* addr, size_t len) {
+  std::shared_ptr<Region> nearest;
+  std::lock_guard lock(shared_->mu);
+  auto hit = covering(shared_->regions, reinterpret_cast<uintptr_t>(addr), len, nearest);
+  if (hit) ++shared_->counters.hits;
+  return hit;
+}
+
+Result<std::shared_ptr<Region>> MrCache::make(const void* addr, size_t len,
+                                              std::span<const std::byte> hint) {
+  const auto a = reinterpret_cast<uintptr_t>(addr);
   uintptr_t begin;
   uintptr_t end;
   const auto h = reinterpret_cast<uintptr_t>(hint.data());
@@ -72,7 +94,8 @@ Result<std::shared_ptr<Region>> MrCache::acquire(const void* addr, size_t len,
     end = (a + len + page - 1) & ~(page - 1);
   }
   if (end == begin) end = begin + 1;
-  // One registration per chunk; a failure releases those made before it.
+  // One registration per chunk; a failure releases those made before it. Without the lock: a
+  // registration can take seconds.
   std::vector<MrHandle> mrs;
   uint64_t ns = 0;
   for (uintptr_t at = begin, len = 0; at < end; at += len) {
@@ -98,10 +121,22 @@ Result<std::shared_ptr<Region>> MrCache::acquire(const void* addr, size_t len,
   const size_t made = mrs.size();
   auto region =
       std::shared_ptr<Region>(new Region(shared_, std::move(mrs), begin, end, shared_->chunk));
-  shared_->regions[begin] = region;
+  std::lock_guard lock(shared_->mu);
   shared_->counters.registrations += made;
   shared_->counters.registration_ns += ns;
   shared_->counters.live += made;
+  return region;
+}
+
+std::shared_ptr<Region> MrCache::publish(const std::shared_ptr<Region>& region) {
+  std::shared_ptr<Region> nearest;
+  std::lock_guard lock(shared_->mu);
+  const size_t len = region->end() - region->begin();
+  if (auto theirs = covering(shared_->regions, region->begin(), len, nearest)) {
+    ++shared_->counters.hits;
+    return theirs;
+  }
+  shared_->regions[region->begin()] = region;
   return region;
 }
 

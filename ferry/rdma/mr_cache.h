@@ -6,7 +6,9 @@
 // it) or of the page-aligned range. A region larger than the cache's largest registration is
 // registered in chunks of that size (soft-RoCE on Linux 6.12 refuses one registration over
 // 1 GiB): a work request must then stay within one chunk (Region::chunk_end). Regions are
-// reference-counted: the last shared_ptr deregisters. Thread-safe.
+// reference-counted: the last shared_ptr deregisters. Thread-safe; the cache's lock is never held
+// while registering, so a lookup (find) on an io thread does not wait for another thread's
+// registration.
 #pragma once
 
 #include <cstddef>
@@ -90,6 +92,17 @@ class MrCache {
   // fails (errno in the log; the chunks registered before it are released).
   Result<std::shared_ptr<Region>> acquire(const void* addr, size_t len,
                                           std::span<const std::byte> hint = {});
+  // The live region covering [addr, addr+len), counted as a hit, or null. Registers nothing:
+  // cheap enough for an io thread.
+  std::shared_ptr<Region> find(const void* addr, size_t len);
+  // acquire() in two steps, for a caller that must decide between them whether the region may
+  // still be used (TargetRegistration): make() registers a region as acquire() would, without
+  // making it visible to find(); publish() makes it visible and returns it, or returns the live
+  // region covering the same range that another thread published meanwhile (a hit; `region` is
+  // then the caller's to drop, which deregisters it).
+  Result<std::shared_ptr<Region>> make(const void* addr, size_t len,
+                                       std::span<const std::byte> hint = {});
+  std::shared_ptr<Region> publish(const std::shared_ptr<Region>& region);
   Counters counters() const;
 
  private:

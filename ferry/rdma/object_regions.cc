@@ -4,10 +4,7 @@ namespace ferry::rdma {
 
 Result<std::vector<std::shared_ptr<Region>>> ObjectRegions::acquire(Device& device,
                                                                     const StoredObject& object) {
-  std::lock_guard lock(mu_);
-  auto& per_device = objects_[object.id];
-  auto it = per_device.find(&device);
-  if (it != per_device.end()) return it->second;
+  if (auto made = find(device, object)) return std::move(*made);
   std::vector<std::shared_ptr<Region>> regions;
   for (const auto& t : object.tensors) {
     if (t.data.empty()) {
@@ -18,8 +15,21 @@ Result<std::vector<std::shared_ptr<Region>>> ObjectRegions::acquire(Device& devi
     if (!region) return region.error();
     regions.push_back(std::move(region.value()));
   }
-  per_device[&device] = regions;
-  return regions;
+  std::lock_guard lock(mu_);
+  // Another grant may have recorded them meanwhile: the cache gave both the same regions.
+  auto& held = objects_[object.id][&device];
+  if (held.empty()) held = regions;
+  return held;
+}
+
+std::optional<std::vector<std::shared_ptr<Region>>> ObjectRegions::find(
+    const Device& device, const StoredObject& object) {
+  std::lock_guard lock(mu_);
+  auto it = objects_.find(object.id);
+  if (it == objects_.end()) return std::nullopt;
+  auto per_device = it->second.find(&device);
+  if (per_device == it->second.end()) return std::nullopt;
+  return per_device->second;
 }
 
 void ObjectRegions::release(ObjectId object) {

@@ -8,6 +8,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <unordered_map>
 #include <vector>
 
@@ -20,8 +21,14 @@ namespace ferry::rdma {
 class ObjectRegions {
  public:
   // The registrations of `object`'s tensors on `device` (null for empty tensors), made now if
-  // this is the object's first grant there. device_error when a registration fails.
+  // this is the object's first grant there. device_error when a registration fails. The caller
+  // pins the object meanwhile (so it is not collected before its registrations are recorded).
+  // Registers without the table's lock: the registrar's thread (ferry/rdma/registrar.h).
   Result<std::vector<std::shared_ptr<Region>>> acquire(Device& device, const StoredObject& object);
+  // Those registrations if they are made already, else nullopt. Registers nothing: cheap enough
+  // for an io thread.
+  std::optional<std::vector<std::shared_ptr<Region>>> find(const Device& device,
+                                                           const StoredObject& object);
   // Forgets `object`'s registrations; the last reference to each deregisters it (outside the
   // table's lock), before the store releases the memory. Unknown objects are ignored.
   void release(ObjectId object);

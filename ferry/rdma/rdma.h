@@ -3,6 +3,7 @@
 /// (one-sided RDMA READ over RC queue pairs, see docs/rdma.md) is internal.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <optional>
@@ -63,5 +64,11 @@ void set_grant_tamper(Context& ctx, GrantTamper tamper);
 /// load: the pair goes on working and its data lands, but those READs never complete. Once, for
 /// one pair; does nothing when `ctx` has no RDMA transport. Any thread.
 void lose_read_completions_after(Context& ctx, uint32_t reads);
+
+/// Fault injection (tests): every memory registration `ctx`'s RDMA transport makes from now on
+/// for a fetch's targets or a serve (those that miss its registration caches; they run off the io
+/// threads) first waits `delay`, as registering many GiB does. Zero turns it off. Does nothing
+/// when `ctx` has no RDMA transport. Any thread.
+void slow_registrations(Context& ctx, std::chrono::milliseconds delay);
 
 }  // namespace ferry::rdma

@@ -4,9 +4,12 @@
 
 #include <algorithm>
 #include <boost/asio/bind_executor.hpp>
+#include <boost/asio/execution/outstanding_work.hpp>
 #include <boost/asio/post.hpp>
+#include <boost/asio/prefer.hpp>
 #include <cstring>
 #include <random>
+#include <thread>
 #include <utility>
 
 #include "ferry/net/core/guard.h"
@@ -89,6 +92,41 @@ void describe(wire::Segment& seg, const Region& region) {
 void set_extent_rkey(wire::Segment& seg, int piece, uint32_t rkey) {
   if (piece < 0) return seg.set_rkey(rkey);
   seg.mutable_pieces(piece)->set_rkey(rkey);
+}
+
+// The grant of `object` for a lease of `lease`: one segment per tensor, with the rkeys of
+// `regions` (per tensor; null entries, or none at all, leave a segment's rkeys to be set).
+wire::Grant make_grant(const StoredObject& object,
+                       const std::vector<std::shared_ptr<Region>>& regions,
+                       std::chrono::milliseconds lease) {
+  wire::Grant g;
+  g.set_lease_ms(static_cast<uint64_t>(lease.count()));
+  for (size_t i = 0; i < object.tensors.size(); ++i) {
+    auto* seg = g.add_segments();
+    seg->set_addr(reinterpret_cast<uint64_t>(object.tensors[i].data.data()));
+    seg->set_length(object.tensors[i].data.size());
+    if (i < regions.size() && regions[i]) describe(*seg, *regions[i]);
+  }
+  return g;
+}
+
+// Registers each segment of `grant` in `pd`, in pieces of at most the device's largest
+// registration, into `out`, and puts the rkeys in the grant; false (logged) if one fails. The
+// registrar's thread.
+bool register_segments(Device& device, ibv_pd* pd, wire::Grant& grant,
+                       std::vector<GrantMrHandle>& out) {
+  const uint64_t most = device.max_registration();
+  for (auto& seg : *grant.mutable_segments()) {
+    for (uint64_t off = 0, length = 0; off < seg.length(); off += length) {
+      length = std::min(most, seg.length() - off);
+      auto mr = device.register_grant(pd, reinterpret_cast<const void*>(seg.addr() + off),
+                                      static_cast<size_t>(length));
+      if (!mr) return false;
+      add_extent(seg, length, (*mr)->rkey);
+      out.push_back(std::move(*mr));
+    }
+  }
+  return true;
 }
 
 }  // namespace
@@ -361,18 +399,59 @@ bool RdmaChannel::lose_completion() {
 Result<FetchRequest> RdmaChannel::fetch_multiple(const FetchOp& op) {
   Fetch f;
   f.regions.reserve(op.targets.size());
+  bool missing = false;
   for (const auto& t : op.targets) {
-    if (t.empty()) {
-      f.regions.push_back(nullptr);
-      continue;
-    }
-    auto region = device_->local_cache().acquire(t.data(), t.size());
-    if (!region) return region.error();
-    f.regions.push_back(std::move(region.value()));
+    f.regions.push_back(t.empty() ? nullptr : device_->local_cache().find(t.data(), t.size()));
+    missing = missing || (!t.empty() && !f.regions.back());
   }
   f.op = op;
+  if (missing) {
+    // Registered off the strand while the request goes to the owner; the grant waits for it.
+    auto registration = std::make_shared<TargetRegistration>(op.targets, f.regions);
+    f.registering = Registering(registration);
+    off_strand([registration, device = device_] { registration->run(device->local_cache()); },
+               [this, id = op.request_id, r = registration.get()] { on_registered(id, r); });
+  }
   fetches_[op.request_id] = std::move(f);
   return op.request;
+}
+
+void RdmaChannel::on_registered(uint64_t request_id, TargetRegistration* registration) {
+  auto it = fetches_.find(request_id);
+  if (it == fetches_.end() || it->second.registering.get() != registration) return;  // it ended
+  Fetch& f = it->second;
+  auto regions = registration->take();
+  f.registering.reset();
+  if (!regions) {
+    f.error = regions.error();
+    maybe_finish(request_id);
+    return;
+  }
+  f.regions = std::move(*regions);
+  if (f.grant) {
+    const wire::Grant grant = std::move(*f.grant);
+    f.grant.reset();
+    read_granted(request_id, f, grant);
+  }
+}
+
+void RdmaChannel::off_strand(std::function<void()> job, std::function<void()> then) {
+  auto link = link_.lock();
+  if (!link) return;  // the session is gone: this channel closes with it
+  const std::chrono::milliseconds delay(
+      options_.hooks ? options_.hooks->registration_delay_ms.load(std::memory_order_relaxed) : 0);
+  // The session holds the context, and with it the loop this is posted back to; the tracked
+  // executor counts as the loop's work until `then` has run.
+  auto back = guarded(*this, [link = std::move(link),
+                              work = asio::prefer(strand_.get_inner_executor(),
+                                                  asio::execution::outstanding_work.tracked),
+                              then = std::move(then)] { then(); });
+  submit_registration([delay, job = std::move(job), back = std::move(back)]() mutable {
+    if (delay.count() > 0) std::this_thread::sleep_for(delay);
+    job();
+    job = nullptr;
+    asio::post(std::move(back));
+  });
 }
 
 void RdmaChannel::on_grant(uint64_t request_id, const wire::Grant& grant) {
@@ -385,6 +464,14 @@ void RdmaChannel::on_grant(uint64_t request_id, const wire::Grant& grant) {
   }
   auto& f = it->second;
   f.granted = true;
+  if (f.registering) {
+    f.grant = grant;  // read once the targets are registered (on_registered)
+    return;
+  }
+  read_granted(request_id, f, grant);
+}
+
+void RdmaChannel::read_granted(uint64_t request_id, Fetch& f, const wire::Grant& grant) {
   const auto& targets = f.op.targets;
   bool ok = static_cast<size_t>(grant.segments_size()) == targets.size();
   for (size_t i = 0; ok && i < targets.size(); ++i) {
@@ -504,6 +591,7 @@ void RdmaChannel::maybe_finish(uint64_t request_id) {
   if (it == fetches_.end()) return;
   auto& f = it->second;
   if (f.posted > 0 || (!f.reads.empty() && !f.aborted && !f.error)) return;
+  if (f.registering && !f.aborted && !f.error) return;  // its READs are still to come
   const bool granted = f.granted;
   const bool aborted = f.aborted;
   const auto ec = f.error;
@@ -538,23 +626,60 @@ void RdmaChannel::send_release(uint64_t request_id, bool read) {
 // ---------------------------------------------------------------- owner side
 
 void RdmaChannel::send_multiple(uint64_t request_id, ObjectStore::Pin object, SendDone done) {
-  // With per-grant registrations the lease registers the granted ranges itself.
-  std::vector<std::shared_ptr<Region>> regions(object.object().tensors.size());
-  if (device_->grants() != RdmaGrants::registrations) {
-    auto r = options_.objects->acquire(*device_, object.object());
-    if (!r) return done(r.error());
-    regions = std::move(*r);
+  // With per-grant registrations the lease registers the granted ranges itself; otherwise the
+  // object's registrations are made once, at its first grant on this device.
+  const RdmaGrants mode = device_->grants();
+  if (mode != RdmaGrants::registrations) {
+    if (auto regions = options_.objects->find(*device_, object.object())) {
+      auto g = make_grant(object.object(), *regions, options_.lease_timeout);
+      return grant(request_id, std::move(object), std::move(*regions), std::move(g),
+                   std::move(done));
+    }
   }
-  wire::Grant g;
-  g.set_lease_ms(static_cast<uint64_t>(options_.lease_timeout.count()));
-  const auto& tensors = object.object().tensors;
-  for (size_t i = 0; i < tensors.size(); ++i) {
-    auto* seg = g.add_segments();
-    seg->set_addr(reinterpret_cast<uint64_t>(tensors[i].data.data()));
-    seg->set_length(tensors[i].data.size());
-    if (regions[i]) describe(*seg, *regions[i]);
+  // The registrar makes them; the lease waits (an abort or close ends it meanwhile) while the
+  // job pins the object.
+  Lease& lease = leases_[request_id];
+  lease.done = std::move(done);
+  lease.registering = true;
+  auto job = std::make_shared<ServeRegistration>();
+  job->pin = std::move(object);
+  if (mode == RdmaGrants::registrations) {
+    // pd_ is own_pd_ on a serving channel; the device's PD otherwise, which the device holds.
+    job->pd = own_pd_ ? own_pd_ : std::shared_ptr<ibv_pd>(std::shared_ptr<void>(), pd_);
   }
-  grant(request_id, std::move(object), std::move(regions), std::move(g), std::move(done));
+  off_strand(
+      [job, mode, device = device_, objects = options_.objects, lease_ms = options_.lease_timeout] {
+        const StoredObject& object = job->pin.object();
+        if (mode == RdmaGrants::registrations) {
+          job->grant = make_grant(object, {}, lease_ms);
+          if (!register_segments(*device, job->pd.get(), job->grant, job->registrations)) {
+            job->error = make_error_code(errc::device_error);
+          }
+          return;
+        }
+        auto regions = objects->acquire(*device, object);
+        if (!regions) {
+          job->error = regions.error();
+          return;
+        }
+        job->regions = std::move(*regions);
+        job->grant = make_grant(object, job->regions, lease_ms);
+      },
+      [this, request_id, job] { on_serve_registered(request_id, *job); });
+}
+
+void RdmaChannel::on_serve_registered(uint64_t request_id, ServeRegistration& done) {
+  auto it = leases_.find(request_id);
+  if (it == leases_.end() || !it->second.registering) return;  // ended: `done` drops it all
+  Lease& lease = it->second;
+  lease.registering = false;
+  lease.pin = std::move(done.pin);
+  if (done.error) {
+    end_lease(request_id, done.error);
+    return;
+  }
+  start_lease(request_id, std::move(done.regions), std::move(done.grant),
+              std::move(done.registrations));
 }
 
 bool RdmaChannel::abort(uint64_t request_id) {
@@ -596,9 +721,15 @@ bool RdmaChannel::on_message(uint64_t request_id, std::string_view payload) {
 void RdmaChannel::grant(uint64_t request_id, ObjectStore::Pin pin,
                         std::vector<std::shared_ptr<Region>> regions, wire::Grant grant,
                         SendDone done) {
-  Lease lease;
+  Lease& lease = leases_[request_id];
   lease.pin = std::move(pin);
   lease.done = std::move(done);
+  start_lease(request_id, std::move(regions), std::move(grant), {});
+}
+
+void RdmaChannel::start_lease(uint64_t request_id, std::vector<std::shared_ptr<Region>> regions,
+                              wire::Grant grant, std::vector<GrantMrHandle> registrations) {
+  Lease& lease = leases_.at(request_id);
   lease.timer =
       std::make_unique<asio::steady_timer>(strand_.get_inner_executor(), options_.lease_timeout);
   lease.timer->async_wait(asio::bind_executor(
@@ -610,19 +741,11 @@ void RdmaChannel::grant(uint64_t request_id, ObjectStore::Pin pin,
         }
       }));
   if (device_->grants() == RdmaGrants::registrations) {
+    lease.registrations = std::move(registrations);
     lease.grant = std::move(grant);
-    const bool registered = register_segments(lease);
-    auto& held = leases_[request_id] = std::move(lease);
-    if (!registered) {
-      end_lease(request_id, make_error_code(errc::device_error));
-      return;
-    }
-    return send_grant(request_id, held.grant);
+    return send_grant(request_id, lease.grant);
   }
-  if (device_->grants() != RdmaGrants::windows) {
-    leases_[request_id] = std::move(lease);
-    return send_grant(request_id, grant);
-  }
+  if (device_->grants() != RdmaGrants::windows) return send_grant(request_id, grant);
   // One window per extent: each is bound over the registration that holds it.
   lease.regions = std::move(regions);
   for (int i = 0; i < grant.segments_size(); ++i) {
@@ -636,30 +759,13 @@ void RdmaChannel::grant(uint64_t request_id, ObjectStore::Pin pin,
     if (!lease.windows.back()) {
       FERRY_LOG_WARN("rdma: cannot allocate a memory window on {}: {}", device_->name(),
                      last_errno().message());
-      leases_[request_id] = std::move(lease);
       end_lease(request_id, make_error_code(errc::device_error));
       return;
     }
   }
   lease.grant = std::move(grant);
-  leases_[request_id] = std::move(lease);
   binds_waiting_.push_back(request_id);
   post_binds();
-}
-
-bool RdmaChannel::register_segments(Lease& lease) {
-  const uint64_t most = device_->max_registration();
-  for (auto& seg : *lease.grant.mutable_segments()) {
-    for (uint64_t off = 0, length = 0; off < seg.length(); off += length) {
-      length = std::min(most, seg.length() - off);
-      auto mr = device_->register_grant(pd_, reinterpret_cast<const void*>(seg.addr() + off),
-                                        static_cast<size_t>(length));
-      if (!mr) return false;
-      add_extent(seg, length, (*mr)->rkey);
-      lease.registrations.push_back(std::move(*mr));
-    }
-  }
-  return true;
 }
 
 void RdmaChannel::post_binds() {
@@ -734,7 +840,7 @@ bool RdmaChannel::end_lease(uint64_t request_id, std::error_code ec) {
   if (it == leases_.end()) return false;
   auto lease = std::move(it->second);
   leases_.erase(it);
-  lease.timer->cancel();
+  if (lease.timer) lease.timer->cancel();
   // Windows and grant registrations go first (deallocating or deregistering invalidates the
   // rkey), then the pin. A lease with a bind still in flight keeps all of them, the pin
   // included, until its binds complete: a window bound (or binding) over the object's memory

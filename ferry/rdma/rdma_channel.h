@@ -5,11 +5,13 @@
 // safety-net timer drains too while READs are in flight; busy_poll replaces the fd wait with a
 // polling loop on the strand.
 //
-// Fetcher side: a fetch waits for the owner's grant, then becomes READs straight into the
-// target buffers (split at kReadChunk), posted oldest fetch first within a bound on the bytes in
-// flight (a fetch that one READ finishes goes ahead); the last completion resolves it and a
-// release message ends the owner's lease. Owner side: a lease pins the object until the release, an
-// abort, the lease timeout or the channel's end.
+// Fetcher side: a fetch waits for the owner's grant (and for its targets' registrations, when they
+// miss the cache and are made on the registrar's thread meanwhile), then becomes READs straight
+// into the target buffers (split at kReadChunk), posted oldest fetch first within a bound on the
+// bytes in flight (a fetch that one READ finishes goes ahead); the last completion resolves it
+// and a release message ends the owner's lease. Owner side: a lease pins the object until the
+// release, an abort, the lease timeout or the channel's end; memory the grant needs registered
+// first is registered on the registrar's thread, and the grant leaves once it is.
 #pragma once
 
 #include <atomic>
@@ -19,6 +21,7 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <unordered_map>
 #include <vector>
 
@@ -28,6 +31,7 @@
 #include "ferry/rdma/proto/rdma.pb.h"
 #include "ferry/rdma/quiesce.h"
 #include "ferry/rdma/rdma.h"
+#include "ferry/rdma/registrar.h"
 
 namespace ferry::rdma {
 
@@ -42,6 +46,9 @@ struct Hooks {
   // loses the rest; kNever when off. The pair that takes it sets it back to kNever.
   static constexpr uint32_t kNever = UINT32_MAX;
   std::atomic<uint32_t> lose_after{kNever};
+  // See slow_registrations in ferry/rdma/rdma.h: how long each registration made off the io
+  // threads waits first, in milliseconds (0: none).
+  std::atomic<int64_t> registration_delay_ms{0};
 };
 
 struct ChannelOptions {
@@ -74,11 +81,14 @@ class RdmaChannel final : public TransportChannel,
   // RTR then RTS against the peer's QP, and starts watching the CQ. Strand.
   std::error_code connect(const wire::QpInfo& remote);
 
-  // TransportChannel, on the strand. fetch_multiple registers the targets (the local cache) and
-  // waits for the owner's grant, which becomes READs. send_multiple grants: it registers (or
-  // looks up) the object's memory as the device's grant mode says and leases the object to the
-  // peer until its release, an abort, the lease timeout or the channel's end. abort ends a
-  // lease (owner) or a fetch (fetcher): false while READs of the fetch are still posted.
+  // TransportChannel, on the strand. fetch_multiple looks the targets up in the local cache,
+  // has those it misses registered on the registrar's thread, and waits for them and for the
+  // owner's grant, which becomes READs; a registration that fails completes the fetch with
+  // device_error. send_multiple grants: it looks up (or has the registrar make) the object's
+  // registrations as the device's grant mode says and leases the object to the peer until its
+  // release, an abort, the lease timeout or the channel's end. abort ends a lease (owner) or a
+  // fetch (fetcher): false while READs of the fetch are still posted (a registration under way
+  // is cancelled, not waited for).
   // on_message takes grants, releases and resets; queue pair setup goes to the transport.
   Result<FetchRequest> fetch_multiple(const FetchOp& op) override;
   void send_multiple(uint64_t request_id, ObjectStore::Pin object, SendDone done) override;
@@ -105,9 +115,35 @@ class RdmaChannel final : public TransportChannel,
     uint32_t rkey;
     uint32_t length;
   };
+  // A fetch's TargetRegistration while it is made; cancels it when dropped (the fetch ended).
+  class Registering {
+   public:
+    Registering() = default;
+    explicit Registering(std::shared_ptr<TargetRegistration> r) : r_(std::move(r)) {}
+    Registering(Registering&& other) noexcept : r_(std::move(other.r_)) {}
+    Registering& operator=(Registering&& other) noexcept {
+      if (this != &other) {
+        reset();
+        r_ = std::move(other.r_);
+      }
+      return *this;
+    }
+    ~Registering() { reset(); }
+    void reset() {
+      if (r_) std::exchange(r_, nullptr)->cancel();
+    }
+    TargetRegistration* get() const { return r_.get(); }
+    explicit operator bool() const { return r_ != nullptr; }
+
+   private:
+    std::shared_ptr<TargetRegistration> r_;
+  };
   struct Fetch {
     FetchOp op;
     std::vector<std::shared_ptr<Region>> regions;  // per tensor; null for empty tensors
+    // Set while the registrar makes the registrations `regions` lacks (on_registered).
+    Registering registering;
+    std::optional<wire::Grant> grant;  // the owner's, when it came before the registrations
     std::deque<Read> reads;                        // not yet posted
     uint32_t posted = 0;                           // handed to the QP, not yet completed
     std::deque<uint32_t> posted_lengths;           // of those, in posting (= completion) order
@@ -127,9 +163,10 @@ class RdmaChannel final : public TransportChannel,
     uint64_t length;
   };
   struct Lease {
-    ObjectStore::Pin pin;
+    ObjectStore::Pin pin;  // empty while registering: the registrar's job holds it then
     SendDone done;
-    std::unique_ptr<boost::asio::steady_timer> timer;
+    std::unique_ptr<boost::asio::steady_timer> timer;  // from the grant on
+    bool registering = false;  // the registrar makes what the grant needs (on_serve_registered)
     std::vector<std::shared_ptr<Region>> regions;  // per segment; null for empty tensors
     wire::Grant grant;                             // sent once every window is bound
     std::vector<Bind> binds;                       // with windows: one per extent
@@ -137,6 +174,16 @@ class RdmaChannel final : public TransportChannel,
     std::vector<GrantMrHandle> registrations;      // per-grant registrations, if any
     size_t next_bind = 0;                          // binds posted
     uint32_t binding = 0;                          // binds posted, not yet completed
+  };
+  // What the registrar's job for a serve hands back to its lease (on_serve_registered). Members go
+  // in reverse order: registrations before their protection domain, everything before the pin.
+  struct ServeRegistration {
+    ObjectStore::Pin pin;  // the object's memory stays while it is registered
+    std::error_code error;
+    std::vector<std::shared_ptr<Region>> regions;  // region and window grants: per segment
+    std::shared_ptr<ibv_pd> pd;                    // per-grant registrations: this channel's
+    std::vector<GrantMrHandle> registrations;      // per-grant registrations, if any
+    wire::Grant grant;                             // with their rkeys
   };
   // A lease that ended while binds of its windows were in flight: kept until those complete,
   // then freed windows first, then the registrations and regions they may be bound over, then
@@ -153,6 +200,18 @@ class RdmaChannel final : public TransportChannel,
   // ENOMEM the send queue is full, anything else the queue pair is broken).
   int post_read(uint64_t request_id, const Read& r);
   void on_grant(uint64_t request_id, const wire::Grant& grant);
+  // The fetch's targets are registered and its grant came: its READs.
+  void read_granted(uint64_t request_id, Fetch& f, const wire::Grant& grant);
+  // The registrar is done with fetch `request_id`'s targets (`registration`, unless the fetch
+  // has moved on from it).
+  void on_registered(uint64_t request_id, TargetRegistration* registration);
+  // The registrar is done with what serve `request_id` needed: its lease grants, or ends.
+  void on_serve_registered(uint64_t request_id, ServeRegistration& done);
+  // Runs `job` on the registrar's thread, after the fault-injection delay, then `then` on this
+  // channel's strand (unless the channel has closed by then). The channel, its session and the
+  // context's loop are held until then; the loop counts it as outstanding work, so a context
+  // that closes meanwhile waits for it (within its close bound).
+  void off_strand(std::function<void()> job, std::function<void()> then);
   // True when nothing is in flight for it any more (see TransportChannel::abort).
   bool abort_fetch(uint64_t request_id);
   // Pins the object for the lease and sends `grant` (one segment per tensor; region rkeys
@@ -163,6 +222,11 @@ class RdmaChannel final : public TransportChannel,
   // when the lease ends (with device_error, at once, when a window or registration fails).
   void grant(uint64_t request_id, ObjectStore::Pin pin,
              std::vector<std::shared_ptr<Region>> regions, wire::Grant grant, SendDone done);
+  // grant() for the lease of `request_id`, which has its pin and done already: its timer, then
+  // the binds (windows) or the grant itself. `registrations`: per-grant registrations made for
+  // it, their rkeys in `grant`.
+  void start_lease(uint64_t request_id, std::vector<std::shared_ptr<Region>> regions,
+                   wire::Grant grant, std::vector<GrantMrHandle> registrations);
   // Ends a lease (release, abort, timeout); false if there was none.
   bool end_lease(uint64_t request_id, std::error_code ec);
   // Fetcher side. The owner says its queue pair is gone (a reset): to the error state and fails
@@ -185,10 +249,6 @@ class RdmaChannel final : public TransportChannel,
   void post_binds();
   void on_bound(uint64_t request_id);
   void send_grant(uint64_t request_id, const wire::Grant& grant);
-  // Registers each segment of `lease.grant` in pd_, in pieces of at most the device's largest
-  // registration, and puts the rkeys in it; false (logged) if
-  // one fails.
-  bool register_segments(Lease& lease);
   // A completion error or a failed post: the QP is unusable. Fails this channel's fetches and
   // leases and has the session drop it (the next fetch sets up a new one, once this QP is
   // destroyed if READs were outstanding: QuiesceBoard).
@@ -213,7 +273,9 @@ class RdmaChannel final : public TransportChannel,
   PeerStrand strand_;
   ChannelOptions options_;
 
-  PdHandle own_pd_;       // see init(): null when the QP is in the device's PD
+  // See init(): null when the QP is in the device's PD. Shared with the registrar's jobs, which
+  // register grants in it.
+  std::shared_ptr<ibv_pd> own_pd_;
   ibv_pd* pd_ = nullptr;  // the QP's
   CompChannelHandle comp_channel_;
   CqHandle cq_;

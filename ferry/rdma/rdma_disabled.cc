@@ -11,5 +11,6 @@ size_t inject_queue_pair_errors(Context&) { return 0; }
 
 void set_grant_tamper(Context&, GrantTamper) {}
 void lose_read_completions_after(Context&, uint32_t) {}
+void slow_registrations(Context&, std::chrono::milliseconds) {}
 
 }  // namespace ferry::rdma

@@ -325,6 +325,11 @@ void lose_read_completions_after(Context& ctx, uint32_t reads) {
   if (t) t->hooks()->lose_after.store(reads, std::memory_order_release);
 }
 
+void slow_registrations(Context& ctx, std::chrono::milliseconds delay) {
+  auto t = std::dynamic_pointer_cast<RdmaTransport>(ctx.transport(kTransportName));
+  if (t) t->hooks()->registration_delay_ms.store(delay.count(), std::memory_order_relaxed);
+}
+
 std::optional<RegistrationCounters> registration_counters(Context& ctx) {
   auto t = std::dynamic_pointer_cast<RdmaTransport>(ctx.transport(kTransportName));
   if (!t) return std::nullopt;
