@@ -421,6 +421,103 @@ TEST_F(Rdma, AFetchWhoseReadsTheDeviceNeverCompletesGoesOnOverANewPair) {
   EXPECT_TRUE(same_bytes(target, *bytes));
 }
 
+// Options whose peer timeout is short next to `delay`: a side whose io thread stood still for
+// `delay` would be declared dead by the other.
+ContextOptions impatient(ContextOptions o, std::chrono::milliseconds delay) {
+  o.heartbeat_interval = delay / 12;
+  o.peer_timeout = delay / 3;
+  return o;
+}
+
+// A fetch whose targets take long to register (as many GiB do) registers them off the io
+// thread: the peers keep hearing from each other, and a fetch into memory registered already
+// (the receive pool's) completes meanwhile.
+TEST_F(Rdma, TargetsThatTakeLongToRegisterStallNeitherThePeerNorOtherFetches) {
+  const auto delay = scaled(5s);
+  Server server(impatient({}, delay));
+  Context client(impatient(client_options("client"), delay));
+  auto peer = connect_or_fail(client, server.address());
+  auto bytes = make_pattern(8u << 20, 44);
+  const ObjectRef ref = server.put(bytes);
+  rdma::slow_registrations(client, delay);
+  std::vector<std::byte> target(bytes->size());
+  const auto started = std::chrono::steady_clock::now();
+  auto slow = peer.fetch(ref, {target});
+  auto pooled = peer.fetch(ref);  // into the pool, registered when its region was made
+  ASSERT_FALSE(pooled.wait(scaled(60s))) << pooled.wait(0s).message();
+  EXPECT_FALSE(slow.done()) << "the slow registration did not hold its fetch back";
+  EXPECT_TRUE(same_bytes(pooled.result().tensors.at(0), *bytes));
+  ASSERT_FALSE(slow.wait(scaled(120s))) << slow.wait(0s).message();
+  EXPECT_GE(std::chrono::steady_clock::now() - started, delay);
+  EXPECT_EQ(slow.result().transport, "RDMA");
+  EXPECT_EQ(slow.result().restarts, 0u);
+  EXPECT_TRUE(same_bytes(target, *bytes));
+  rdma::slow_registrations(client, 0ms);
+  auto again = peer.fetch(ref);
+  EXPECT_FALSE(again.wait(scaled(60s))) << "the peer did not survive the registration";
+}
+
+// The owner's side of the same: the memory a grant needs is registered off the owner's io
+// thread (with per-grant registrations, rxe's default, at every grant), and the fetcher, whose
+// peer timeout is far shorter, keeps hearing from it.
+TEST_F(Rdma, AGrantThatTakesLongToRegisterLeavesTheOwnerResponsive) {
+  for (RdmaGrants grants : {RdmaGrants::registrations, RdmaGrants::regions}) {
+    SCOPED_TRACE(grants == RdmaGrants::regions ? "regions" : "registrations");
+    const auto delay = scaled(5s);
+    Server server(impatient(owner_options(grants), delay));
+    Context client(impatient(client_options("client"), delay));
+    auto peer = connect_or_fail(client, server.address());
+    auto bytes = make_pattern(8u << 20, 45);
+    const ObjectRef ref = server.put(bytes);
+    rdma::slow_registrations(server.ctx, delay);
+    std::vector<std::byte> target(bytes->size());
+    const auto started = std::chrono::steady_clock::now();
+    auto req = peer.fetch(ref, {target});
+    ASSERT_FALSE(req.wait(scaled(120s))) << req.wait(0s).message();
+    EXPECT_GE(std::chrono::steady_clock::now() - started, delay);
+    EXPECT_EQ(req.result().restarts, 0u);
+    EXPECT_TRUE(same_bytes(target, *bytes));
+  }
+}
+
+// An abort, and a context's close, do not wait for a registration under way; the registration
+// is let go once it is made (no registration is left behind).
+TEST_F(Rdma, AFetchWhoseTargetsAreBeingRegisteredAbortsAtOnce) {
+  const auto delay = scaled(6s);
+  Server server;
+  auto bytes = make_pattern(8u << 20, 46);
+  const ObjectRef ref = server.put(bytes);
+  {
+    Context client(client_options("client"));
+    auto peer = connect_or_fail(client, server.address());
+    ASSERT_FALSE(peer.fetch(ref).wait(scaled(60s)));  // the queue pair is up, the pool warm
+    const uint64_t live_before = rdma::registration_counters(client)->live;
+    rdma::slow_registrations(client, delay);
+    std::vector<std::byte> target(bytes->size());
+    auto req = peer.fetch(ref, {target});
+    std::this_thread::sleep_for(delay / 6);
+    const auto aborted_at = std::chrono::steady_clock::now();
+    req.abort();
+    EXPECT_EQ(req.wait(scaled(60s)), errc::aborted);
+    EXPECT_LT(std::chrono::steady_clock::now() - aborted_at, delay / 3)
+        << "the abort waited for the registration";
+    EXPECT_TRUE(eventually([&] { return rdma::registration_counters(client)->live == live_before; },
+                           2 * delay))
+        << "the aborted fetch's registration was kept";
+    // Closed with a registration under way: the close ends the fetch and waits for the
+    // registration to come back (within its own bound of 5 s), which lets it go.
+    rdma::slow_registrations(client, 2s);
+    std::vector<std::byte> other(bytes->size());
+    auto in_flight = peer.fetch(ref, {other});
+    std::this_thread::sleep_for(200ms);
+    client.close();
+    EXPECT_TRUE(in_flight.done());
+    EXPECT_TRUE(in_flight.wait(0s)) << "a fetch the close ended succeeded";
+    EXPECT_LE(rdma::registration_counters(client)->live, live_before)
+        << "the closed fetch's registration was kept";
+  }
+}
+
 // kFetches fetches of 2 MiB each over one queue pair, into targets of their own (8 MiB in all:
 // every READ of every fetch is posted at once, RdmaChannel's pipe bound), each completion handler
 // reading the fetcher's queue-pair gauge. For the tests of what may end a fetch while its READs

@@ -3,6 +3,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
+#include <condition_variable>
 #include <string_view>
 
 #include "ferry/net/errors.h"
@@ -16,6 +18,10 @@ struct Region::Shared {
   uintptr_t chunk;
   std::mutex mu;
   std::map<uintptr_t, std::weak_ptr<Region>> regions;  // by begin address
+  // Ranges acquire() is registering now: another acquire() of memory inside one waits for it
+  // (both run off the io threads) instead of registering the same pages again.
+  std::vector<std::pair<uintptr_t, uintptr_t>> making;
+  std::condition_variable made;
   MrCache::Counters counters;
 };
 
@@ -65,10 +71,41 @@ std::shared_ptr<Region> covering(const std::map<uintptr_t, std::weak_ptr<Region>
 
 Result<std::shared_ptr<Region>> MrCache::acquire(const void* addr, size_t len,
                                                  std::span<const std::byte> hint) {
-  if (auto hit = find(addr, len)) return hit;
-  auto made = make(addr, len, hint);
+  const auto a = reinterpret_cast<uintptr_t>(addr);
+  const auto [begin, end] = range_of(a, len, hint);
+  auto& making = shared_->making;
+  const auto underway = [&] {
+    return std::any_of(making.begin(), making.end(),
+                       [&](const auto& r) { return r.first <= a && a + len <= r.second; });
+  };
+  {
+    // Declared before the lock, as in find().
+    std::shared_ptr<Region> nearest;
+    std::shared_ptr<Region> nearest_after;
+    std::unique_lock lock(shared_->mu);
+    auto hit = covering(shared_->regions, a, len, nearest);
+    if (!hit && underway()) {
+      // Bounded all the same: past it, this registers the range itself.
+      shared_->made.wait_for(lock, std::chrono::minutes(1), [&] { return !underway(); });
+      hit = covering(shared_->regions, a, len, nearest_after);
+    }
+    if (hit) {
+      ++shared_->counters.hits;
+      return hit;
+    }
+    making.emplace_back(begin, end);
+  }
+  auto made = register_range(begin, end);
+  std::shared_ptr<Region> nearest;
+  std::shared_ptr<Region> published;
+  {
+    std::lock_guard lock(shared_->mu);
+    making.erase(std::find(making.begin(), making.end(), std::pair(begin, end)));
+    if (made) published = publish_locked(*made, nearest);
+  }
+  shared_->made.notify_all();
   if (!made) return made;
-  return publish(*made);
+  return published;
 }
 
 std::shared_ptr<Region> MrCache::find(const void* addr, size_t len) {
@@ -81,7 +118,12 @@ std::shared_ptr<Region> MrCache::find(const void* addr, size_t len) {
 
 Result<std::shared_ptr<Region>> MrCache::make(const void* addr, size_t len,
                                               std::span<const std::byte> hint) {
-  const auto a = reinterpret_cast<uintptr_t>(addr);
+  const auto [begin, end] = range_of(reinterpret_cast<uintptr_t>(addr), len, hint);
+  return register_range(begin, end);
+}
+
+std::pair<uintptr_t, uintptr_t> MrCache::range_of(uintptr_t a, size_t len,
+                                                  std::span<const std::byte> hint) {
   uintptr_t begin;
   uintptr_t end;
   const auto h = reinterpret_cast<uintptr_t>(hint.data());
@@ -94,6 +136,10 @@ Result<std::shared_ptr<Region>> MrCache::make(const void* addr, size_t len,
     end = (a + len + page - 1) & ~(page - 1);
   }
   if (end == begin) end = begin + 1;
+  return {begin, end};
+}
+
+Result<std::shared_ptr<Region>> MrCache::register_range(uintptr_t begin, uintptr_t end) {
   // One registration per chunk; a failure releases those made before it. Without the lock: a
   // registration can take seconds.
   std::vector<MrHandle> mrs;
@@ -131,6 +177,11 @@ Result<std::shared_ptr<Region>> MrCache::make(const void* addr, size_t len,
 std::shared_ptr<Region> MrCache::publish(const std::shared_ptr<Region>& region) {
   std::shared_ptr<Region> nearest;
   std::lock_guard lock(shared_->mu);
+  return publish_locked(region, nearest);
+}
+
+std::shared_ptr<Region> MrCache::publish_locked(const std::shared_ptr<Region>& region,
+                                                std::shared_ptr<Region>& nearest) {
   const size_t len = region->end() - region->begin();
   if (auto theirs = covering(shared_->regions, region->begin(), len, nearest)) {
     ++shared_->counters.hits;

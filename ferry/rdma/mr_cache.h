@@ -17,6 +17,7 @@
 #include <memory>
 #include <mutex>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "ferry/net/result.h"
@@ -89,7 +90,9 @@ class MrCache {
 
   // A region covering [addr, addr+len). `hint` (optional) is the allocation around it: when a
   // new registration is needed, the whole hint is registered. device_error when registration
-  // fails (errno in the log; the chunks registered before it are released).
+  // fails (errno in the log; the chunks registered before it are released). Memory inside a
+  // range another acquire() is registering waits for that registration (at most a minute)
+  // instead of registering the same pages again: call it off the io threads when it may miss.
   Result<std::shared_ptr<Region>> acquire(const void* addr, size_t len,
                                           std::span<const std::byte> hint = {});
   // The live region covering [addr, addr+len), counted as a hit, or null. Registers nothing:
@@ -106,6 +109,16 @@ class MrCache {
   Counters counters() const;
 
  private:
+  // The range a new region for [a, a+len) covers: `hint` when it holds the range, else the
+  // pages the range touches.
+  static std::pair<uintptr_t, uintptr_t> range_of(uintptr_t a, size_t len,
+                                                  std::span<const std::byte> hint);
+  // publish() with the cache's lock held; `nearest` as covering()'s (declared before the lock).
+  std::shared_ptr<Region> publish_locked(const std::shared_ptr<Region>& region,
+                                         std::shared_ptr<Region>& nearest);
+  // Registers [begin, end) in chunks, without the lock; not yet visible to find().
+  Result<std::shared_ptr<Region>> register_range(uintptr_t begin, uintptr_t end);
+
   std::shared_ptr<Region::Shared> shared_;
 };
 

@@ -23,7 +23,7 @@ class ObjectRegions {
   // The registrations of `object`'s tensors on `device` (null for empty tensors), made now if
   // this is the object's first grant there. device_error when a registration fails. The caller
   // pins the object meanwhile (so it is not collected before its registrations are recorded).
-  // Registers without the table's lock: the registrar's thread (ferry/rdma/registrar.h).
+  // Registers without the table's lock: a registrar thread (ferry/rdma/registrar.h).
   Result<std::vector<std::shared_ptr<Region>>> acquire(Device& device, const StoredObject& object);
   // Those registrations if they are made already, else nullopt. Registers nothing: cheap enough
   // for an io thread.

@@ -6,12 +6,12 @@
 // polling loop on the strand.
 //
 // Fetcher side: a fetch waits for the owner's grant (and for its targets' registrations, when they
-// miss the cache and are made on the registrar's thread meanwhile), then becomes READs straight
+// miss the cache and are made on a registrar thread meanwhile), then becomes READs straight
 // into the target buffers (split at kReadChunk), posted oldest fetch first within a bound on the
 // bytes in flight (a fetch that one READ finishes goes ahead); the last completion resolves it
 // and a release message ends the owner's lease. Owner side: a lease pins the object until the
 // release, an abort, the lease timeout or the channel's end; memory the grant needs registered
-// first is registered on the registrar's thread, and the grant leaves once it is.
+// first is registered on a registrar thread, and the grant leaves once it is.
 #pragma once
 
 #include <atomic>
@@ -82,7 +82,7 @@ class RdmaChannel final : public TransportChannel,
   std::error_code connect(const wire::QpInfo& remote);
 
   // TransportChannel, on the strand. fetch_multiple looks the targets up in the local cache,
-  // has those it misses registered on the registrar's thread, and waits for them and for the
+  // has those it misses registered on a registrar thread, and waits for them and for the
   // owner's grant, which becomes READs; a registration that fails completes the fetch with
   // device_error. send_multiple grants: it looks up (or has the registrar make) the object's
   // registrations as the device's grant mode says and leases the object to the peer until its
@@ -143,10 +143,10 @@ class RdmaChannel final : public TransportChannel,
     std::vector<std::shared_ptr<Region>> regions;  // per tensor; null for empty tensors
     // Set while the registrar makes the registrations `regions` lacks (on_registered).
     Registering registering;
-    std::optional<wire::Grant> grant;  // the owner's, when it came before the registrations
-    std::deque<Read> reads;                        // not yet posted
-    uint32_t posted = 0;                           // handed to the QP, not yet completed
-    std::deque<uint32_t> posted_lengths;           // of those, in posting (= completion) order
+    std::optional<wire::Grant> grant;     // the owner's, when it came before the registrations
+    std::deque<Read> reads;               // not yet posted
+    uint32_t posted = 0;                  // handed to the QP, not yet completed
+    std::deque<uint32_t> posted_lengths;  // of those, in posting (= completion) order
     // Bytes of its READs that completed: they follow op.resume_at without a gap, since its
     // READs are posted in the object's order and a queue pair completes them in posting order.
     uint64_t landed = 0;
@@ -207,7 +207,7 @@ class RdmaChannel final : public TransportChannel,
   void on_registered(uint64_t request_id, TargetRegistration* registration);
   // The registrar is done with what serve `request_id` needed: its lease grants, or ends.
   void on_serve_registered(uint64_t request_id, ServeRegistration& done);
-  // Runs `job` on the registrar's thread, after the fault-injection delay, then `then` on this
+  // Runs `job` on a registrar thread, after the fault-injection delay, then `then` on this
   // channel's strand (unless the channel has closed by then). The channel, its session and the
   // context's loop are held until then; the loop counts it as outstanding work, so a context
   // that closes meanwhile waits for it (within its close bound).

@@ -9,25 +9,36 @@
 namespace ferry::rdma {
 namespace {
 
+// Up to kThreads registrations at once: one large registration (seconds) must not hold back
+// every other peer's small one, nor a process's serves behind its own fetches.
+constexpr int kThreads = 4;
+
 class Registrar {
  public:
-  Registrar() {
-    std::thread([this] { run(); }).detach();
-  }
-
   void submit(std::function<void()> job) {
+    bool spawn = false;
     {
       std::lock_guard lock(mu_);
       queue_.push_back(std::move(job));
+      if (queue_.size() > static_cast<size_t>(idle_) && threads_ < kThreads) {
+        ++threads_;
+        spawn = true;
+      }
     }
-    cv_.notify_one();
+    if (spawn) {
+      std::thread([this] { run(); }).detach();
+    } else {
+      cv_.notify_one();
+    }
   }
 
  private:
   void run() {
     std::unique_lock lock(mu_);
     for (;;) {
+      ++idle_;
       cv_.wait(lock, [&] { return !queue_.empty(); });
+      --idle_;
       auto job = std::move(queue_.front());
       queue_.pop_front();
       lock.unlock();
@@ -40,6 +51,8 @@ class Registrar {
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<std::function<void()>> queue_;
+  int threads_ = 0;  // started so far (they never end)
+  int idle_ = 0;     // waiting for a job
 };
 
 // Never destroyed: the detached thread may still use it while the process exits.

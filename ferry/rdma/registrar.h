@@ -4,7 +4,7 @@
 // on soft-RoCE under load. On a peer's io thread that would stall every peer of the thread (no
 // heartbeat leaves, no completion is reaped, a peer timeout shorter than the registration reads
 // the stall as a dead peer). So a fetch whose targets miss the registration cache, and a serve
-// whose memory is not registered yet, hand the registration to this one thread and go on when
+// whose memory is not registered yet, hand the registration to a registrar thread and go on when
 // its result is posted back to their strand. Cache hits stay on the strand: they cost a lookup.
 #pragma once
 
@@ -20,10 +20,10 @@
 
 namespace ferry::rdma {
 
-// Queues `job` to run on the registrar thread (started on first use, never joined, as the
-// reaper's: at exit the kernel releases what is left). Jobs run one at a time, in the order they
-// were submitted, so a small registration may wait for a large one queued before it. Any
-// thread; never blocks.
+// Queues `job` to run on a registrar thread (up to four, started as jobs need them and never
+// joined, as the reaper's: at exit the kernel releases what is left). Jobs start in the order
+// they were submitted; four run at once at most, so a small registration waits for a large one
+// only when four are under way. Any thread; never blocks.
 void submit_registration(std::function<void()> job);
 
 // The registrations one fetch's targets lack, made on the registrar thread. The fetch's channel
