@@ -34,6 +34,10 @@ constexpr auto kSafetyNet = std::chrono::seconds(1);
 // Work requests that bind memory windows carry the lease's request id with this bit set, apart
 // from the READs (which carry the fetch's request id; ids never reach it).
 constexpr uint64_t kBindBit = 1ull << 63;
+// Registrations of less memory than this run on the strand: a few pages pin in microseconds,
+// less than the hop to a registrar thread and back would add to a small fetch or serve. Larger
+// ones go to a registrar thread (ferry/rdma/registrar.h).
+constexpr uint64_t kRegisterOnTheStrandBelow = 1u << 20;
 
 // One extent of a grant's segment that a single rkey opens: the segment itself, or one of its
 // pieces (wire::Segment.pieces).
@@ -399,18 +403,28 @@ bool RdmaChannel::lose_completion() {
 Result<FetchRequest> RdmaChannel::fetch_multiple(const FetchOp& op) {
   Fetch f;
   f.regions.reserve(op.targets.size());
-  bool missing = false;
+  uint64_t missing = 0;  // bytes of targets that miss the cache
   for (const auto& t : op.targets) {
     f.regions.push_back(t.empty() ? nullptr : device_->local_cache().find(t.data(), t.size()));
-    missing = missing || (!t.empty() && !f.regions.back());
+    if (!t.empty() && !f.regions.back()) missing += t.size();
+  }
+  if (missing > 0 && missing < kRegisterOnTheStrandBelow) {
+    for (size_t i = 0; i < op.targets.size(); ++i) {
+      if (op.targets[i].empty() || f.regions[i]) continue;
+      auto region = device_->local_cache().acquire(op.targets[i].data(), op.targets[i].size());
+      if (!region) return region.error();
+      f.regions[i] = std::move(region.value());
+    }
+    missing = 0;
   }
   f.op = op;
-  if (missing) {
+  if (missing > 0) {
     // Registered off the strand while the request goes to the owner; the grant waits for it.
     auto registration = std::make_shared<TargetRegistration>(op.targets, f.regions);
     f.registering = Registering(registration);
-    off_strand([registration, device = device_] { registration->run(device->local_cache()); },
-               [this, id = op.request_id, r = registration.get()] { on_registered(id, r); });
+    off_strand(
+        missing, [registration, device = device_] { registration->run(device->local_cache()); },
+        [this, id = op.request_id, r = registration.get()] { on_registered(id, r); });
   }
   fetches_[op.request_id] = std::move(f);
   return op.request;
@@ -435,7 +449,12 @@ void RdmaChannel::on_registered(uint64_t request_id, TargetRegistration* registr
   }
 }
 
-void RdmaChannel::off_strand(std::function<void()> job, std::function<void()> then) {
+void RdmaChannel::off_strand(uint64_t bytes, std::function<void()> job,
+                             std::function<void()> then) {
+  if (bytes < kRegisterOnTheStrandBelow) {
+    job();
+    return then();
+  }
   auto link = link_.lock();
   if (!link) return;  // the session is gone: this channel closes with it
   const std::chrono::milliseconds delay(
@@ -636,8 +655,8 @@ void RdmaChannel::send_multiple(uint64_t request_id, ObjectStore::Pin object, Se
                    std::move(done));
     }
   }
-  // The registrar makes them; the lease waits (an abort or close ends it meanwhile) while the
-  // job pins the object.
+  // Made here when small, else on a registrar thread: the lease waits meanwhile (an abort or
+  // close ends it) while the job pins the object.
   Lease& lease = leases_[request_id];
   lease.done = std::move(done);
   lease.registering = true;
@@ -647,7 +666,15 @@ void RdmaChannel::send_multiple(uint64_t request_id, ObjectStore::Pin object, Se
     // pd_ is own_pd_ on a serving channel; the device's PD otherwise, which the device holds.
     job->pd = own_pd_ ? own_pd_ : std::shared_ptr<ibv_pd>(std::shared_ptr<void>(), pd_);
   }
+  // What gets registered: the granted tensors, or, for a view put with PutOptions::region, the
+  // whole region at its first grant.
+  uint64_t bytes = 0;
+  for (const auto& t : job->pin.object().tensors) bytes += t.data.size();
+  if (mode != RdmaGrants::registrations) {
+    bytes = std::max<uint64_t>(bytes, job->pin.object().region.size());
+  }
   off_strand(
+      bytes,
       [job, mode, device = device_, objects = options_.objects, lease_ms = options_.lease_timeout] {
         const StoredObject& object = job->pin.object();
         if (mode == RdmaGrants::registrations) {

@@ -207,11 +207,13 @@ class RdmaChannel final : public TransportChannel,
   void on_registered(uint64_t request_id, TargetRegistration* registration);
   // The registrar is done with what serve `request_id` needed: its lease grants, or ends.
   void on_serve_registered(uint64_t request_id, ServeRegistration& done);
-  // Runs `job` on a registrar thread, after the fault-injection delay, then `then` on this
-  // channel's strand (unless the channel has closed by then). The channel, its session and the
-  // context's loop are held until then; the loop counts it as outstanding work, so a context
-  // that closes meanwhile waits for it (within its close bound).
-  void off_strand(std::function<void()> job, std::function<void()> then);
+  // Registers `bytes` of memory with `job`, then runs `then` on this channel's strand: both at
+  // once, here, below kRegisterOnTheStrandBelow; otherwise `job` on a registrar thread, after
+  // the fault-injection delay, and `then` posted back (dropped if the channel has closed by
+  // then). The channel, its session and the context's loop are held until then; the loop counts
+  // it as outstanding work, so a context that closes meanwhile waits for it (within its close
+  // bound).
+  void off_strand(uint64_t bytes, std::function<void()> job, std::function<void()> then);
   // True when nothing is in flight for it any more (see TransportChannel::abort).
   bool abort_fetch(uint64_t request_id);
   // Pins the object for the lease and sends `grant` (one segment per tensor; region rkeys
