@@ -402,20 +402,24 @@ TEST_F(Rdma, AFetchWhosePairBrokeGoesOnFromTheFirstByteItLacks) {
 }
 
 // A device that goes on working but loses the completions of the READs outstanding (rxe under
-// load): the stall bound ends the pair after the peer timeout and the fetch goes on over a new
-// pair from the bytes whose READs did complete.
+// load): two seconds without a completion, a probe READ of one byte completes where they did
+// not, which ends the pair long before the stall bound (the peer timeout), and the fetch goes on
+// over a new pair from the bytes whose READs did complete.
 TEST_F(Rdma, AFetchWhoseReadsTheDeviceNeverCompletesGoesOnOverANewPair) {
   Server server;
   ContextOptions options = client_options("client");
-  options.peer_timeout = 10s;
+  options.peer_timeout = scaled(20s);
   Context client(options);
   auto peer = connect_or_fail(client, server.address());
   auto bytes = make_pattern(32u << 20, 43);
   const ObjectRef ref = server.put(bytes);
   rdma::lose_read_completions_after(client, 4);
   std::vector<std::byte> target(bytes->size());
+  const auto started = std::chrono::steady_clock::now();
   auto req = peer.fetch(ref, {target});
   ASSERT_FALSE(req.wait(scaled(120s))) << req.wait(0s).message();
+  const auto took = std::chrono::steady_clock::now() - started;
+  EXPECT_LT(took, options.peer_timeout) << "the stall bound ended the pair, not the probe";
   EXPECT_EQ(req.result().transport, "RDMA");
   EXPECT_EQ(req.result().restarts, 1u);
   EXPECT_TRUE(same_bytes(target, *bytes));

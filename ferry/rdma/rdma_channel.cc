@@ -34,6 +34,11 @@ constexpr auto kSafetyNet = std::chrono::seconds(1);
 // Work requests that bind memory windows carry the lease's request id with this bit set, apart
 // from the READs (which carry the fetch's request id; ids never reach it).
 constexpr uint64_t kBindBit = 1ull << 63;
+// The probe READ's work request id (post_probe); fetch ids never reach it either.
+constexpr uint64_t kProbeId = 1ull << 62;
+// Safety-net ticks without a completion, READs outstanding, before a probe is posted: a
+// retransmission takes 0.5 s a try with our timeout, so two seconds are rarely a loss alone.
+constexpr unsigned kProbeAfterTicks = 2;
 // Registrations of less memory than this run on the strand: a few pages pin in microseconds,
 // less than the hop to a registrar thread and back would add to a small fetch or serve. Larger
 // ones go to a registrar thread (ferry/rdma/registrar.h).
@@ -153,6 +158,13 @@ RdmaChannel::~RdmaChannel() {
   retired_.clear();
   qp_.reset();
   if (quiet_) retire(std::move(quiet_));  // the reaper runs it once the QP is destroyed
+  if (probe_mr_) {
+    // After the QP is destroyed (the reaper's order): a probe in flight may write its byte
+    // until then.
+    auto probe = std::make_shared<std::pair<MrHandle, std::unique_ptr<std::byte[]>>>(
+        std::move(probe_mr_), std::move(probe_byte_));
+    retire([probe] {});
+  }
   if (cq_ && unacked_events_) ibv_ack_cq_events(cq_.get(), unacked_events_);
   cq_.reset();
   if (cq_fd_.is_open()) cq_fd_.release();
@@ -187,6 +199,11 @@ std::error_code RdmaChannel::init(bool serves) {
   init.cap.max_recv_sge = 1;
   qp_ = device_->create_qp(pd_, init);
   if (!qp_) return last_errno();
+  if (!serves) {
+    probe_byte_ = std::make_unique<std::byte[]>(64);
+    probe_mr_.reset(ibv_reg_mr(pd_, probe_byte_.get(), 64, IBV_ACCESS_LOCAL_WRITE));
+    if (!probe_mr_) return last_errno();
+  }
   ibv_qp_attr a{};
   a.qp_state = IBV_QPS_INIT;
   a.pkey_index = 0;
@@ -280,11 +297,16 @@ void RdmaChannel::drain() {
   while (!closed_ && (n = ibv_poll_cq(cq_.get(), kPollBatch, wcs)) > 0) {
     for (int i = 0; i < n; ++i) {
       const ibv_wc& wc = wcs[i];
-      if (!(wc.wr_id & kBindBit) && wc.status == IBV_WC_SUCCESS && lose_completion()) {
+      if (!(wc.wr_id & kBindBit) && wc.wr_id != kProbeId && wc.status == IBV_WC_SUCCESS &&
+          lose_completion()) {
         continue;  // as if the device never wrote it
       }
       ++completions_;
       if (in_flight_) --in_flight_;
+      if (wc.wr_id == kProbeId) {
+        if (!on_probe(wc)) return;  // it failed the pair
+        continue;
+      }
       if (wc.wr_id & kBindBit) {
         if (wc.status != IBV_WC_SUCCESS) {
           if (wc.status != IBV_WC_WR_FLUSH_ERR) {
@@ -297,6 +319,7 @@ void RdmaChannel::drain() {
         on_bound(wc.wr_id & ~kBindBit);
         continue;
       }
+      ++reads_done_;
       auto it = fetches_.find(wc.wr_id);
       if (it != fetches_.end() && it->second.posted) {
         --it->second.posted;
@@ -370,6 +393,7 @@ void RdmaChannel::arm_safety_net() {
           qp_->qp_num, idle_ticks_, in_flight_);
       return fail(make_error_code(errc::peer_unresponsive));
     }
+    if (idle_ticks_ == kProbeAfterTicks) post_probe();
     if (idle_ticks_ % 5 == 2) {
       ibv_qp_attr a{};
       ibv_qp_init_attr init{};
@@ -564,7 +588,60 @@ int RdmaChannel::post_read(uint64_t request_id, const Read& r) {
   wr.wr.rdma.remote_addr = r.remote;
   wr.wr.rdma.rkey = r.rkey;
   ibv_send_wr* bad = nullptr;
-  return ibv_post_send(qp_.get(), &wr, &bad);
+  const int rc = ibv_post_send(qp_.get(), &wr, &bad);
+  if (rc == 0) {
+    newest_remote_ = r.remote;
+    newest_rkey_ = r.rkey;
+    ++reads_posted_;
+  }
+  return rc;
+}
+
+void RdmaChannel::post_probe() {
+  if (probing_ || !probe_mr_ || closed_ || !connected_ || in_flight_ >= sq_depth_ ||
+      reads_done_ == reads_posted_) {
+    return;
+  }
+  ibv_sge sge{};
+  sge.addr = reinterpret_cast<uint64_t>(probe_byte_.get());
+  sge.length = 1;  // not 0: rxe answers a retried READ after a zero-length one with an error
+  sge.lkey = probe_mr_->lkey;
+  ibv_send_wr wr{};
+  wr.wr_id = kProbeId;
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  wr.opcode = IBV_WR_RDMA_READ;
+  wr.send_flags = IBV_SEND_SIGNALED;
+  // The newest posted READ is outstanding (nothing completed since), so its lease, and with it
+  // this rkey, is still the owner's grant to us.
+  wr.wr.rdma.remote_addr = newest_remote_;
+  wr.wr.rdma.rkey = newest_rkey_;
+  ibv_send_wr* bad = nullptr;
+  if (ibv_post_send(qp_.get(), &wr, &bad) != 0) return;  // the stall bound stays
+  probing_ = true;
+  probe_behind_ = reads_posted_;
+  ++in_flight_;
+}
+
+bool RdmaChannel::on_probe(const ibv_wc& wc) {
+  probing_ = false;
+  if (wc.status == IBV_WC_WR_FLUSH_ERR) return true;  // the pair is failing already
+  if (wc.status != IBV_WC_SUCCESS) {
+    // Not a fetch's fault: the pair is unusable, its fetches start again.
+    FERRY_LOG_WARN("rdma: queue pair {}: the probe READ failed: {}", qp_->qp_num,
+                   ibv_wc_status_str(wc.status));
+    fail(make_wc_error(wc.status));
+    return false;
+  }
+  if (reads_done_ < probe_behind_) {
+    FERRY_LOG_WARN(
+        "rdma: queue pair {}: a probe READ completed while {} READs posted before it had not: "
+        "the device lost their completions; treating the pair as broken",
+        qp_->qp_num, probe_behind_ - reads_done_);
+    fail(make_error_code(errc::peer_unresponsive));
+    return false;
+  }
+  return true;
 }
 
 void RdmaChannel::post_reads() {

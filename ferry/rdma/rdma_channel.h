@@ -237,6 +237,14 @@ class RdmaChannel final : public TransportChannel,
   // still here when its error is read would fail with it instead of starting again.
   void on_peer_reset();
 
+  // Fetcher side, when READs are outstanding and nothing completed for kProbeAfter: posts one
+  // READ of a byte, from the start of the newest posted READ's remote range into probe_byte_.
+  // The queue pair completes its work in posting order, so if the probe completes while READs
+  // posted before it have not, the device lost their completions (rxe under load): fail() at
+  // once instead of after the whole stall timeout. One probe at a time.
+  void post_probe();
+  // The probe's completion (drain); false when it failed the pair.
+  bool on_probe(const ibv_wc& wc);
   void watch();
   void on_cq_event();
   void drain();
@@ -296,6 +304,16 @@ class RdmaChannel final : public TransportChannel,
   bool busy_running_ = false;
   bool safety_armed_ = false;
 
+  // Fetcher side: the byte a probe READ lands in, registered in pd_ (init), and the newest
+  // posted READ's remote end, where a probe reads.
+  std::unique_ptr<std::byte[]> probe_byte_;
+  MrHandle probe_mr_;
+  uint64_t newest_remote_ = 0;
+  uint32_t newest_rkey_ = 0;
+  bool probing_ = false;       // a probe is posted
+  uint64_t reads_posted_ = 0;  // READs handed to the QP so far
+  uint64_t reads_done_ = 0;    // READ completions polled so far (success or not)
+  uint64_t probe_behind_ = 0;  // reads_posted_ when the probe was posted
   uint32_t in_flight_ = 0;
   uint64_t posted_bytes_ = 0;  // of the READs in flight
   uint64_t completions_ = 0;   // polled so far
