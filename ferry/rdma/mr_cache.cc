@@ -22,6 +22,8 @@ struct Region::Shared {
   // (both run off the io threads) instead of registering the same pages again.
   std::vector<std::pair<uintptr_t, uintptr_t>> making;
   std::condition_variable made;
+  // Whether a range in `making` holds [a, a+len). mu held.
+  bool underway(uintptr_t a, size_t len) const;
   MrCache::Counters counters;
 };
 
@@ -69,26 +71,32 @@ std::shared_ptr<Region> covering(const std::map<uintptr_t, std::weak_ptr<Region>
 
 }  // namespace
 
+bool Region::Shared::underway(uintptr_t a, size_t len) const {
+  return std::any_of(making.begin(), making.end(),
+                     [&](const auto& r) { return r.first <= a && a + len <= r.second; });
+}
+
+std::shared_ptr<Region> MrCache::wait_for_underway(uintptr_t a, size_t len,
+                                                   std::unique_lock<std::mutex>& lock,
+                                                   std::shared_ptr<Region>& nearest) {
+  if (!shared_->underway(a, len)) return nullptr;
+  // Bounded all the same: past it, the caller registers the range itself.
+  shared_->made.wait_for(lock, std::chrono::minutes(1), [&] { return !shared_->underway(a, len); });
+  return covering(shared_->regions, a, len, nearest);
+}
+
 Result<std::shared_ptr<Region>> MrCache::acquire(const void* addr, size_t len,
-                                                 std::span<const std::byte> hint) {
+                                                 std::span<const std::byte> hint, bool reserved) {
   const auto a = reinterpret_cast<uintptr_t>(addr);
   const auto [begin, end] = range_of(a, len, hint);
   auto& making = shared_->making;
-  const auto underway = [&] {
-    return std::any_of(making.begin(), making.end(),
-                       [&](const auto& r) { return r.first <= a && a + len <= r.second; });
-  };
-  {
+  if (!reserved) {
     // Declared before the lock, as in find().
     std::shared_ptr<Region> nearest;
     std::shared_ptr<Region> nearest_after;
     std::unique_lock lock(shared_->mu);
     auto hit = covering(shared_->regions, a, len, nearest);
-    if (!hit && underway()) {
-      // Bounded all the same: past it, this registers the range itself.
-      shared_->made.wait_for(lock, std::chrono::minutes(1), [&] { return !underway(); });
-      hit = covering(shared_->regions, a, len, nearest_after);
-    }
+    if (!hit) hit = wait_for_underway(a, len, lock, nearest_after);
     if (hit) {
       ++shared_->counters.hits;
       return hit;
@@ -108,6 +116,17 @@ Result<std::shared_ptr<Region>> MrCache::acquire(const void* addr, size_t len,
   return published;
 }
 
+void MrCache::reserve(const void* addr, size_t len, std::span<const std::byte> hint) {
+  const auto range = range_of(reinterpret_cast<uintptr_t>(addr), len, hint);
+  std::lock_guard lock(shared_->mu);
+  shared_->making.push_back(range);
+}
+
+bool MrCache::being_registered(const void* addr, size_t len) const {
+  std::lock_guard lock(shared_->mu);
+  return shared_->underway(reinterpret_cast<uintptr_t>(addr), len);
+}
+
 std::shared_ptr<Region> MrCache::find(const void* addr, size_t len) {
   std::shared_ptr<Region> nearest;
   std::lock_guard lock(shared_->mu);
@@ -118,7 +137,13 @@ std::shared_ptr<Region> MrCache::find(const void* addr, size_t len) {
 
 Result<std::shared_ptr<Region>> MrCache::make(const void* addr, size_t len,
                                               std::span<const std::byte> hint) {
-  const auto [begin, end] = range_of(reinterpret_cast<uintptr_t>(addr), len, hint);
+  const auto a = reinterpret_cast<uintptr_t>(addr);
+  {
+    std::shared_ptr<Region> nearest;
+    std::unique_lock lock(shared_->mu);
+    if (auto theirs = wait_for_underway(a, len, lock, nearest)) return theirs;
+  }
+  const auto [begin, end] = range_of(a, len, hint);
   return register_range(begin, end);
 }
 

@@ -93,14 +93,26 @@ class MrCache {
   // fails (errno in the log; the chunks registered before it are released). Memory inside a
   // range another acquire() is registering waits for that registration (at most a minute)
   // instead of registering the same pages again: call it off the io threads when it may miss.
+  // `reserved`: reserve() marked the range for this call, which registers it without looking
+  // first and ends the reservation.
   Result<std::shared_ptr<Region>> acquire(const void* addr, size_t len,
-                                          std::span<const std::byte> hint = {});
+                                          std::span<const std::byte> hint = {},
+                                          bool reserved = false);
+  // Marks the range acquire(addr, len, hint) registers as being registered now, so that another
+  // thread's make() or acquire() of memory inside it waits for it instead of registering the same
+  // pages; the registration itself follows, on another thread, as acquire(addr, len, hint, true).
+  // Cheap enough for an io thread.
+  void reserve(const void* addr, size_t len, std::span<const std::byte> hint);
+  // Whether memory holding [addr, addr+len) is being registered now (acquire() would wait).
+  bool being_registered(const void* addr, size_t len) const;
   // The live region covering [addr, addr+len), counted as a hit, or null. Registers nothing:
   // cheap enough for an io thread.
   std::shared_ptr<Region> find(const void* addr, size_t len);
   // acquire() in two steps, for a caller that must decide between them whether the region may
   // still be used (TargetRegistration): make() registers a region as acquire() would, without
-  // making it visible to find(); publish() makes it visible and returns it, or returns the live
+  // making it visible to find() (a range being registered by acquire() holding the memory is
+  // waited for, and its region returned, already visible); publish() makes it visible and
+  // returns it, or returns the live
   // region covering the same range that another thread published meanwhile (a hit; `region` is
   // then the caller's to drop, which deregisters it).
   Result<std::shared_ptr<Region>> make(const void* addr, size_t len,
@@ -113,6 +125,12 @@ class MrCache {
   // pages the range touches.
   static std::pair<uintptr_t, uintptr_t> range_of(uintptr_t a, size_t len,
                                                   std::span<const std::byte> hint);
+  // When a range being registered holds [a, a+len): waits for it (`lock` held on entry and
+  // exit; at most a minute) and returns the region then covering the memory, if any. Null at
+  // once otherwise. `nearest` as covering()'s.
+  std::shared_ptr<Region> wait_for_underway(uintptr_t a, size_t len,
+                                            std::unique_lock<std::mutex>& lock,
+                                            std::shared_ptr<Region>& nearest);
   // publish() with the cache's lock held; `nearest` as covering()'s (declared before the lock).
   std::shared_ptr<Region> publish_locked(const std::shared_ptr<Region>& region,
                                          std::shared_ptr<Region>& nearest);

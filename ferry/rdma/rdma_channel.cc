@@ -39,10 +39,6 @@ constexpr uint64_t kProbeId = 1ull << 62;
 // Safety-net ticks without a completion, READs outstanding, before a probe is posted: a
 // retransmission takes 0.5 s a try with our timeout, so two seconds are rarely a loss alone.
 constexpr unsigned kProbeAfterTicks = 2;
-// Registrations of less memory than this run on the strand: a few pages pin in microseconds,
-// less than the hop to a registrar thread and back would add to a small fetch or serve. Larger
-// ones go to a registrar thread (ferry/rdma/registrar.h).
-constexpr uint64_t kRegisterOnTheStrandBelow = 1u << 20;
 
 // One extent of a grant's segment that a single rkey opens: the segment itself, or one of its
 // pieces (wire::Segment.pieces).
@@ -432,7 +428,15 @@ Result<FetchRequest> RdmaChannel::fetch_multiple(const FetchOp& op) {
     f.regions.push_back(t.empty() ? nullptr : device_->local_cache().find(t.data(), t.size()));
     if (!t.empty() && !f.regions.back()) missing += t.size();
   }
-  if (missing > 0 && missing < kRegisterOnTheStrandBelow) {
+  // Small ones are registered here, unless memory around them is being registered now (the
+  // receive pool's new region): acquire() would wait for that.
+  bool underway = false;
+  for (size_t i = 0; i < op.targets.size() && missing > 0; ++i) {
+    const auto& t = op.targets[i];
+    underway = underway || (!t.empty() && !f.regions[i] &&
+                            device_->local_cache().being_registered(t.data(), t.size()));
+  }
+  if (missing > 0 && missing < kRegisterOnTheStrandBelow && !underway) {
     for (size_t i = 0; i < op.targets.size(); ++i) {
       if (op.targets[i].empty() || f.regions[i]) continue;
       auto region = device_->local_cache().acquire(op.targets[i].data(), op.targets[i].size());

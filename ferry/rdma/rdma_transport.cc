@@ -5,6 +5,7 @@
 #include "ferry/net/context.h"
 #include "ferry/net/errors.h"
 #include "ferry/net/log.h"
+#include "ferry/rdma/registrar.h"
 
 namespace ferry::rdma {
 namespace asio = boost::asio;
@@ -32,32 +33,61 @@ RdmaTransport::RdmaTransport(const TransportEnv& env, const RdmaOptions& options
   // Each region of the receive pool is registered with every device once, when it appears, and
   // stays registered until it is given back: a fetch into pool memory finds its registration in
   // the cache (a hit) and registers nothing. A region that cannot be registered is only logged:
-  // a fetch into it registers its target itself, as for any other memory.
+  // a fetch into it registers its target itself, as for any other memory. A region of 1 MiB or
+  // more is made inside a fetch, on a peer's strand, so it is registered on a registrar thread
+  // (ferry/rdma/registrar.h); the caches know it is under way, and a fetch into it waits there
+  // for its registration instead of making one of its own.
   pool_listener_ = env.pool->add_region_listener(
       [this](std::span<std::byte> region) {
-        std::vector<std::shared_ptr<Region>> registered;
-        for (const auto& device : devices_) {
-          auto r = device->local_cache().acquire(region.data(), region.size(), region);
-          if (r) {
-            registered.push_back(std::move(r.value()));
-          } else {
-            FERRY_LOG_WARN("rdma: cannot register a receive pool region of {} bytes: {}",
-                           region.size(), r.error().message());
+        auto entry = std::make_shared<PoolRegion>();
+        const auto register_all = [entry, devices = devices_, region](bool reserved) {
+          std::vector<std::shared_ptr<Region>> registered;
+          for (const auto& device : devices) {
+            auto r = device->local_cache().acquire(region.data(), region.size(), region, reserved);
+            if (r) {
+              registered.push_back(std::move(r.value()));
+            } else {
+              FERRY_LOG_WARN("rdma: cannot register a receive pool region of {} bytes: {}",
+                             region.size(), r.error().message());
+            }
           }
+          {
+            std::lock_guard lock(entry->mu);
+            entry->registered = std::move(registered);
+            entry->done = true;
+          }
+          entry->done_cv.notify_all();
+        };
+        {
+          std::lock_guard lock(mu_);
+          pool_regions_[region.data()] = entry;
         }
-        std::lock_guard lock(mu_);
-        pool_regions_[region.data()] = std::move(registered);
+        if (region.size() < kRegisterOnTheStrandBelow) return register_all(false);
+        for (const auto& device : devices_) {
+          device->local_cache().reserve(region.data(), region.size(), region);
+        }
+        submit_registration([register_all] { register_all(true); });
       },
       [this](std::span<std::byte> region) {
-        std::vector<std::shared_ptr<Region>> gone;
+        std::shared_ptr<PoolRegion> entry;
         {
           std::lock_guard lock(mu_);
           auto it = pool_regions_.find(region.data());
           if (it == pool_regions_.end()) return;
-          gone = std::move(it->second);
+          entry = std::move(it->second);
           pool_regions_.erase(it);
         }
-        // Deregistered here, outside mu_, before the pool unmaps the region.
+        // Deregistered here, before the pool unmaps the region: a registration still under way
+        // is waited for (registrations always return; bounded all the same).
+        std::vector<std::shared_ptr<Region>> gone;
+        std::unique_lock lock(entry->mu);
+        if (!entry->done_cv.wait_for(lock, std::chrono::minutes(1), [&] { return entry->done; })) {
+          FERRY_LOG_WARN(
+              "rdma: a receive pool region is given back while its registration has "
+              "not returned for a minute");
+        }
+        gone = std::move(entry->registered);
+        lock.unlock();
       });
 }
 
@@ -256,7 +286,8 @@ std::vector<TransportMetric> RdmaTransport::metrics() const {
       {"memory_windows", "memory windows allocated now (one per granted tensor while leased).",
        true, n(c.windows)},
       {"queue_pairs", "queue pairs now (one per connected peer).", true, n(c.queue_pairs)},
-      {"pool_regions_registered", "receive pool regions registered with the devices now.", true,
+      {"pool_regions_registered",
+       "receive pool regions registered (or being registered) with the devices now.", true,
        n(pool_regions)},
   };
 }

@@ -1,6 +1,7 @@
 // RdmaTransport: one-sided RDMA READ (internal; see ferry/rdma/rdma.h for the public part).
 #pragma once
 
+#include <condition_variable>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -69,8 +70,16 @@ class RdmaTransport final : public TransportManager {
   size_t live_channels_floor_ = 16;  // channels_ is pruned when it reaches twice this; under mu_
   // Adds `channel` to channels_, dropping expired ones first when the list has doubled. mu_ held.
   void remember(const std::shared_ptr<RdmaChannel>& channel);
+  // One receive pool region's registrations, one per device, made where the region appeared or
+  // on a registrar thread (its jobs hold it).
+  struct PoolRegion {
+    std::mutex mu;
+    std::condition_variable done_cv;
+    bool done = false;                                // under mu
+    std::vector<std::shared_ptr<Region>> registered;  // under mu
+  };
   // The receive pool's regions, registered on every device while the pool holds them; under mu_.
-  std::unordered_map<const std::byte*, std::vector<std::shared_ptr<Region>>> pool_regions_;
+  std::unordered_map<const std::byte*, std::shared_ptr<PoolRegion>> pool_regions_;
   // Last: unregistered first, so no callback runs while the members above are destroyed.
   mem::RegionListener pool_listener_;
 };

@@ -8,6 +8,7 @@
 // its result is posted back to their strand. Cache hits stay on the strand: they cost a lookup.
 #pragma once
 
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -19,6 +20,11 @@
 #include "ferry/rdma/mr_cache.h"
 
 namespace ferry::rdma {
+
+// Registrations of less memory than this run where they are needed (a peer's strand): a few
+// pages pin in microseconds, less than the hop to a registrar thread and back would add to a
+// small fetch or serve. Larger ones go to a registrar thread.
+inline constexpr uint64_t kRegisterOnTheStrandBelow = 1u << 20;
 
 // Queues `job` to run on a registrar thread (up to four, started as jobs need them and never
 // joined, as the reaper's: at exit the kernel releases what is left). Jobs start in the order
