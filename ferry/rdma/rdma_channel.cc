@@ -446,15 +446,20 @@ Result<FetchRequest> RdmaChannel::fetch_multiple(const FetchOp& op) {
     missing = 0;
   }
   f.op = op;
+  std::shared_ptr<TargetRegistration> registration;
   if (missing > 0) {
-    // Registered off the strand while the request goes to the owner; the grant waits for it.
-    auto registration = std::make_shared<TargetRegistration>(op.targets, f.regions);
+    registration = std::make_shared<TargetRegistration>(op.targets, f.regions);
     f.registering = Registering(registration);
-    off_strand(
-        missing, [registration, device = device_] { registration->run(device->local_cache()); },
-        [this, id = op.request_id, r = registration.get()] { on_registered(id, r); });
   }
   fetches_[op.request_id] = std::move(f);
+  if (registration) {
+    // Registered off the strand (at least the threshold: a small target inside memory being
+    // registered waits there) while the request goes to the owner; the grant waits for it.
+    off_strand(
+        std::max<uint64_t>(missing, kRegisterOnTheStrandBelow),
+        [registration, device = device_] { registration->run(device->local_cache()); },
+        [this, id = op.request_id, r = registration.get()] { on_registered(id, r); });
+  }
   return op.request;
 }
 

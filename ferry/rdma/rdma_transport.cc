@@ -271,10 +271,13 @@ RegistrationCounters RdmaTransport::counters() const {
 std::vector<TransportMetric> RdmaTransport::metrics() const {
   const auto c = counters();
   const auto n = [](uint64_t v) { return static_cast<double>(v); };
-  size_t pool_regions;
+  size_t pool_regions = 0;
   {
     std::lock_guard lock(mu_);
-    pool_regions = pool_regions_.size();
+    for (const auto& [at, entry] : pool_regions_) {
+      std::lock_guard registered(entry->mu);
+      pool_regions += entry->done && !entry->registered.empty();
+    }
   }
   return {
       {"registrations_total", "memory registrations made (ibv_reg_mr).", false, n(c.registrations)},
@@ -287,7 +290,7 @@ std::vector<TransportMetric> RdmaTransport::metrics() const {
        true, n(c.windows)},
       {"queue_pairs", "queue pairs now (one per connected peer).", true, n(c.queue_pairs)},
       {"pool_regions_registered",
-       "receive pool regions registered (or being registered) with the devices now.", true,
+       "receive pool regions registered with the devices now.", true,
        n(pool_regions)},
   };
 }
