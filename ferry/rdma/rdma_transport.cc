@@ -289,8 +289,7 @@ std::vector<TransportMetric> RdmaTransport::metrics() const {
       {"memory_windows", "memory windows allocated now (one per granted tensor while leased).",
        true, n(c.windows)},
       {"queue_pairs", "queue pairs now (one per connected peer).", true, n(c.queue_pairs)},
-      {"pool_regions_registered",
-       "receive pool regions registered with the devices now.", true,
+      {"pool_regions_registered", "receive pool regions registered with the devices now.", true,
        n(pool_regions)},
   };
 }
