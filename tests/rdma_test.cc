@@ -443,11 +443,13 @@ TEST_F(Rdma, TargetsThatTakeLongToRegisterStallNeitherThePeerNorOtherFetches) {
   auto peer = connect_or_fail(client, server.address());
   auto bytes = make_pattern(8u << 20, 44);
   const ObjectRef ref = server.put(bytes);
+  // Warms the receive pool: its region is made and registered before registrations slow down.
+  ASSERT_FALSE(peer.fetch(ref).wait(scaled(60s)));
   rdma::slow_registrations(client, delay);
   std::vector<std::byte> target(bytes->size());
   const auto started = std::chrono::steady_clock::now();
   auto slow = peer.fetch(ref, {target});
-  auto pooled = peer.fetch(ref);  // into the pool, registered when its region was made
+  auto pooled = peer.fetch(ref);  // into the pool's region, registered already
   ASSERT_FALSE(pooled.wait(scaled(60s))) << pooled.wait(0s).message();
   EXPECT_FALSE(slow.done()) << "the slow registration did not hold its fetch back";
   EXPECT_TRUE(same_bytes(pooled.result().tensors.at(0), *bytes));
