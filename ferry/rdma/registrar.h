@@ -1,11 +1,12 @@
 // The registrar: memory registrations off the io threads (internal to the RDMA transport).
 //
-// Registering memory pins its pages: about a second for a few GiB on a real device, many seconds
-// on soft-RoCE under load. On a peer's io thread that would stall every peer of the thread (no
-// heartbeat leaves, no completion is reaped, a peer timeout shorter than the registration reads
-// the stall as a dead peer). So a fetch whose targets miss the registration cache, and a serve
-// whose memory is not registered yet, hand the registration to a registrar thread and go on when
-// its result is posted back to their strand. Cache hits stay on the strand: they cost a lookup.
+// Registering memory pins its pages, which takes seconds for large memory (1 GiB has taken over
+// 10 s on soft-RoCE in the emulated guest beside a busy host). On a peer's io thread that would
+// stall every peer of the thread (no heartbeat leaves, no completion is reaped, a peer timeout
+// shorter than the registration reads the stall as a dead peer). So a fetch whose targets miss the
+// registration cache, and a serve whose memory is not registered yet, hand the registration to a
+// registrar thread and go on when its result is posted back to their strand. Cache hits stay on the
+// strand: they cost a lookup.
 #pragma once
 
 #include <cstdint>
