@@ -584,20 +584,7 @@ void RdmaChannel::read_granted(uint64_t request_id, Fetch& f, const wire::Grant&
 }
 
 int RdmaChannel::post_read(uint64_t request_id, const Read& r) {
-  ibv_sge sge{};
-  sge.addr = r.local;
-  sge.length = r.length;
-  sge.lkey = r.lkey;
-  ibv_send_wr wr{};
-  wr.wr_id = request_id;
-  wr.sg_list = &sge;
-  wr.num_sge = 1;
-  wr.opcode = IBV_WR_RDMA_READ;
-  wr.send_flags = IBV_SEND_SIGNALED;
-  wr.wr.rdma.remote_addr = r.remote;
-  wr.wr.rdma.rkey = r.rkey;
-  ibv_send_wr* bad = nullptr;
-  const int rc = ibv_post_send(qp_.get(), &wr, &bad);
+  const int rc = post_read_wr(request_id, r);
   if (rc == 0) {
     newest_remote_ = r.remote;
     newest_rkey_ = r.rkey;
@@ -606,27 +593,34 @@ int RdmaChannel::post_read(uint64_t request_id, const Read& r) {
   return rc;
 }
 
+int RdmaChannel::post_read_wr(uint64_t wr_id, const Read& r) {
+  ibv_sge sge{};
+  sge.addr = r.local;
+  sge.length = r.length;
+  sge.lkey = r.lkey;
+  ibv_send_wr wr{};
+  wr.wr_id = wr_id;
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  wr.opcode = IBV_WR_RDMA_READ;
+  wr.send_flags = IBV_SEND_SIGNALED;
+  wr.wr.rdma.remote_addr = r.remote;
+  wr.wr.rdma.rkey = r.rkey;
+  ibv_send_wr* bad = nullptr;
+  return ibv_post_send(qp_.get(), &wr, &bad);
+}
+
 void RdmaChannel::post_probe() {
   if (probing_ || !probe_mr_ || closed_ || !connected_ || in_flight_ >= sq_depth_ ||
       reads_done_ == reads_posted_) {
     return;
   }
-  ibv_sge sge{};
-  sge.addr = reinterpret_cast<uint64_t>(probe_byte_.get());
-  sge.length = 1;  // not 0: rxe answers a retried READ after a zero-length one with an error
-  sge.lkey = probe_mr_->lkey;
-  ibv_send_wr wr{};
-  wr.wr_id = kProbeId;
-  wr.sg_list = &sge;
-  wr.num_sge = 1;
-  wr.opcode = IBV_WR_RDMA_READ;
-  wr.send_flags = IBV_SEND_SIGNALED;
-  // The newest posted READ is outstanding (nothing completed since), so its lease, and with it
-  // this rkey, is still the owner's grant to us.
-  wr.wr.rdma.remote_addr = newest_remote_;
-  wr.wr.rdma.rkey = newest_rkey_;
-  ibv_send_wr* bad = nullptr;
-  if (ibv_post_send(qp_.get(), &wr, &bad) != 0) return;  // the stall bound stays
+  // One byte, not 0: rxe answers a retried READ after a zero-length one with an error. From the
+  // newest posted READ's remote start: that READ is outstanding (nothing completed since), so its
+  // lease, and with it this rkey, is still the owner's grant to us.
+  const Read probe{reinterpret_cast<uint64_t>(probe_byte_.get()), probe_mr_->lkey, newest_remote_,
+                   newest_rkey_, 1};
+  if (post_read_wr(kProbeId, probe) != 0) return;  // the stall bound stays
   probing_ = true;
   probe_behind_ = reads_posted_;
   ++in_flight_;

@@ -199,6 +199,8 @@ class RdmaChannel final : public TransportChannel,
   // Posts one signalled READ of `r` for fetch `request_id`; ibv_post_send's result (0 posted,
   // ENOMEM the send queue is full, anything else the queue pair is broken).
   int post_read(uint64_t request_id, const Read& r);
+  // Posts one signalled READ of `r` with work request id `wr_id` (post_read's and the probe's).
+  int post_read_wr(uint64_t wr_id, const Read& r);
   void on_grant(uint64_t request_id, const wire::Grant& grant);
   // The fetch's targets are registered and its grant came: its READs.
   void read_granted(uint64_t request_id, Fetch& f, const wire::Grant& grant);
