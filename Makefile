@@ -64,6 +64,7 @@ test: build
 	  grep -h '^SKIPPED' $(BUILD)/Testing/Temporary/LastTest.log $(SOFTROCE_LOG) 2>/dev/null | sort -u; \
 	  grep -h '^FAILED in the guest' $(SOFTROCE_LOG); \
 	  echo "the soft-RoCE tier: $$(case $$tier in 0) echo passed;; 77) echo SKIPPED;; *) echo "FAILED (exit $$tier)";; esac)"; \
+	  if [ $$tier -ne 0 ] && [ $$tier -ne 77 ]; then grep -a '^ferry-vm: ' $(SOFTROCE_LOG) | tail -n 1; fi; \
 	  exit $$status
 
 # The suite under AddressSanitizer + UBSan and under ThreadSanitizer (builds of their own, and

@@ -486,6 +486,41 @@ TEST_F(Rdma, AGrantThatTakesLongToRegisterLeavesTheOwnerResponsive) {
   }
 }
 
+// A small object inside memory the owner is registering for another object's serve waits for
+// that registration off the owner's io thread (not on it, as a small registration otherwise
+// would): meanwhile the owner serves an object registered already at once, and the fetcher,
+// whose peer timeout is far shorter than the registration, keeps hearing from it.
+TEST_F(Rdma, ASmallServeInsideMemoryBeingRegisteredWaitsOffTheOwnersIoThread) {
+  const auto delay = scaled(5s);
+  Server server(impatient(owner_options(RdmaGrants::regions), delay));
+  Context client(impatient(client_options("client"), delay));
+  auto peer = connect_or_fail(client, server.address());
+  auto big = make_pattern(8u << 20, 47);
+  auto other = make_pattern(4096, 48);
+  const ObjectRef big_ref = server.put(big);
+  const ObjectRef other_ref = server.put(other);
+  // A page of `big`, put as an object of its own: its registration would cover pages that
+  // big's does.
+  const auto inner = std::span<const std::byte>(*big).subspan(3 * 4096, 4096);
+  auto inner_ref = server.ctx.put({Tensor::bytes(inner)}, big);
+  ASSERT_TRUE(inner_ref.ok());
+  ASSERT_FALSE(peer.fetch(other_ref).wait(scaled(60s)));  // registered before the slow-down
+  rdma::slow_registrations(server.ctx, delay);
+  auto big_fetch = peer.fetch(big_ref);
+  // The owner's registration of `big` is under way once its request has reached it.
+  std::this_thread::sleep_for(delay / 5);
+  auto inner_fetch = peer.fetch(*inner_ref);
+  auto other_fetch = peer.fetch(other_ref);
+  ASSERT_FALSE(other_fetch.wait(delay / 3)) << other_fetch.wait(0s).message();
+  EXPECT_FALSE(big_fetch.done()) << "the owner's registration did not hold its serve back";
+  EXPECT_TRUE(same_bytes(other_fetch.result().tensors.at(0), *other));
+  ASSERT_FALSE(big_fetch.wait(scaled(120s))) << big_fetch.wait(0s).message();
+  ASSERT_FALSE(inner_fetch.wait(scaled(120s))) << inner_fetch.wait(0s).message();
+  EXPECT_EQ(big_fetch.result().restarts, 0u);
+  EXPECT_TRUE(same_bytes(big_fetch.result().tensors.at(0), *big));
+  EXPECT_TRUE(same_bytes(inner_fetch.result().tensors.at(0), inner));
+}
+
 // An abort, and a context's close, do not wait for a registration under way; the registration
 // is let go once it is made (no registration is left behind).
 TEST_F(Rdma, AFetchWhoseTargetsAreBeingRegisteredAbortsAtOnce) {
@@ -767,6 +802,13 @@ TEST_F(Rdma, AnObjectOverOneGiBArrivesWhole) {
       "1025 MiB in %.1f s (%.0f MB/s); registering took the owner %.1f s, the fetcher %.1f s\n",
       took, bytes->size() / took / 1e6, owner_reg ? owner_reg->registration_ns / 1e9 : 0.0,
       fetcher_reg ? fetcher_reg->registration_ns / 1e9 : 0.0);
+  // The owner lets the object go: its registrations go with it (on this thread, timed).
+  EXPECT_TRUE(server.ctx.release(ref));
+  EXPECT_TRUE(eventually([&] {
+    return rdma::registration_counters(server.ctx)->deregistrations >= owner_reg->registrations;
+  }));
+  std::printf("deregistering took the owner %.2f s\n",
+              rdma::registration_counters(server.ctx)->deregistration_ns / 1e9);
 }
 
 // ---------------------------------------------------------------- access control

@@ -160,10 +160,17 @@ QpHandle Device::create_qp(ibv_pd* pd, ibv_qp_init_attr& init) {
 
 PdHandle Device::alloc_pd() { return PdHandle(ibv_alloc_pd(ctx_.get())); }
 
+void Device::slow_registrations(std::chrono::milliseconds delay) {
+  grant_delay_ms_.store(delay.count(), std::memory_order_relaxed);
+  remote_cache_.slow_down(delay);
+  local_cache_.slow_down(delay);
+}
+
 Result<GrantMrHandle> Device::register_grant(ibv_pd* pd, const void* addr, size_t len) {
+  sleep_for_test_delay(grant_delay_ms_);
   uint64_t ns = 0;
   GrantMrHandle mr(reg_mr_timed(pd, addr, len, IBV_ACCESS_REMOTE_READ, ns),
-                   GrantMrHandle::deleter_type{grant_mrs_live_});
+                   GrantMrDeleter{grant_mrs_live_, grant_deregistration_ns_});
   if (!mr) {
     FERRY_LOG_WARN("rdma: {}: registering {} granted bytes failed: {}", name_, len,
                    last_errno().message());
@@ -181,6 +188,7 @@ Device::GrantCounters Device::grant_counters() const {
   c.registrations = grant_registrations_.load(std::memory_order_relaxed);
   c.registration_ns = grant_registration_ns_.load(std::memory_order_relaxed);
   c.live = grant_mrs_live_->load(std::memory_order_relaxed);
+  c.deregistration_ns = grant_deregistration_ns_->load(std::memory_order_relaxed);
   return c;
 }
 

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <memory>
 #include <optional>
 #include <string>
@@ -62,13 +63,18 @@ class Device {
   // opening of owner memory. Thread-safe; timed and counted in grant_counters(). device_error
   // when ibv_reg_mr fails (logged).
   Result<GrantMrHandle> register_grant(ibv_pd* pd, const void* addr, size_t len);
-  // Registrations made by register_grant: how many, the time spent in ibv_reg_mr, live now.
+  // Registrations made by register_grant: how many, the time spent in ibv_reg_mr, live now,
+  // the time spent in ibv_dereg_mr.
   struct GrantCounters {
     uint64_t registrations = 0;
     uint64_t registration_ns = 0;
     uint64_t live = 0;
+    uint64_t deregistration_ns = 0;
   };
   GrantCounters grant_counters() const;
+  // Test hook (slow_registrations in ferry/rdma/rdma.h): every registration made here from now
+  // on, by the caches and per grant, takes `delay` longer. Any thread.
+  void slow_registrations(std::chrono::milliseconds delay);
   ~Device();
 
   // Registrations that peers READ from (owner side) and that READs land in (fetcher side).
@@ -86,8 +92,11 @@ class Device {
   size_t max_registration_;
   Gauge windows_live_ = std::make_shared<std::atomic<uint64_t>>(0);
   Gauge grant_mrs_live_ = std::make_shared<std::atomic<uint64_t>>(0);
+  std::shared_ptr<std::atomic<uint64_t>> grant_deregistration_ns_ =
+      std::make_shared<std::atomic<uint64_t>>(0);
   std::atomic<uint64_t> grant_registrations_{0};
   std::atomic<uint64_t> grant_registration_ns_{0};
+  std::atomic<int64_t> grant_delay_ms_{0};  // slow_registrations
   Gauge queue_pairs_live_ = std::make_shared<std::atomic<uint64_t>>(0);
   // Logs the device's asynchronous events (a queue pair's fatal error, a CQ overrun, a port
   // going down): the only report of errors that no work completion carries.

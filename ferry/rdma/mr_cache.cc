@@ -22,6 +22,7 @@ struct Region::Shared {
   // (both run off the io threads) instead of registering the same pages again.
   std::vector<std::pair<uintptr_t, uintptr_t>> making;
   std::condition_variable made;
+  std::atomic<int64_t> delay_ms{0};  // slow_down
   // Whether a range in `making` holds [a, a+len). mu held.
   bool underway(uintptr_t a, size_t len) const;
   MrCache::Counters counters;
@@ -32,12 +33,23 @@ Region::Region(std::shared_ptr<Shared> shared, std::vector<MrHandle> mrs, uintpt
     : shared_(std::move(shared)), mrs_(std::move(mrs)), begin_(begin), end_(end), chunk_(chunk) {}
 
 Region::~Region() {
+  {
+    std::lock_guard lock(shared_->mu);
+    auto it = shared_->regions.find(begin_);
+    if (it != shared_->regions.end() && it->second.expired()) shared_->regions.erase(it);
+  }
+  // ibv_dereg_mr after the lock: unpinning a large region takes long, and find() on the io
+  // threads must not wait for it. The region is already invisible (its weak entry expired), and
+  // an acquire() of the same memory meanwhile registers the pages again, which the device
+  // allows.
+  uint64_t ns = 0;
+  const size_t released = mrs_.size();
+  for (auto& mr : mrs_) ns += dereg_mr_timed(std::move(mr));
+  mrs_.clear();
   std::lock_guard lock(shared_->mu);
-  auto it = shared_->regions.find(begin_);
-  if (it != shared_->regions.end() && it->second.expired()) shared_->regions.erase(it);
-  shared_->counters.deregistrations += mrs_.size();
-  shared_->counters.live -= mrs_.size();
-  mrs_.clear();  // ibv_dereg_mr, under the lock so a concurrent acquire never sees it half-gone
+  shared_->counters.deregistrations += released;
+  shared_->counters.deregistration_ns += ns;
+  shared_->counters.live -= released;
 }
 
 MrCache::MrCache(ibv_pd* pd, int access, size_t max_registration)
@@ -164,7 +176,12 @@ std::pair<uintptr_t, uintptr_t> MrCache::range_of(uintptr_t a, size_t len,
   return {begin, end};
 }
 
+void MrCache::slow_down(std::chrono::milliseconds delay) {
+  shared_->delay_ms.store(delay.count(), std::memory_order_relaxed);
+}
+
 Result<std::shared_ptr<Region>> MrCache::register_range(uintptr_t begin, uintptr_t end) {
+  sleep_for_test_delay(shared_->delay_ms);
   // One registration per chunk; a failure releases those made before it. Without the lock: a
   // registration can take seconds.
   std::vector<MrHandle> mrs;

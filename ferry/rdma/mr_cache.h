@@ -11,6 +11,7 @@
 // registration.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <map>
@@ -76,11 +77,12 @@ class Region {
 class MrCache {
  public:
   struct Counters {
-    uint64_t registrations = 0;    // ibv_reg_mr calls that succeeded
-    uint64_t registration_ns = 0;  // time spent in them
-    uint64_t deregistrations = 0;  // ibv_dereg_mr calls
-    uint64_t hits = 0;             // acquires served by an existing region
-    uint64_t live = 0;             // registrations live now (a region holds one per chunk)
+    uint64_t registrations = 0;      // ibv_reg_mr calls that succeeded
+    uint64_t registration_ns = 0;    // time spent in them
+    uint64_t deregistrations = 0;    // ibv_dereg_mr calls
+    uint64_t deregistration_ns = 0;  // time spent in them
+    uint64_t hits = 0;               // acquires served by an existing region
+    uint64_t live = 0;               // registrations live now (a region holds one per chunk)
   };
 
   // Registrations in `pd` with `access`, each of at most `max_registration` bytes (a multiple
@@ -119,6 +121,9 @@ class MrCache {
                                        std::span<const std::byte> hint = {});
   std::shared_ptr<Region> publish(const std::shared_ptr<Region>& region);
   Counters counters() const;
+  // Test hook (slow_registrations in ferry/rdma/rdma.h): every region registered from now on
+  // takes `delay` longer, its range counting as being registered meanwhile. Any thread.
+  void slow_down(std::chrono::milliseconds delay);
 
  private:
   // The range a new region for [a, a+len) covers: `hint` when it holds the range, else the

@@ -28,11 +28,12 @@ bool register_rdma_transport();
 /// Registrations include the per-grant ones of RdmaGrants::registrations (one per granted tensor
 /// per grant, live while its lease is).
 struct RegistrationCounters {
-  uint64_t registrations = 0;    ///< ibv_reg_mr calls
-  uint64_t registration_ns = 0;  ///< time spent in them
-  uint64_t deregistrations = 0;  ///< registrations released
-  uint64_t hits = 0;             ///< buffers served by an existing registration
-  uint64_t live = 0;             ///< registrations now
+  uint64_t registrations = 0;      ///< ibv_reg_mr calls
+  uint64_t registration_ns = 0;    ///< time spent in them
+  uint64_t deregistrations = 0;    ///< registrations released
+  uint64_t deregistration_ns = 0;  ///< time spent releasing them
+  uint64_t hits = 0;               ///< buffers served by an existing registration
+  uint64_t live = 0;               ///< registrations now
   uint64_t windows = 0;      ///< memory windows allocated now (one per granted tensor while leased)
   uint64_t queue_pairs = 0;  ///< queue pairs that exist now (one per connected peer)
 };
@@ -66,9 +67,9 @@ void set_grant_tamper(Context& ctx, GrantTamper tamper);
 void lose_read_completions_after(Context& ctx, uint32_t reads);
 
 /// Fault injection (tests): every memory registration `ctx`'s RDMA transport makes from now on
-/// for a fetch's targets or a serve (those that miss its registration caches; they run off the io
-/// threads) first waits `delay`, as registering many GiB does. Zero turns it off. Does nothing
-/// when `ctx` has no RDMA transport. Any thread.
+/// (for a fetch's targets, a serve, a grant or the receive pool) takes `delay` longer, on the
+/// thread that makes it, as registering many GiB does: its memory counts as being registered
+/// meanwhile. Zero turns it off. Does nothing when `ctx` has no RDMA transport. Any thread.
 void slow_registrations(Context& ctx, std::chrono::milliseconds delay);
 
 }  // namespace ferry::rdma

@@ -490,16 +490,13 @@ void RdmaChannel::off_strand(uint64_t bytes, std::function<void()> job,
   }
   auto link = link_.lock();
   if (!link) return;  // the session is gone: this channel closes with it
-  const std::chrono::milliseconds delay(
-      options_.hooks ? options_.hooks->registration_delay_ms.load(std::memory_order_relaxed) : 0);
   // The session holds the context, and with it the loop this is posted back to; the tracked
   // executor counts as the loop's work until `then` has run.
   auto back = guarded(*this, [link = std::move(link),
                               work = asio::prefer(strand_.get_inner_executor(),
                                                   asio::execution::outstanding_work.tracked),
                               then = std::move(then)] { then(); });
-  submit_registration([delay, job = std::move(job), back = std::move(back)]() mutable {
-    if (delay.count() > 0) std::this_thread::sleep_for(delay);
+  submit_registration([job = std::move(job), back = std::move(back)]() mutable {
     job();
     job = nullptr;
     asio::post(std::move(back));
@@ -752,6 +749,14 @@ void RdmaChannel::send_multiple(uint64_t request_id, ObjectStore::Pin object, Se
   for (const auto& t : job->pin.object().tensors) bytes += t.data.size();
   if (mode != RdmaGrants::registrations) {
     bytes = std::max<uint64_t>(bytes, job->pin.object().region.size());
+    // Small ones too when memory around them is being registered now (another object's serve):
+    // acquire() waits for that registration.
+    for (const auto& t : job->pin.object().tensors) {
+      if (!t.data.empty() &&
+          device_->remote_cache().being_registered(t.data.data(), t.data.size())) {
+        bytes = std::max<uint64_t>(bytes, kRegisterOnTheStrandBelow);
+      }
+    }
   }
   off_strand(
       bytes,

@@ -46,9 +46,6 @@ struct Hooks {
   // loses the rest; kNever when off. The pair that takes it sets it back to kNever.
   static constexpr uint32_t kNever = UINT32_MAX;
   std::atomic<uint32_t> lose_after{kNever};
-  // See slow_registrations in ferry/rdma/rdma.h: how long each registration made off the io
-  // threads waits first, in milliseconds (0: none).
-  std::atomic<int64_t> registration_delay_ms{0};
 };
 
 struct ChannelOptions {

@@ -254,6 +254,7 @@ RegistrationCounters RdmaTransport::counters() const {
       total.registrations += c.registrations;
       total.registration_ns += c.registration_ns;
       total.deregistrations += c.deregistrations;
+      total.deregistration_ns += c.deregistration_ns;
       total.hits += c.hits;
       total.live += c.live;
     }
@@ -261,6 +262,7 @@ RegistrationCounters RdmaTransport::counters() const {
     total.registrations += g.registrations;
     total.registration_ns += g.registration_ns;
     total.deregistrations += g.registrations - g.live;
+    total.deregistration_ns += g.deregistration_ns;
     total.live += g.live;
     total.windows += dev->windows_live();
     total.queue_pairs += dev->queue_pairs_live();
@@ -284,6 +286,8 @@ std::vector<TransportMetric> RdmaTransport::metrics() const {
       {"registration_seconds_total", "time spent registering memory.", false,
        static_cast<double>(c.registration_ns) * 1e-9},
       {"deregistrations_total", "memory registrations released.", false, n(c.deregistrations)},
+      {"deregistration_seconds_total", "time spent releasing memory registrations.", false,
+       static_cast<double>(c.deregistration_ns) * 1e-9},
       {"registration_hits_total", "buffers served by an existing registration.", false, n(c.hits)},
       {"registrations_live", "memory registrations held now.", true, n(c.live)},
       {"memory_windows", "memory windows allocated now (one per granted tensor while leased).",
@@ -292,6 +296,10 @@ std::vector<TransportMetric> RdmaTransport::metrics() const {
       {"pool_regions_registered", "receive pool regions registered with the devices now.", true,
        n(pool_regions)},
   };
+}
+
+void RdmaTransport::slow_registrations(std::chrono::milliseconds delay) {
+  for (const auto& dev : devices_) dev->slow_registrations(delay);
 }
 
 void RdmaTransport::set_grant_tamper(GrantTamper tamper) {
@@ -360,7 +368,7 @@ void lose_read_completions_after(Context& ctx, uint32_t reads) {
 
 void slow_registrations(Context& ctx, std::chrono::milliseconds delay) {
   auto t = std::dynamic_pointer_cast<RdmaTransport>(ctx.transport(kTransportName));
-  if (t) t->hooks()->registration_delay_ms.store(delay.count(), std::memory_order_relaxed);
+  if (t) t->slow_registrations(delay);
 }
 
 std::optional<RegistrationCounters> registration_counters(Context& ctx) {

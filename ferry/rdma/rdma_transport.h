@@ -43,6 +43,8 @@ class RdmaTransport final : public TransportManager {
   std::vector<TransportMetric> metrics() const override;
   size_t inject_queue_pair_errors();
   void set_grant_tamper(GrantTamper tamper);
+  // See slow_registrations in ferry/rdma/rdma.h: on every device of this transport.
+  void slow_registrations(std::chrono::milliseconds delay);
   // The hooks its channels share (lose_read_completions_after).
   const std::shared_ptr<Hooks>& hooks() const { return channel_options_.hooks; }
 

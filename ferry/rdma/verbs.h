@@ -52,7 +52,7 @@ struct QpDeleter {
     });
   }
 };
-// Memory windows and grant registrations too, released at once (see above).
+// Memory windows too, released at once (see above).
 template <typename T, int (*Release)(T*)>
 struct CountedDeleter {
   Gauge live;
@@ -62,6 +62,12 @@ struct CountedDeleter {
   }
 };
 inline int dealloc_mw(ibv_mw* mw) { return ibv_dealloc_mw(mw); }  // static inline in verbs.h
+// Grant registrations also add the time their ibv_dereg_mr took to `ns`.
+struct GrantMrDeleter {
+  Gauge live;
+  std::shared_ptr<std::atomic<uint64_t>> ns;
+  void operator()(ibv_mr* p) const;
+};
 
 using ContextHandle = std::unique_ptr<ibv_context, ContextDeleter>;
 using PdHandle = std::unique_ptr<ibv_pd, PdDeleter>;
@@ -70,7 +76,7 @@ using CompChannelHandle = std::unique_ptr<ibv_comp_channel, CompChannelDeleter>;
 using CqHandle = std::unique_ptr<ibv_cq, CqDeleter>;
 using QpHandle = std::unique_ptr<ibv_qp, QpDeleter>;
 using MwHandle = std::unique_ptr<ibv_mw, CountedDeleter<ibv_mw, dealloc_mw>>;
-using GrantMrHandle = std::unique_ptr<ibv_mr, CountedDeleter<ibv_mr, ibv_dereg_mr>>;
+using GrantMrHandle = std::unique_ptr<ibv_mr, GrantMrDeleter>;
 
 // Work-completion statuses as error codes (category "ibv_wc"); messages from
 // ibv_wc_status_str. Their failure scope is the peer: the queue pair is in error after one.
@@ -81,10 +87,16 @@ inline std::error_code make_wc_error(ibv_wc_status status) {
 
 // ibv_reg_mr, timed: adds the nanoseconds it took to `ns`. Null with errno set on failure.
 ibv_mr* reg_mr_timed(ibv_pd* pd, const void* addr, size_t len, int access, uint64_t& ns);
-// Logs a warning when registering `bytes` took `ns` of a second or more: it ran on the thread
-// that needed it, for a fetch or a serve a peer's io thread, which did nothing else meanwhile
-// (a peer timeout shorter than that reads it as silence).
+// Logs a warning when registering `bytes` took `ns` of a second or more: the fetches or serves
+// that need the memory waited that long (on a registrar thread, ferry/rdma/registrar.h, unless
+// the memory was small).
 void warn_if_slow_registration(uint64_t bytes, uint64_t ns);
+// Deregisters `mr` (ibv_dereg_mr through its handle) and returns the nanoseconds it took.
+uint64_t dereg_mr_timed(MrHandle mr);
+
+// Sleeps for `delay_ms` milliseconds when it is above zero: the test hook slow_registrations
+// (ferry/rdma/rdma.h) in front of a registration.
+void sleep_for_test_delay(const std::atomic<int64_t>& delay_ms);
 
 // errno after a failed verbs call, as an error code.
 std::error_code last_errno();
