@@ -20,6 +20,12 @@ class WcCategory final : public std::error_category {
   }
 };
 
+uint64_t ns_since(std::chrono::steady_clock::time_point t0) {
+  return static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0)
+          .count());
+}
+
 }  // namespace
 
 const std::error_category& wc_category() noexcept {
@@ -41,14 +47,6 @@ void warn_if_slow_registration(uint64_t bytes, uint64_t ns) {
       "waited for it)",
       bytes >> 20, static_cast<double>(ns) / 1e9);
 }
-
-namespace {
-uint64_t ns_since(std::chrono::steady_clock::time_point t0) {
-  return static_cast<uint64_t>(
-      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0)
-          .count());
-}
-}  // namespace
 
 uint64_t dereg_mr_timed(MrHandle mr) {
   const auto t0 = std::chrono::steady_clock::now();
