@@ -802,7 +802,8 @@ TEST_F(Rdma, AnObjectOverOneGiBArrivesWhole) {
       "1025 MiB in %.1f s (%.0f MB/s); registering took the owner %.1f s, the fetcher %.1f s\n",
       took, bytes->size() / took / 1e6, owner_reg ? owner_reg->registration_ns / 1e9 : 0.0,
       fetcher_reg ? fetcher_reg->registration_ns / 1e9 : 0.0);
-  // The owner lets the object go: its registrations go with it (on this thread, timed).
+  // The owner lets the object go: its registrations go with it (or went at its lease's end, with
+  // per-grant registrations), each deregistration timed.
   EXPECT_TRUE(server.ctx.release(ref));
   EXPECT_TRUE(eventually([&] {
     return rdma::registration_counters(server.ctx)->deregistrations >= owner_reg->registrations;

@@ -9,7 +9,6 @@
 #include <boost/asio/prefer.hpp>
 #include <cstring>
 #include <random>
-#include <thread>
 #include <utility>
 
 #include "ferry/net/core/guard.h"
