@@ -2,9 +2,12 @@
 #include <gtest/gtest.h>
 
 #include <boost/asio/io_context.hpp>
+#include <functional>
+#include <future>
 #include <thread>
 
 #include "ferry/net/frame.h"
+#include "ferry/net/loop_gate.h"
 #include "ferry/net/proto/ferry.pb.h"
 #include "tests/test_util.h"
 
@@ -197,6 +200,38 @@ TEST(FetchState, CompletesExactlyOnceAndWaitsAreBounded) {
   EXPECT_EQ(calls, 1);
   EXPECT_EQ(seen, errc::aborted);
   EXPECT_EQ(req.wait(-1ms), errc::aborted);
+}
+
+// A post through a LoopGate lands in its loop until the gate closes; after that the gate refuses
+// and leaves the work with the caller, and a fetch that completes then (a session destroyed after
+// its context's last loop run) is delivered by the system executor, once, instead of sitting in
+// a loop that never runs again.
+TEST(LoopGate, PostsLandUntilItClosesThenTheCallerKeepsTheWork) {
+  boost::asio::io_context io;
+  auto gate = std::make_shared<LoopGate>();
+  int ran = 0;
+  std::function<void()> fn = [&] { ++ran; };
+  EXPECT_TRUE(gate->post(io.get_executor(), fn));
+  EXPECT_FALSE(fn) << "a post that landed took the work";
+  gate->close();
+  EXPECT_FALSE(gate->is_open());
+  fn = [&] { ++ran; };
+  EXPECT_FALSE(gate->post(io.get_executor(), fn));
+  ASSERT_TRUE(fn) << "a refused post took the work";
+  io.run();
+  EXPECT_EQ(ran, 1) << "only the post before the close reached the loop";
+
+  auto late = std::make_shared<detail::FetchState>(1, io.get_executor(), 0us, gate);
+  std::promise<std::error_code> delivered;
+  late->set_handler(
+      FetchHandler([&](boost::system::error_code ec, FetchResult) { delivered.set_value(ec); }));
+  EXPECT_TRUE(late->complete(make_error_code(errc::context_closed)));
+  auto got = delivered.get_future();
+  ASSERT_EQ(got.wait_for(test::scaled(10s)), std::future_status::ready)
+      << "a completion after the loop's last run was never delivered";
+  EXPECT_EQ(got.get(), errc::context_closed);
+  io.restart();
+  EXPECT_EQ(io.poll(), 0u) << "the completion also went to the loop";
 }
 
 TEST(FetchState, RacingCompletionsProduceOneWinner) {

@@ -159,7 +159,8 @@ bool Context::Impl::add_registered_transports(bool strict) {
     const auto own = options.transport_options.find(entry.name);
     static const std::any kNone;
     auto made = entry.factory(TransportEnv{
-        io, store, options, own == options.transport_options.end() ? kNone : own->second, pool});
+        io, store, options, own == options.transport_options.end() ? kNone : own->second, pool,
+        loop_gate});
     if (!made) {
       if (strict && !options.transports.empty()) throw std::system_error(made.error(), entry.name);
       FERRY_LOG_INFO("transport {} not available here: {}", entry.name, made.error().message());
@@ -682,6 +683,7 @@ void Context::close() {
   // gate for one post), refuse later ones.
   impl_->drained.store(true);
   while (impl_->posting.load() > 0) std::this_thread::yield();
+  impl_->loop_gate->close();
   // Run what is left (handlers of cancelled operations, work posted meanwhile) so nothing holds
   // a session and every operation has completed.
   impl_->io.restart();

@@ -11,8 +11,11 @@
 namespace ferry::detail {
 
 FetchState::FetchState(uint64_t id, boost::asio::any_io_executor io_executor,
-                       std::chrono::microseconds wait_spin)
-    : id_(id), io_executor_(std::move(io_executor)), wait_spin_(wait_spin) {}
+                       std::chrono::microseconds wait_spin, std::shared_ptr<LoopGate> loop_gate)
+    : id_(id),
+      io_executor_(std::move(io_executor)),
+      wait_spin_(wait_spin),
+      loop_gate_(std::move(loop_gate)) {}
 
 bool FetchState::complete(std::error_code ec) {
   std::optional<FetchHandler> handler;
@@ -31,7 +34,7 @@ bool FetchState::complete(std::error_code ec) {
   }
   cv_.notify_all();
   if (handler) {
-    post_completion(io_executor_, std::move(*handler), boost::system::error_code(ec),
+    post_completion(loop_gate_, io_executor_, std::move(*handler), boost::system::error_code(ec),
                     std::move(result_));
   }
   return true;

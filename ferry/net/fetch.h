@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "ferry/net/loop_gate.h"
 #include "ferry/net/object_ref.h"
 #include "ferry/store/tensor.h"
 
@@ -86,9 +87,12 @@ class StatsRecorder;
 class FetchState {
  public:
   // `wait_spin`: how long wait() polls before it sleeps (the fetch's FetchOptions::wait_spin, else
-  // the context's idle_spin).
+  // the context's idle_spin). `loop_gate`: the gate of `io_executor`'s loop, when it is a
+  // context's (a handler whose fetch completes after that loop's last run is then delivered by
+  // the system executor); null for an executor that always runs.
   FetchState(uint64_t id, boost::asio::any_io_executor io_executor,
-             std::chrono::microseconds wait_spin = {});
+             std::chrono::microseconds wait_spin = {},
+             std::shared_ptr<LoopGate> loop_gate = nullptr);
 
   uint64_t id() const { return id_; }
 
@@ -127,6 +131,7 @@ class FetchState {
   const uint64_t id_;
   boost::asio::any_io_executor io_executor_;
   const std::chrono::microseconds wait_spin_;
+  const std::shared_ptr<LoopGate> loop_gate_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
   bool done_ = false;

@@ -13,6 +13,7 @@
 
 #include "ferry/mem/pool.h"
 #include "ferry/net/errors.h"
+#include "ferry/net/loop_gate.h"
 #include "ferry/net/result.h"
 #include "ferry/net/transport.h"
 
@@ -31,6 +32,10 @@ struct TransportEnv {
   /// The context's receive pool: a transport that registers memory registers its regions as they
   /// appear (mem::Pool::add_region_listener), so fetches into pool memory register nothing.
   std::shared_ptr<mem::Pool> pool;
+  /// How a thread of the transport's own (a worker, a reaper) posts to `io`: through this gate,
+  /// never straight, since the loop may have run for the last time by then (LoopGate). The
+  /// transport and its workers may keep it as long as they like.
+  std::shared_ptr<LoopGate> loop_gate;
 };
 
 /// Builds a transport's instance for one Context, on the thread that creates the Context (or that

@@ -7,6 +7,16 @@
 #include "ferry/net/log.h"
 
 namespace ferry::rdma {
+namespace {
+
+// `fn` on `executor`, through `gate` (straight without one); destroyed here when it refuses.
+void post_through(const std::shared_ptr<LoopGate>& gate,
+                  const boost::asio::any_io_executor& executor, std::function<void()> fn) {
+  if (!gate) return boost::asio::post(executor, std::move(fn));
+  if (!gate->post(executor, fn)) fn = nullptr;  // its captures go here, off the loop
+}
+
+}  // namespace
 
 std::function<void()> QuiesceBoard::add(const void* peer,
                                         const boost::asio::any_io_executor& executor,
@@ -24,7 +34,7 @@ std::function<void()> QuiesceBoard::add(const void* peer,
   auto once = [self, peer, said, executor, weak = std::weak_ptr(timer)] {
     if (said->exchange(true)) return;
     self->quiet(peer);
-    boost::asio::post(executor, [weak] {
+    post_through(self->loop_gate_, executor, [weak] {
       if (auto t = weak.lock()) t->cancel();
     });
   };
@@ -42,9 +52,9 @@ std::function<void()> QuiesceBoard::add(const void* peer,
 
 void QuiesceBoard::when_quiet(const void* peer, const PeerStrand& strand,
                               std::function<void()> then) {
-  then = [strand, then = std::move(then)]() mutable {
+  then = [gate = loop_gate_, strand, then = std::move(then)]() mutable {
     if (strand.running_in_this_thread()) return then();
-    boost::asio::post(strand, std::move(then));
+    post_through(gate, strand, std::move(then));
   };
   {
     std::lock_guard lock(mu_);

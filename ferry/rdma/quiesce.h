@@ -19,12 +19,19 @@
 #include <unordered_map>
 #include <vector>
 
+#include "ferry/net/loop_gate.h"
 #include "ferry/net/transport.h"
 
 namespace ferry::rdma {
 
 class QuiesceBoard : public std::enable_shared_from_this<QuiesceBoard> {
  public:
+  // Posts from the reaper's thread go through `loop_gate` (TransportEnv::loop_gate; null:
+  // straight): once the context's loop has run its last, what they would have run is dropped
+  // on that thread instead (a closed context's waiters, a timer that went with its loop).
+  explicit QuiesceBoard(std::shared_ptr<LoopGate> loop_gate = nullptr)
+      : loop_gate_(std::move(loop_gate)) {}
+
   // A failed or closed queue pair of `peer` with READs outstanding. Returns the callback that says
   // it is destroyed (once; any thread). Without that callback, the pair counts as quiet `bound`
   // after this call (a timer on `executor`, logged). Any thread.
@@ -32,7 +39,8 @@ class QuiesceBoard : public std::enable_shared_from_this<QuiesceBoard> {
                             std::chrono::milliseconds bound);
   // Runs `then` on `strand` once no failed queue pair of `peer` is still to be destroyed: inline
   // when none is and this thread runs in `strand`, else posted to it (from here, the reaper's
-  // thread or the bound's executor). Any thread.
+  // thread or the bound's executor), or dropped there once the loop has run its last. Any
+  // thread.
   void when_quiet(const void* peer, const PeerStrand& strand, std::function<void()> then);
 
  private:
@@ -43,6 +51,7 @@ class QuiesceBoard : public std::enable_shared_from_this<QuiesceBoard> {
     int pending = 0;  // failed pairs not yet quiet
     std::vector<std::function<void()>> waiters;
   };
+  const std::shared_ptr<LoopGate> loop_gate_;
   std::mutex mu_;
   std::unordered_map<const void*, Peer> peers_;
 };

@@ -489,16 +489,20 @@ void RdmaChannel::off_strand(uint64_t bytes, std::function<void()> job,
   }
   auto link = link_.lock();
   if (!link) return;  // the session is gone: this channel closes with it
-  // The session holds the context, and with it the loop this is posted back to; the tracked
-  // executor counts as the loop's work until `then` has run.
-  auto back = guarded(*this, [link = std::move(link),
-                              work = asio::prefer(strand_.get_inner_executor(),
-                                                  asio::execution::outstanding_work.tracked),
-                              then = std::move(then)] { then(); });
-  submit_registration([job = std::move(job), back = std::move(back)]() mutable {
+  // The tracked executor counts as the loop's work until `then` has run (a close waits for it,
+  // within its bound). Posted back through the gate: a registration that outlasts the loop's
+  // last run is dropped on the registrar thread, before `link` (the session, which holds the
+  // context and its loop) goes.
+  std::function<void()> back = guarded(
+      *this,
+      [work = asio::prefer(strand_.get_inner_executor(), asio::execution::outstanding_work.tracked),
+       then = std::move(then)] { then(); });
+  submit_registration([link = std::move(link), gate = options_.loop_gate, job = std::move(job),
+                       back = std::move(back)]() mutable {
     job();
     job = nullptr;
-    asio::post(std::move(back));
+    if (!gate) return asio::post(link->strand(), std::exchange(back, nullptr));
+    if (!gate->post(link->strand(), back)) back = nullptr;
   });
 }
 

@@ -61,6 +61,8 @@ struct ChannelOptions {
   std::shared_ptr<QuiesceBoard> quiesce;
   // How long a pair on `quiesce` counts as not yet quiet at most (RdmaOptions::quiesce_timeout).
   std::chrono::milliseconds quiesce_timeout{5000};
+  // How a registrar thread posts back to the strand (TransportEnv::loop_gate); null: straight.
+  std::shared_ptr<LoopGate> loop_gate;
 };
 
 class RdmaChannel final : public TransportChannel,

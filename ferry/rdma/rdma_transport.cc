@@ -26,8 +26,9 @@ RdmaTransport::RdmaTransport(const TransportEnv& env, const RdmaOptions& options
                        std::make_shared<Hooks>(),
                        env.options.peer_timeout,
                        std::make_shared<ObjectRegions>(),
-                       std::make_shared<QuiesceBoard>(),
-                       options.quiesce_timeout},
+                       std::make_shared<QuiesceBoard>(env.loop_gate),
+                       options.quiesce_timeout,
+                       env.loop_gate},
       open_timeout_(env.options.handshake_timeout) {
   if (!env.pool) return;
   // Each region of the receive pool is registered with every device once, when it appears, and

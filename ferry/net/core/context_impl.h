@@ -26,6 +26,7 @@
 #include "ferry/net/connection/greeter.h"
 #include "ferry/net/connection/meta_stream.h"
 #include "ferry/net/context.h"
+#include "ferry/net/loop_gate.h"
 #include "ferry/net/security/tls.h"
 #include "ferry/net/stats.h"
 
@@ -127,6 +128,11 @@ struct Context::Impl : std::enable_shared_from_this<Context::Impl> {
   std::atomic<bool> drained{false};
   std::atomic<int> posting{0};     // PostGates held
   std::atomic<int> busy_polls{0};  // Context::BusyPoll held
+  // What PostGate is for the Peer's callers, this is for threads of the transports' own, which
+  // may post after close (a handler queued then would hold the context alive in a loop that never
+  // runs again): closed with `drained`, before the last run. Shared with the transports
+  // (TransportEnv) and the fetches.
+  std::shared_ptr<LoopGate> loop_gate = std::make_shared<LoopGate>();
   // While a BusyPoll is held, and until `linger_until` after the last one ended (BusyPoll's
   // linger), the io threads park here (the holders run the io_context); notified when the last
   // holder without linger ends, when park_slice shrinks, and on close. `parked` (under

@@ -295,7 +295,8 @@ FetchRequest Session::fetch(ObjectRef ref, std::vector<MutableBuffer> targets, F
   // here and completes through the system executor (as a closed Peer's fetches do).
   detail::PostGate gate(*ctx_);
   auto state = std::make_shared<detail::FetchState>(
-      id, gate.completion_executor(), options.wait_spin.value_or(ctx_->options.idle_spin));
+      id, gate.completion_executor(), options.wait_spin.value_or(ctx_->options.idle_spin),
+      ctx_->loop_gate);
   state->set_stats(ctx_->stats, Clock::now());
   if (handler) state->set_handler(std::move(handler));
   if (!gate.open()) {
