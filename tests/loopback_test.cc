@@ -701,11 +701,15 @@ TEST_F(Loopback, LargeFetchesLandInOrderAndSmallOnesFirst) {
     for (size_t i = 0; i < large.size(); ++i) sum += i == skip ? 0 : large[i].bytes_landed();
     return sum;
   };
-  std::promise<uint64_t> at_little, at_first;
+  auto landed_of = [&](size_t which) {
+    std::lock_guard lock(mu);
+    return which < large.size() ? large[which].bytes_landed() : 0;
+  };
+  std::promise<uint64_t> at_little, last_at_first;
   for (size_t i = 0; i < 4; ++i) {
     auto request = peer.fetch(refs[i], {MutableBuffer(targets[i])}, {},
                               FetchHandler([&, i](boost::system::error_code, FetchResult) {
-                                if (i == 0) at_first.set_value(landed_besides(0));
+                                if (i == 0) last_at_first.set_value(landed_of(3));
                               }));
     std::lock_guard lock(mu);
     large.push_back(request);
@@ -721,11 +725,12 @@ TEST_F(Loopback, LargeFetchesLandInOrderAndSmallOnesFirst) {
   ASSERT_EQ(little_result.tensors.size(), 1u);
   EXPECT_TRUE(same_bytes(little_result.tensors[0], *small));
   EXPECT_LT(large_landed.get(), 4 * kLarge) << "the small fetch waited for every large one";
-  auto others = at_first.get_future();
-  ASSERT_EQ(others.wait_for(scaled(60s)), std::future_status::ready);
-  // When the first is done the others have had at most what the socket buffered (or the queue
-  // pair had posted) ahead of it; round-robin would have landed nearly all of theirs (3 x 31 MiB).
-  EXPECT_LT(others.get(), kLarge) << "the other fetches progressed beside the first";
+  auto last = last_at_first.get_future();
+  ASSERT_EQ(last.wait_for(scaled(60s)), std::future_status::ready);
+  // In order, the last fetch waits behind two whole others when the first completes (the queue
+  // pair's pipe or the socket's buffer holds far less; the io thread may land some of the second
+  // before the handler runs); round-robin would have landed nearly all of it (31 of 32 MiB).
+  EXPECT_LT(last.get(), kLarge / 2) << "the last fetch progressed beside the first";
   for (size_t i = 0; i < 4; ++i) {
     ASSERT_FALSE(large[i].wait(scaled(60s)));
     EXPECT_TRUE(same_bytes(targets[i], *objects[i])) << i;

@@ -18,6 +18,10 @@
 
 namespace ferry {
 
+/// The gate of one Context's loop (TransportEnv::loop_gate): open until Context::close runs the
+/// loop for the last time, closed for good after. Shared by the context and whoever posts for it;
+/// it outlives both as long as it is held, so a worker may call it after the context is gone.
+/// Thread-safe.
 class LoopGate {
  public:
   /// Posts `fn` (moved from) to `executor`, an executor of the gate's loop (the io_context
@@ -30,6 +34,18 @@ class LoopGate {
     std::lock_guard lock(mu_);
     if (!open_) return false;
     boost::asio::post(executor, std::move(fn));
+    return true;
+  }
+
+  /// Runs `f()` under the gate's lock and returns true while the gate is open; false (not run)
+  /// once it has closed. For what must touch the loop's own objects (a timer, an executor of it)
+  /// from another thread: the context cannot pass its close, and so cannot destroy the loop,
+  /// while `f` runs. `f` is short and does not use this gate. Any thread.
+  template <typename Fn>
+  bool while_open(Fn&& f) {
+    std::lock_guard lock(mu_);
+    if (!open_) return false;
+    f();
     return true;
   }
 

@@ -3,17 +3,20 @@
 #include <atomic>
 #include <boost/asio/post.hpp>
 #include <boost/asio/steady_timer.hpp>
+#include <optional>
 
+#include "ferry/net/core/guard.h"
 #include "ferry/net/log.h"
 
 namespace ferry::rdma {
 namespace {
 
-// `fn` on `executor`, through `gate` (straight without one); destroyed here when it refuses.
-void post_through(const std::shared_ptr<LoopGate>& gate,
-                  const boost::asio::any_io_executor& executor, std::function<void()> fn) {
-  if (!gate) return boost::asio::post(executor, std::move(fn));
-  if (!gate->post(executor, fn)) fn = nullptr;  // its captures go here, off the loop
+// Runs `fn` unless `gate` has closed (always without one), under its lock: what `fn` touches of
+// the loop (a timer, an executor) exists while it runs.
+template <typename Fn>
+void while_loop_lives(const std::shared_ptr<LoopGate>& gate, Fn fn) {
+  if (!gate) return fn();
+  gate->while_open(fn);
 }
 
 }  // namespace
@@ -31,11 +34,15 @@ std::function<void()> QuiesceBoard::add(const void* peer,
   // Once quiet, the bound's timer is cancelled on its executor (the reaper's thread may not
   // touch it): a pending timer would keep the context's loop from running out of work when it
   // closes.
-  auto once = [self, peer, said, executor, weak = std::weak_ptr(timer)] {
+  auto once = [self, peer, said, weak = std::weak_ptr(timer)] {
     if (said->exchange(true)) return;
     self->quiet(peer);
-    post_through(self->loop_gate_, executor, [weak] {
-      if (auto t = weak.lock()) t->cancel();
+    while_loop_lives(self->loop_gate_, [&] {
+      auto t = weak.lock();
+      if (!t) return;
+      boost::asio::post(t->get_executor(), [weak] {
+        if (auto t = weak.lock()) t->cancel();
+      });
     });
   };
   timer->async_wait([timer, once, said, bound](boost::system::error_code ec) {
@@ -50,11 +57,21 @@ std::function<void()> QuiesceBoard::add(const void* peer,
   return once;
 }
 
-void QuiesceBoard::when_quiet(const void* peer, const PeerStrand& strand,
-                              std::function<void()> then) {
-  then = [gate = loop_gate_, strand, then = std::move(then)]() mutable {
-    if (strand.running_in_this_thread()) return then();
-    post_through(gate, strand, std::move(then));
+void QuiesceBoard::when_quiet(PeerLink& link, std::function<void()> then) {
+  const void* peer = &link;
+  then = [gate = loop_gate_, weak = std::weak_ptr(link.shared_link()),
+          then = std::move(then)]() mutable {
+    auto session = weak.lock();
+    if (!session) return void(then = nullptr);  // the peer it was for has no session any more
+    if (session->strand().running_in_this_thread()) return then();
+    // The session goes along and is let go last: on its strand, or here once the loop has run
+    // its last.
+    std::optional run(HeldBy(std::move(session), std::move(then)));
+    while_loop_lives(gate, [&] {
+      PeerStrand strand = run->holder()->strand();
+      boost::asio::post(strand, std::move(*run));
+    });
+    run.reset();
   };
   {
     std::lock_guard lock(mu_);

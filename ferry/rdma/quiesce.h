@@ -28,7 +28,9 @@ class QuiesceBoard : public std::enable_shared_from_this<QuiesceBoard> {
  public:
   // Posts from the reaper's thread go through `loop_gate` (TransportEnv::loop_gate; null:
   // straight): once the context's loop has run its last, what they would have run is dropped
-  // on that thread instead (a closed context's waiters, a timer that went with its loop).
+  // on that thread instead (a closed context's waiters, the cancel of a timer that went with its
+  // loop). Nothing here keeps an executor of the loop past that: the reaper may run long after
+  // the context, and its io_context, are gone.
   explicit QuiesceBoard(std::shared_ptr<LoopGate> loop_gate = nullptr)
       : loop_gate_(std::move(loop_gate)) {}
 
@@ -37,11 +39,12 @@ class QuiesceBoard : public std::enable_shared_from_this<QuiesceBoard> {
   // after this call (a timer on `executor`, logged). Any thread.
   std::function<void()> add(const void* peer, const boost::asio::any_io_executor& executor,
                             std::chrono::milliseconds bound);
-  // Runs `then` on `strand` once no failed queue pair of `peer` is still to be destroyed: inline
-  // when none is and this thread runs in `strand`, else posted to it (from here, the reaper's
-  // thread or the bound's executor), or dropped there once the loop has run its last. Any
-  // thread.
-  void when_quiet(const void* peer, const PeerStrand& strand, std::function<void()> then);
+  // Runs `then` on `link`'s strand once no failed queue pair of that peer is still to be
+  // destroyed: inline when none is and this thread runs in the strand, else posted to it (from
+  // here, the reaper's thread or the bound's executor). Dropped, on that thread, once the loop
+  // has run its last or the session is gone (`then` is for a peer that no longer has one; a
+  // `then` that needs the session holds it). Any thread.
+  void when_quiet(PeerLink& link, std::function<void()> then);
 
  private:
   // One failed pair of `peer` is quiet.

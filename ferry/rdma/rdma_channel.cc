@@ -490,20 +490,30 @@ void RdmaChannel::off_strand(uint64_t bytes, std::function<void()> job,
   auto link = link_.lock();
   if (!link) return;  // the session is gone: this channel closes with it
   // The tracked executor counts as the loop's work until `then` has run (a close waits for it,
-  // within its bound). Posted back through the gate: a registration that outlasts the loop's
-  // last run is dropped on the registrar thread, before `link` (the session, which holds the
-  // context and its loop) goes.
-  std::function<void()> back = guarded(
-      *this,
-      [work = asio::prefer(strand_.get_inner_executor(), asio::execution::outstanding_work.tracked),
-       then = std::move(then)] { then(); });
-  submit_registration([link = std::move(link), gate = options_.loop_gate, job = std::move(job),
-                       back = std::move(back)]() mutable {
-    job();
-    job = nullptr;
-    if (!gate) return asio::post(link->strand(), std::exchange(back, nullptr));
-    if (!gate->post(link->strand(), back)) back = nullptr;
-  });
+  // within its bound). The post-back holds the session, which holds the context and its loop,
+  // and lets it go last. It goes through the gate: a registration that outlasts the loop's last
+  // run is dropped on the registrar thread instead of waiting in a loop that never runs again.
+  std::optional back(
+      HeldBy(std::move(link),
+             guarded(*this, [work = asio::prefer(strand_.get_inner_executor(),
+                                                 asio::execution::outstanding_work.tracked),
+                             then = std::move(then)] { then(); })));
+  submit_registration(
+      [gate = options_.loop_gate, job = std::move(job), back = std::move(back)]() mutable {
+        job();
+        job = nullptr;
+        // Under the gate, so that the loop exists while the strand's copy does.
+        const auto post = [&] {
+          PeerStrand strand = back->holder()->strand();
+          asio::post(strand, std::move(*back));
+        };
+        if (gate) {
+          gate->while_open(post);
+        } else {
+          post();
+        }
+        back.reset();  // posted: an empty shell; refused: the handler, then the session
+      });
 }
 
 void RdmaChannel::on_grant(uint64_t request_id, const wire::Grant& grant) {
@@ -1036,8 +1046,7 @@ void RdmaChannel::fail(std::error_code ec) {
 void RdmaChannel::complete_when_quiet(std::shared_ptr<PeerLink> link, uint64_t id,
                                       std::error_code ec, Fetch f) {
   auto held = std::make_shared<Fetch>(std::move(f));
-  const PeerLink* peer = link.get();
-  options_.quiesce->when_quiet(peer, link->strand(), [link, id, ec, held]() mutable {
+  options_.quiesce->when_quiet(*link, [link, id, ec, held]() mutable {
     held.reset();  // its regions, here on the strand, before the caller gets the targets back
     link->complete_fetch(id, ec);
   });
@@ -1077,7 +1086,7 @@ void RdmaChannel::close(std::error_code ec) {
   auto link = link_.lock();
   if (quiesce_if_reading(link.get())) {
     auto held = std::make_shared<decltype(fetches_)>(std::move(fetches_));
-    options_.quiesce->when_quiet(link.get(), strand_, [held]() mutable { held.reset(); });
+    options_.quiesce->when_quiet(*link, [held]() mutable { held.reset(); });
   }
   fetches_.clear();
   std::vector<uint64_t> ids;

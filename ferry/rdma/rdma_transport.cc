@@ -129,15 +129,13 @@ bool RdmaTransport::peer_has_transport(const PeerInfo& peer) const {
 void RdmaTransport::async_open_channel(std::shared_ptr<PeerLink> link, ChannelOpenHandler done) {
   // Once the peer's failed queue pairs are destroyed: one may still be placing data into the
   // targets of fetches that start again over the new pair.
-  const PeerLink* peer = link.get();
-  channel_options_.quiesce->when_quiet(
-      peer, link->strand(),
-      [this, link, done = std::move(done)]() mutable { open_channel(link, std::move(done)); });
+  channel_options_.quiesce->when_quiet(*link, [this, link, done = std::move(done)]() mutable {
+    open_channel(link, std::move(done));
+  });
 }
 
 void RdmaTransport::when_quiet(PeerLink& link, std::function<void()> then) {
-  const PeerLink* peer = &link;
-  channel_options_.quiesce->when_quiet(peer, link.strand(), std::move(then));
+  channel_options_.quiesce->when_quiet(link, std::move(then));
 }
 
 void RdmaTransport::open_channel(const std::shared_ptr<PeerLink>& link, ChannelOpenHandler done) {
