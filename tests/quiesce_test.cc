@@ -16,6 +16,7 @@
 namespace ferry::rdma {
 namespace {
 
+using fakes::FakeSessionLink;
 using namespace std::chrono_literals;
 
 // A fake session held by shared_ptr, as a real one is: the board keeps only a weak handle.
@@ -30,7 +31,10 @@ struct Quiesce : ::testing::Test {
   std::shared_ptr<OwnedLink> link = std::make_shared<OwnedLink>();
 
   // A pair of `link` to be destroyed, its bound far off; returns what the reaper calls.
-  std::function<void()> failed_pair() { return board->add(link.get(), link->strand(), 1h); }
+  // Keyed as RdmaChannel keys it: by the PeerLink's address.
+  std::function<void()> failed_pair() {
+    return board->add(static_cast<PeerLink*>(link.get()), link->strand(), 1h);
+  }
   // Calls `quiet` from another thread, as the reaper does once the pair is destroyed.
   static void from_the_reaper(const std::function<void()>& quiet) { std::thread(quiet).join(); }
 };
