@@ -15,6 +15,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 #include <optional>
 #include <thread>
 
@@ -243,13 +244,23 @@ TEST(BadInputQueue, ExpiringParkedFetchesThatOverflowTheControlQueueEndTheConnec
   RawClient c(server.port);
   ASSERT_TRUE(c.handshake()->has_hello_answer());
   const std::string name(1u << 20, 'n');
+  // Long enough for the three to be parked before the first expires, on a slow machine too.
+  const auto wait = std::chrono::duration_cast<std::chrono::milliseconds>(scaled(500ms));
   for (uint64_t i = 0; i < 3; ++i) {
     wire::Envelope env;
     env.set_request_id(2 * i + 1);
     env.mutable_fetch()->set_name(name + std::to_string(i));
     env.mutable_fetch()->add_sizes(10);
-    env.mutable_fetch()->set_wait_ms(200);
-    c.send(env);
+    env.mutable_fetch()->set_wait_ms(static_cast<uint64_t>(wait.count()));
+    try {
+      c.send(env);
+    } catch (const boost::system::system_error& e) {
+      // The server ended the connection while the later frames were still being written (the
+      // first wait ran out before they were): what is checked below, reached early.
+      std::cout << "note: the server closed the connection before fetch " << i
+                << " was written: " << e.what() << "\n";
+      break;
+    }
   }
   EXPECT_TRUE(c.closed_by_server());
   auto bytes = make_pattern(1000, 9);
