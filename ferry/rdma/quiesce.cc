@@ -3,10 +3,9 @@
 #include <atomic>
 #include <boost/asio/post.hpp>
 #include <boost/asio/steady_timer.hpp>
-#include <optional>
 
-#include "ferry/net/core/guard.h"
 #include "ferry/net/log.h"
+#include "ferry/rdma/post_back.h"
 
 namespace ferry::rdma {
 namespace {
@@ -64,14 +63,7 @@ void QuiesceBoard::when_quiet(PeerLink& link, std::function<void()> then) {
     auto session = weak.lock();
     if (!session) return void(then = nullptr);  // the peer it was for has no session any more
     if (session->strand().running_in_this_thread()) return then();
-    // The session goes along and is let go last: on its strand, or here once the loop has run
-    // its last.
-    std::optional run(HeldBy(std::move(session), std::move(then)));
-    while_loop_lives(gate, [&] {
-      PeerStrand strand = run->holder()->strand();
-      boost::asio::post(strand, std::move(*run));
-    });
-    run.reset();
+    post_back(gate, std::move(session), std::move(then));
   };
   {
     std::lock_guard lock(mu_);

@@ -14,6 +14,7 @@
 #include "ferry/net/core/guard.h"
 #include "ferry/net/errors.h"
 #include "ferry/net/log.h"
+#include "ferry/rdma/post_back.h"
 
 namespace ferry::rdma {
 namespace asio = boost::asio;
@@ -490,30 +491,18 @@ void RdmaChannel::off_strand(uint64_t bytes, std::function<void()> job,
   auto link = link_.lock();
   if (!link) return;  // the session is gone: this channel closes with it
   // The tracked executor counts as the loop's work until `then` has run (a close waits for it,
-  // within its bound). The post-back holds the session, which holds the context and its loop,
-  // and lets it go last. It goes through the gate: a registration that outlasts the loop's last
-  // run is dropped on the registrar thread instead of waiting in a loop that never runs again.
-  std::optional back(
-      HeldBy(std::move(link),
-             guarded(*this, [work = asio::prefer(strand_.get_inner_executor(),
-                                                 asio::execution::outstanding_work.tracked),
-                             then = std::move(then)] { then(); })));
-  submit_registration(
-      [gate = options_.loop_gate, job = std::move(job), back = std::move(back)]() mutable {
-        job();
-        job = nullptr;
-        // Under the gate, so that the loop exists while the strand's copy does.
-        const auto post = [&] {
-          PeerStrand strand = back->holder()->strand();
-          asio::post(strand, std::move(*back));
-        };
-        if (gate) {
-          gate->while_open(post);
-        } else {
-          post();
-        }
-        back.reset();  // posted: an empty shell; refused: the handler, then the session
-      });
+  // within its bound). A registration that outlasts the loop's last run is dropped on the
+  // registrar thread instead of waiting in a loop that never runs again (post_back).
+  std::function<void()> back = guarded(
+      *this,
+      [work = asio::prefer(strand_.get_inner_executor(), asio::execution::outstanding_work.tracked),
+       then = std::move(then)] { then(); });
+  submit_registration([gate = options_.loop_gate, link = std::move(link), job = std::move(job),
+                       back = std::move(back)]() mutable {
+    job();
+    job = nullptr;
+    post_back(gate, std::move(link), std::move(back));
+  });
 }
 
 void RdmaChannel::on_grant(uint64_t request_id, const wire::Grant& grant) {

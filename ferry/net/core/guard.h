@@ -57,25 +57,6 @@ auto guarded(Owner& owner, Fn fn) {
   });
 }
 
-// `fn`, callable as it is, holding `holder` until after `fn` itself is destroyed: for a handler
-// whose captures need what `holder` keeps alive (a session keeps its context and loop) and that
-// may be destroyed off the loop, where `holder` may be the last reference. (A lambda's captures
-// are destroyed in an unspecified order, a class's members in the reverse of theirs.)
-template <typename Holder, typename Fn>
-class HeldBy {
- public:
-  HeldBy(Holder holder, Fn fn) : holder_(std::move(holder)), fn_(std::move(fn)) {}
-  template <typename... Args>
-  auto operator()(Args&&... args) {
-    return fn_(std::forward<Args>(args)...);
-  }
-  const Holder& holder() const { return holder_; }
-
- private:
-  Holder holder_;  // declared first: destroyed last
-  Fn fn_;
-};
-
 // guarded() for a timer's wait: `fn()` runs only when the timer expired (not when it was
 // cancelled or re-armed) and `owner` is still open.
 template <Guardable Owner, typename Fn>
