@@ -1467,6 +1467,46 @@ TEST(Close, ACloseFromACompletionHandlerIsJoinedByTheDestructor) {
   EXPECT_FALSE(peer.is_open());
 }
 
+// The threads of this process (its entries in /proc/self/task).
+size_t threads_in_process() {
+  const std::filesystem::directory_iterator tasks("/proc/self/task");
+  return static_cast<size_t>(std::distance(begin(tasks), end(tasks)));
+}
+
+// A context destroyed by its own completion handler closes there, and its io threads are joined
+// once the handler has returned (the destructor used to leave them joinable: std::terminate).
+TEST(Close, AContextDestroyedByItsOwnCompletionHandlerHasItsThreadsJoinedAfterIt) {
+  Server server;
+  auto ref = server.put(make_pattern(1000, 4));
+  const size_t threads_before = threads_in_process();
+  {
+    auto client = std::make_unique<Context>(client_options("client"));
+    auto peer = connect_or_fail(*client, server.address());
+    ASSERT_GT(threads_in_process(), threads_before);
+    std::promise<std::error_code> handled;
+    peer.fetch(ref, {}, {}, [&](std::error_code ec, FetchResult) {
+      client.reset();
+      handled.set_value(ec);
+    });
+    auto done = handled.get_future();
+    ASSERT_EQ(done.wait_for(scaled(10s)), std::future_status::ready) << "the handler never ran";
+    EXPECT_FALSE(done.get());
+    EXPECT_EQ(peer.fetch(ref).wait(scaled(5s)), errc::context_closed);
+    // The session's close runs on the loop once the handler has returned.
+    const auto closed_by = std::chrono::steady_clock::now() + scaled(5s);
+    while (peer.is_open() && std::chrono::steady_clock::now() < closed_by) {
+      std::this_thread::sleep_for(1ms);
+    }
+    EXPECT_FALSE(peer.is_open());
+  }
+  // The io threads, the joining thread and the transports' threads all end.
+  const auto deadline = std::chrono::steady_clock::now() + scaled(10s);
+  while (threads_in_process() > threads_before && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(10ms);
+  }
+  EXPECT_EQ(threads_in_process(), threads_before) << "threads of the destroyed context remain";
+}
+
 // Threads that go on fetching and listing through a Peer while another thread closes its
 // context: every fetch completes exactly once (its handler runs; the ones that began before the
 // close complete either way, those after it with context_closed) and no request waits for its

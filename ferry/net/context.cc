@@ -629,6 +629,21 @@ size_t Context::BusyPoll::poll_or_wait(std::chrono::microseconds timeout) {
 
 Context::~Context() {
   close();
+  if (impl_->io.get_executor().running_in_this_thread()) {
+    // Destroyed by a completion handler (or a BusyPoll holder's poll): the loop can stop only
+    // once this thread has left the handler, so a thread of its own waits for that, joins the
+    // io threads and lets the Impl go (the io threads use it until they return).
+    auto impl = std::move(impl_);
+    try {
+      std::thread([impl] { impl->stop_and_join(); }).detach();
+    } catch (const std::system_error& e) {
+      // Letting the Impl go here would destroy the loop this thread runs in: it stays.
+      FERRY_LOG_ERROR("context '{}' destroyed on its io thread: no thread to join it ({})",
+                      impl->options.name, e.what());
+      new std::shared_ptr<Impl>(std::move(impl));
+    }
+    return;
+  }
   impl_.reset();
 }
 
@@ -662,32 +677,36 @@ void Context::close() {
   // From an io thread the loop cannot be joined: the next close() from outside it (the
   // destructor's) stops and joins it.
   if (impl_->io.get_executor().running_in_this_thread()) return;
-  if (impl_->joined.exchange(true)) return;
+  impl_->stop_and_join();
+}
+
+void Context::Impl::stop_and_join() {
+  if (joined.exchange(true)) return;
   // After the sessions' closes are posted (by this call or one that runs on another thread and
   // never waits), so that the loop runs them.
-  while (!impl_->closing_done.load()) std::this_thread::yield();
+  while (!closing_done.load()) std::this_thread::yield();
   // Closing sessions cancels their I/O, so the loop runs out of work; bounded all the same.
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
-  while (!impl_->io.stopped() && std::chrono::steady_clock::now() < deadline) {
+  while (!io.stopped() && std::chrono::steady_clock::now() < deadline) {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
-  if (!impl_->io.stopped()) {
+  if (!io.stopped()) {
     FERRY_LOG_WARN("context '{}': work still pending 5 s after close; stopping the loop",
-                   impl_->options.name);
+                   options.name);
   }
-  impl_->io.stop();
-  for (auto& t : impl_->threads) {
+  io.stop();
+  for (auto& t : threads) {
     if (t.joinable()) t.join();
   }
   // No post from outside lands after the run below: wait out those under way (each holds its
   // gate for one post), refuse later ones.
-  impl_->drained.store(true);
-  while (impl_->posting.load() > 0) std::this_thread::yield();
-  impl_->loop_gate->close();
+  drained.store(true);
+  while (posting.load() > 0) std::this_thread::yield();
+  loop_gate->close();
   // Run what is left (handlers of cancelled operations, work posted meanwhile) so nothing holds
   // a session and every operation has completed.
-  impl_->io.restart();
-  impl_->io.poll();
+  io.restart();
+  io.poll();
 }
 
 Result<uint16_t> Context::listen(std::string_view host_port) {

@@ -200,7 +200,8 @@ class Context {
   /// errc::transport_unknown for an unknown transport in `options.transports`, and the error of a
   /// TLS file that cannot be loaded.
   static Result<std::unique_ptr<Context>> create(ContextOptions options = {});
-  /// close(), then joins the threads.
+  /// close(), then joins the threads. Destroyed on one of its io threads (by a completion
+  /// handler), it closes and a thread of its own joins them once that handler has returned.
   ~Context();
   Context(const Context&) = delete;
   Context& operator=(const Context&) = delete;

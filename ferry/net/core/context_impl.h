@@ -121,6 +121,10 @@ struct Context::Impl : std::enable_shared_from_this<Context::Impl> {
   std::atomic<bool> closed{false};
   std::atomic<bool> closing_done{false};  // close() has closed the sessions and let go of `work`
   std::atomic<bool> joined{false};        // a close() from outside the loop stops and joins it
+  // Once close() has closed the sessions: waits (at most 5 s) for the loop to run out of work,
+  // stops it, joins the io threads and runs the loop one last time with the gates closed. Not
+  // on an io thread; the first call does it, later ones return at once.
+  void stop_and_join();
   // Work posted to the loop from outside it (a Peer's fetches and requests, a connect's answer)
   // must run, or its caller must learn that it will not: close() sets `drained` once the io
   // threads have stopped, waits until no PostGate is held, and then runs the loop one last time.
