@@ -497,8 +497,8 @@ void RdmaChannel::off_strand(uint64_t bytes, std::function<void()> job,
       *this,
       [work = asio::prefer(strand_.get_inner_executor(), asio::execution::outstanding_work.tracked),
        then = std::move(then)] { then(); });
-  submit_registration([gate = options_.loop_gate, link = std::move(link), job = std::move(job),
-                       back = std::move(back)]() mutable {
+  submit_registration(bytes, [gate = options_.loop_gate, link = std::move(link),
+                              job = std::move(job), back = std::move(back)]() mutable {
     job();
     job = nullptr;
     post_back(gate, std::move(link), std::move(back));

@@ -67,7 +67,7 @@ RdmaTransport::RdmaTransport(const TransportEnv& env, const RdmaOptions& options
         for (const auto& device : devices_) {
           device->local_cache().reserve(region.data(), region.size(), region);
         }
-        submit_registration([register_all] { register_all(true); });
+        submit_registration(region.size(), [register_all] { register_all(true); });
       },
       [this](std::span<std::byte> region) {
         std::shared_ptr<PoolRegion> entry;

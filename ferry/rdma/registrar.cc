@@ -10,17 +10,20 @@ namespace ferry::rdma {
 namespace {
 
 // Up to kThreads registrations at once: one large registration (seconds) must not hold back
-// every other peer's small one, nor a process's serves behind its own fetches.
+// every other peer's small one, nor a process's serves behind its own fetches. Large ones take
+// kThreads - 1 at most, so one thread is always there for the small ones.
 constexpr int kThreads = 4;
+constexpr int kLargeAtOnce = kThreads - 1;
 
 class Registrar {
  public:
-  void submit(std::function<void()> job) {
+  void submit(uint64_t bytes, std::function<void()> job) {
     bool spawn = false;
     {
       std::lock_guard lock(mu_);
-      queue_.push_back(std::move(job));
-      if (queue_.size() > static_cast<size_t>(idle_) && threads_ < kThreads) {
+      auto& lane = bytes >= kLargeRegistration ? large_ : small_;
+      lane.push_back({next_seq_++, std::move(job)});
+      if (small_.size() + large_.size() > static_cast<size_t>(idle_) && threads_ < kThreads) {
         ++threads_;
         spawn = true;
       }
@@ -28,29 +31,51 @@ class Registrar {
     if (spawn) {
       std::thread([this] { run(); }).detach();
     } else {
-      cv_.notify_one();
+      cv_.notify_all();  // the idle thread woken first may not be allowed a large job
     }
   }
 
  private:
+  struct Job {
+    uint64_t seq;  // submission order, across both lanes
+    std::function<void()> run;
+  };
+
+  // Under mu_.
+  bool large_allowed() const { return !large_.empty() && large_running_ < kLargeAtOnce; }
+  bool runnable() const { return !small_.empty() || large_allowed(); }
+
   void run() {
     std::unique_lock lock(mu_);
     for (;;) {
       ++idle_;
-      cv_.wait(lock, [&] { return !queue_.empty(); });
+      cv_.wait(lock, [&] { return runnable(); });
       --idle_;
-      auto job = std::move(queue_.front());
-      queue_.pop_front();
+      // The older of the two lanes' first jobs, a large one only while fewer than kLargeAtOnce
+      // run.
+      const bool large =
+          large_allowed() && (small_.empty() || large_.front().seq < small_.front().seq);
+      auto& lane = large ? large_ : small_;
+      auto job = std::move(lane.front().run);
+      lane.pop_front();
+      if (large) ++large_running_;
       lock.unlock();
       job();
       job = nullptr;  // its captures go before the next job runs
       lock.lock();
+      if (large) {
+        --large_running_;
+        if (!large_.empty()) cv_.notify_all();  // a large job queued may run now
+      }
     }
   }
 
   std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<std::function<void()>> queue_;
+  std::deque<Job> small_;
+  std::deque<Job> large_;
+  uint64_t next_seq_ = 0;
+  int large_running_ = 0;
   int threads_ = 0;  // started so far (they never end)
   int idle_ = 0;     // waiting for a job
 };
@@ -63,7 +88,9 @@ Registrar& registrar() {
 
 }  // namespace
 
-void submit_registration(std::function<void()> job) { registrar().submit(std::move(job)); }
+void submit_registration(uint64_t bytes, std::function<void()> job) {
+  registrar().submit(bytes, std::move(job));
+}
 
 TargetRegistration::TargetRegistration(std::vector<MutableBuffer> targets,
                                        std::vector<std::shared_ptr<Region>> regions)

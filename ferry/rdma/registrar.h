@@ -27,11 +27,16 @@ namespace ferry::rdma {
 // small fetch or serve. Larger ones go to a registrar thread.
 inline constexpr uint64_t kRegisterOnTheStrandBelow = 1u << 20;
 
-// Queues `job` to run on a registrar thread (up to four, started as jobs need them and never
-// joined, as the reaper's: at exit the kernel releases what is left). Jobs start in the order
-// they were submitted; four run at once at most, so a small registration waits for a large one
-// only when four are under way. Any thread; never blocks.
-void submit_registration(std::function<void()> job);
+// Registrations of this much memory or more are large: they pin for long (tens of milliseconds
+// on a NIC, seconds on soft-RoCE), and fewer of them run at once than registrar threads exist.
+inline constexpr uint64_t kLargeRegistration = 64u << 20;
+
+// Queues `job`, the registration of `bytes` of memory, to run on a registrar thread (up to four,
+// started as jobs need them and never joined, as the reaper's: at exit the kernel releases what
+// is left). Jobs start in the order they were submitted, except that large ones
+// (kLargeRegistration) take three threads at most: a smaller registration never waits behind
+// large ones, however many are queued, only behind other small ones. Any thread; never blocks.
+void submit_registration(uint64_t bytes, std::function<void()> job);
 
 // The registrations one fetch's targets lack, made on the registrar thread. The fetch's channel
 // holds it while they are made and cancels it when the fetch ends first.
