@@ -13,6 +13,7 @@
 
 #include "ferry/net/address.h"
 #include "ferry/net/errors.h"
+#include "ferry/net/system/thread_name.h"
 
 namespace ferry::cli {
 namespace {
@@ -95,6 +96,7 @@ std::error_code MetricsServer::start(const std::string& address,
   bound = std::string(host) + ":" + std::to_string(ntohs(addr.sin_port));
   render_ = std::move(render);
   thread_ = std::thread([this] { run(); });
+  name_thread(thread_, "ferry-metrics");
   return {};
 }
 

@@ -14,6 +14,7 @@
 
 #include <deque>
 #include <filesystem>
+#include <fstream>
 #include <future>
 #include <mutex>
 #include <random>
@@ -1467,22 +1468,37 @@ TEST(Close, ACloseFromACompletionHandlerIsJoinedByTheDestructor) {
   EXPECT_FALSE(peer.is_open());
 }
 
-// The threads of this process (its entries in /proc/self/task).
-size_t threads_in_process() {
-  const std::filesystem::directory_iterator tasks("/proc/self/task");
-  return static_cast<size_t>(std::distance(begin(tasks), end(tasks)));
+// The names of this process's threads that belong to a context (ferry's threads but the
+// process-wide ones: RDMA's reaper and registrar threads never end), sorted.
+std::vector<std::string> context_threads() {
+  std::vector<std::string> names;
+  for (const auto& task : std::filesystem::directory_iterator("/proc/self/task")) {
+    std::ifstream comm(task.path() / "comm");
+    std::string name;
+    if (!std::getline(comm, name) || name.rfind("ferry-", 0) != 0) continue;
+    if (name == "ferry-reaper" || name == "ferry-register") continue;
+    names.push_back(name);
+  }
+  std::sort(names.begin(), names.end());
+  return names;
 }
 
-// A context destroyed by its own completion handler closes there, and its io threads are joined
+std::string joined(const std::vector<std::string>& names) {
+  std::string s;
+  for (const auto& n : names) s += (s.empty() ? "" : " ") + n;
+  return s;
+}
+
+// A context destroyed by its own completion handler closes there, and its threads are joined
 // once the handler has returned (the destructor used to leave them joinable: std::terminate).
 TEST(Close, AContextDestroyedByItsOwnCompletionHandlerHasItsThreadsJoinedAfterIt) {
   Server server;
   auto ref = server.put(make_pattern(1000, 4));
-  const size_t threads_before = threads_in_process();
+  const auto threads_before = context_threads();
   {
     auto client = std::make_unique<Context>(client_options("client"));
     auto peer = connect_or_fail(*client, server.address());
-    ASSERT_GT(threads_in_process(), threads_before);
+    ASSERT_GT(context_threads().size(), threads_before.size());
     std::promise<std::error_code> handled;
     peer.fetch(ref, {}, {}, [&](std::error_code ec, FetchResult) {
       client.reset();
@@ -1493,18 +1509,12 @@ TEST(Close, AContextDestroyedByItsOwnCompletionHandlerHasItsThreadsJoinedAfterIt
     EXPECT_FALSE(done.get());
     EXPECT_EQ(peer.fetch(ref).wait(scaled(5s)), errc::context_closed);
     // The session's close runs on the loop once the handler has returned.
-    const auto closed_by = std::chrono::steady_clock::now() + scaled(5s);
-    while (peer.is_open() && std::chrono::steady_clock::now() < closed_by) {
-      std::this_thread::sleep_for(1ms);
-    }
-    EXPECT_FALSE(peer.is_open());
+    EXPECT_TRUE(eventually([&] { return !peer.is_open(); }, 5s));
   }
-  // The io threads, the joining thread and the transports' threads all end.
-  const auto deadline = std::chrono::steady_clock::now() + scaled(10s);
-  while (threads_in_process() > threads_before && std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(10ms);
-  }
-  EXPECT_EQ(threads_in_process(), threads_before) << "threads of the destroyed context remain";
+  // Its io threads, the thread that joins them and its devices' event threads (once the reaper
+  // has destroyed its queue pairs) all end.
+  EXPECT_TRUE(eventually([&] { return context_threads() == threads_before; }, 20s))
+      << "threads before: " << joined(threads_before) << "; after: " << joined(context_threads());
 }
 
 // Threads that go on fetching and listing through a Peer while another thread closes its

@@ -202,48 +202,68 @@ TEST_F(Rdma, AnAbortMidReadLeavesTheOtherFetchesOnTheQueuePairAlone) {
   auto big_ref = server.put(big);
   auto other_ref = server.put(other);
   ASSERT_FALSE(peer.fetch(other_ref).wait(scaled(60s)));  // the queue pair is up
-  auto victim = peer.fetch(big_ref);
-  auto bystander = peer.fetch(other_ref);
-  std::this_thread::sleep_for(100ms);  // granted, READs posted: 16 MiB takes ~0.5 s on rxe
-  ASSERT_FALSE(victim.done()) << "the fetch ended before the abort: the test proves nothing";
-  victim.abort();
-  EXPECT_EQ(victim.wait(scaled(60s)), errc::aborted);
-  auto ec = bystander.wait(scaled(60s));
-  ASSERT_FALSE(ec) << "a fetch beside the aborted one failed: " << ec.message();
-  EXPECT_TRUE(same_bytes(bystander.result().tensors[0], *other));
+  // The abort must land while the victim's READs are under way (16 MiB takes ~0.5 s on rxe); a
+  // test thread descheduled that long sees it finish first, and the round is tried again.
+  constexpr int kRounds = 5;
+  for (int round = 0; round < kRounds; ++round) {
+    auto victim = peer.fetch(big_ref);
+    auto bystander = peer.fetch(other_ref);
+    // Granted, READs posted: some of them have completed.
+    ASSERT_TRUE(eventually([&] { return victim.bytes_landed() > 0 || victim.done(); }, 60s));
+    victim.abort();
+    const auto victim_ec = victim.wait(scaled(60s));
+    auto ec = bystander.wait(scaled(60s));
+    ASSERT_FALSE(ec) << "a fetch beside the aborted one failed: " << ec.message();
+    EXPECT_TRUE(same_bytes(bystander.result().tensors[0], *other));
+    if (victim_ec == errc::aborted) return;
+    ASSERT_FALSE(victim_ec) << "the victim failed otherwise: " << victim_ec.message();
+  }
+  GTEST_SKIP() << "SKIPPED: in " << kRounds << " rounds the 16 MiB fetch ended before its abort "
+               << "took effect (a starved machine): the test proves nothing here";
 }
 
 TEST_F(Rdma, LeaseKeepsMemoryAliveUntilTheReadEnds) {
   Server server;
   Context client(client_options("client"));
   auto peer = connect_or_fail(client, server.address());
-  auto bytes = make_pattern(24u << 20, 11);
-  auto expected = *bytes;
-  auto freed = std::make_shared<std::atomic<bool>>(false);
-  // The owner's memory tells us when it is released.
-  std::shared_ptr<void> owner(new std::shared_ptr<std::vector<std::byte>>(bytes), [freed](void* p) {
-    delete static_cast<std::shared_ptr<std::vector<std::byte>>*>(p);
-    *freed = true;
-  });
-  auto ref = server.ctx.put({Tensor::bytes(*bytes)}, owner);
-  ASSERT_TRUE(ref.ok());
-  owner.reset();
-  bytes.reset();
-  auto req = peer.fetch(*ref);
-  // Wait until the owner has granted (the lease pins the object), then drop its last reference.
-  for (int i = 0; i < 2000 && server.ctx.store().counts(ref->object_id)->pins == 0; ++i) {
-    std::this_thread::sleep_for(1ms);
+  // The owner's release must come while the READ is under way (24 MiB takes ~1 s on rxe); a test
+  // thread descheduled that long sees it finish first, and the round is tried again.
+  constexpr int kRounds = 5;
+  for (int round = 0; round < kRounds; ++round) {
+    auto bytes = make_pattern(24u << 20, 11);
+    auto expected = *bytes;
+    auto freed = std::make_shared<std::atomic<bool>>(false);
+    // The owner's memory tells us when it is released.
+    std::shared_ptr<void> owner(new std::shared_ptr<std::vector<std::byte>>(bytes),
+                                [freed](void* p) {
+                                  delete static_cast<std::shared_ptr<std::vector<std::byte>>*>(p);
+                                  *freed = true;
+                                });
+    auto ref = server.ctx.put({Tensor::bytes(*bytes)}, owner);
+    ASSERT_TRUE(ref.ok());
+    owner.reset();
+    bytes.reset();
+    auto req = peer.fetch(*ref);
+    // Wait until the owner has granted (the lease pins the object), then drop its last reference.
+    ASSERT_TRUE(eventually(
+        [&] { return server.ctx.store().counts(ref->object_id)->pins > 0 || req.done(); }, 20s));
+    const bool read_under_way = !req.done();
+    EXPECT_TRUE(server.ctx.release(*ref));
+    // Freed only after the fetch completed: the fetcher's release, sent once its READs ended,
+    // ends the lease.
+    const bool freed_at_release = *freed;
+    const bool done_at_release = req.done();
+    EXPECT_FALSE(freed_at_release && !done_at_release)
+        << "memory freed while a READ may still touch it";
+    ASSERT_FALSE(req.wait(scaled(120s)));
+    EXPECT_TRUE(same_bytes(req.result().tensors[0], expected));
+    // The fetcher's release ends the lease; then the object is collected and the memory goes.
+    EXPECT_TRUE(eventually([&] { return freed->load(); }, 5s));
+    EXPECT_FALSE(server.ctx.store().find(ref->object_id));
+    if (read_under_way && !done_at_release) return;  // released while the READ went on
   }
-  ASSERT_EQ(server.ctx.store().counts(ref->object_id)->pins, 1u);
-  ASSERT_FALSE(req.done()) << "the READ finished before the release: the test proves nothing";
-  EXPECT_TRUE(server.ctx.release(*ref));
-  EXPECT_FALSE(*freed) << "memory freed while a READ may still touch it";
-  ASSERT_FALSE(req.wait(scaled(120s)));
-  EXPECT_TRUE(same_bytes(req.result().tensors[0], expected));
-  // The fetcher's release ends the lease; then the object is collected and the memory goes.
-  for (int i = 0; i < 1000 && !*freed; ++i) std::this_thread::sleep_for(5ms);
-  EXPECT_TRUE(*freed);
-  EXPECT_FALSE(server.ctx.store().find(ref->object_id));
+  GTEST_SKIP() << "SKIPPED: in " << kRounds << " rounds the 24 MiB READ ended before the "
+               << "owner's release (a starved machine): the test proves nothing here";
 }
 
 TEST_F(Rdma, FetchesStayByteExactWithPacketLoss) {

@@ -7,6 +7,7 @@
 #include "ferry/net/errors.h"
 #include "ferry/net/log.h"
 #include "ferry/net/system/system_memory.h"
+#include "ferry/net/system/thread_name.h"
 
 namespace ferry::collective {
 namespace {
@@ -47,6 +48,7 @@ std::string name_of(const std::string& what, const std::string& name, uint64_t i
 Service::Service(Context& ctx, Group& group, std::string driver_address, std::string name)
     : ctx_(ctx), group_(group), driver_(std::move(driver_address)), name_(std::move(name)) {
   thread_ = std::thread([this] { run(); });
+  name_thread(thread_, "ferry-service");
 }
 
 Service::~Service() {

@@ -28,6 +28,7 @@
 #include "ferry/net/system/env.h"
 #include "ferry/net/system/socket_util.h"
 #include "ferry/net/system/system_memory.h"
+#include "ferry/net/system/thread_name.h"
 
 namespace ferry {
 namespace asio = boost::asio;
@@ -491,7 +492,7 @@ Context::Context(ContextOptions options) : impl_(std::make_shared<Impl>(std::mov
   impl_->work.emplace(asio::make_work_guard(impl_->io));
   impl_->arm_pool_trim();
   for (int i = 0; i < impl_->options.threads; ++i) {
-    impl_->threads.emplace_back([impl = impl_.get()] {
+    auto& thread = impl_->threads.emplace_back([impl = impl_.get()] {
       for (;;) {
         try {
           // Sleeps in the reactor between events (after idle_spin of polling); parks while a
@@ -506,6 +507,7 @@ Context::Context(ContextOptions options) : impl_(std::make_shared<Impl>(std::mov
         }
       }
     });
+    name_thread(thread, "ferry-io");
   }
 }
 
@@ -635,7 +637,8 @@ Context::~Context() {
     // io threads and lets the Impl go (the io threads use it until they return).
     auto impl = std::move(impl_);
     try {
-      std::thread([impl] { impl->stop_and_join(); }).detach();
+      std::thread closer([impl] { impl->stop_and_join(); });
+      name_thread(closer, "ferry-close").detach();
     } catch (const std::system_error& e) {
       // Letting the Impl go here would destroy the loop this thread runs in: it stays.
       FERRY_LOG_ERROR("context '{}' destroyed on its io thread: no thread to join it ({})",

@@ -11,6 +11,7 @@
 
 #include "ferry/net/errors.h"
 #include "ferry/net/log.h"
+#include "ferry/net/system/thread_name.h"
 
 namespace ferry::rdma {
 
@@ -144,6 +145,7 @@ void Device::watch_async_events() {
       ibv_ack_async_event(&e);
     }
   });
+  name_thread(async_events_, "ferry-rdma-evt");
 }
 
 MwHandle Device::alloc_window() {

@@ -5,13 +5,16 @@
 #include <mutex>
 #include <thread>
 
+#include "ferry/net/system/thread_name.h"
+
 namespace ferry::rdma {
 namespace {
 
 class Reaper {
  public:
   Reaper() {
-    std::thread([this] { run(); }).detach();
+    std::thread thread([this] { run(); });
+    name_thread(thread, "ferry-reaper").detach();
   }
 
   void retire(std::function<void()> destroy) {

@@ -5,6 +5,7 @@
 #include <thread>
 
 #include "ferry/net/errors.h"
+#include "ferry/net/system/thread_name.h"
 
 namespace ferry::rdma {
 namespace {
@@ -29,7 +30,8 @@ class Registrar {
       }
     }
     if (spawn) {
-      std::thread([this] { run(); }).detach();
+      std::thread thread([this] { run(); });
+      name_thread(thread, "ferry-register").detach();
     } else {
       cv_.notify_all();  // the idle thread woken first may not be allowed a large job
     }
