@@ -1494,6 +1494,11 @@ std::string joined(const std::vector<std::string>& names) {
 TEST(Close, AContextDestroyedByItsOwnCompletionHandlerHasItsThreadsJoinedAfterIt) {
   Server server;
   auto ref = server.put(make_pattern(1000, 4));
+  // Threads the server starts for its first peer and keeps (the same-host transport's copy
+  // helpers) are there before the count: another client stays connected throughout.
+  Context other(client_options("other"));
+  auto other_peer = connect_or_fail(other, server.address());
+  ASSERT_FALSE(other_peer.fetch(ref).wait(scaled(30s)));
   const auto threads_before = context_threads();
   {
     auto client = std::make_unique<Context>(client_options("client"));

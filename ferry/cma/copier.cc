@@ -8,6 +8,7 @@
 
 #include "ferry/cma/process_memory.h"
 #include "ferry/net/system/cpus.h"
+#include "ferry/net/system/thread_name.h"
 
 namespace ferry::cma {
 namespace {
@@ -22,7 +23,10 @@ constexpr size_t kMinShare = 1u << 20;
 unsigned default_copy_threads() { return std::min(usable_cores(), 8u); }
 
 Copier::Copier(unsigned threads) : threads_(std::max(threads, 1u)) {
-  if (threads_ > 1) helpers_ = std::make_unique<boost::asio::thread_pool>(threads_ - 1);
+  if (threads_ > 1) {
+    const NameThreadsStartedHere named("ferry-copy");
+    helpers_ = std::make_unique<boost::asio::thread_pool>(threads_ - 1);
+  }
 }
 
 Copier::~Copier() {

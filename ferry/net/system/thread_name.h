@@ -15,4 +15,24 @@ inline std::thread& name_thread(std::thread& thread, const char* name) {
   return thread;
 }
 
+// While it lives, threads the calling thread starts are named `name` (a thread starts with its
+// creator's name): for threads ferry does not start itself (a boost::asio::thread_pool's). The
+// calling thread gets its own name back when it ends. On the calling thread only.
+class NameThreadsStartedHere {
+ public:
+  explicit NameThreadsStartedHere(const char* name) {
+    restore_ = ::pthread_getname_np(::pthread_self(), saved_, sizeof saved_) == 0;
+    ::pthread_setname_np(::pthread_self(), name);
+  }
+  ~NameThreadsStartedHere() {
+    if (restore_) ::pthread_setname_np(::pthread_self(), saved_);
+  }
+  NameThreadsStartedHere(const NameThreadsStartedHere&) = delete;
+  NameThreadsStartedHere& operator=(const NameThreadsStartedHere&) = delete;
+
+ private:
+  char saved_[16] = {};
+  bool restore_ = false;
+};
+
 }  // namespace ferry
