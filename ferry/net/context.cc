@@ -677,8 +677,8 @@ void Context::close() {
     impl_->work.reset();
     impl_->closing_done.store(true);
   }
-  // From an io thread the loop cannot be joined: the next close() from outside it (the
-  // destructor's) stops and joins it.
+  // From an io thread the loop cannot be joined: the next close() from outside it, or the
+  // destructor (from outside it, or through a thread of its own), stops and joins it.
   if (impl_->io.get_executor().running_in_this_thread()) return;
   impl_->stop_and_join();
 }
