@@ -47,14 +47,25 @@ struct Qdisc {
 };
 
 // Every RoCE v2 packet (UDP port 4791: every UDP packet here) dropped on both veth ends for the
-// scope of a test; TCP, and so the metadata channel, still flows.
+// scope of a test; TCP, and so the metadata channel, still flows. Built with `Later`, it only
+// prepares the qdiscs, and start() drops with one shell: a test that must stop traffic mid-fetch
+// does not wait on six tc processes (seconds in an emulated guest on a loaded host).
 struct RoceDropped {
-  RoceDropped() {
+  struct Later {};
+  RoceDropped() : RoceDropped(Later{}) { start(); }
+  explicit RoceDropped(Later) {
     for (const char* dev : {"sr0", "sr1"}) {
       sh(std::string("tc qdisc add dev ") + dev + " parent 1:3 handle 30: netem loss 100%");
-      sh(std::string("tc filter add dev ") + dev +
-         " parent 1:0 protocol ip u32 match ip protocol 17 0xff flowid 1:3");
     }
+  }
+  void start() {
+    std::string cmd;
+    for (const char* dev : {"sr0", "sr1"}) {
+      if (!cmd.empty()) cmd += " && ";
+      cmd += std::string("tc filter add dev ") + dev +
+             " parent 1:0 protocol ip u32 match ip protocol 17 0xff flowid 1:3";
+    }
+    sh(cmd);
   }
   Qdisc prio{"root handle 1: prio"};
 };
@@ -391,33 +402,47 @@ TEST_F(Rdma, AFetchWhosePairBrokeGoesOnFromTheFirstByteItLacks) {
   Context client(options);
   auto peer = connect_or_fail(client, server.address());
   constexpr size_t kBytes = 128u << 20;
-  auto bytes = make_pattern(kBytes, 41);
-  const auto before = *bytes;
-  const ObjectRef ref = server.put(bytes);
-  std::vector<std::byte> target(kBytes);
-  auto req = peer.fetch(ref, {target});
-  uint64_t kept = 0;
-  {
-    ASSERT_TRUE(eventually([&] { return req.bytes_landed() >= (2u << 20) || req.done(); }, 60s));
-    RoceDropped dropped;
-    std::this_thread::sleep_for(200ms);  // responses already on their way have arrived
-    kept = req.bytes_landed();
-    ASSERT_LT(kept, kBytes) << "the fetch ended before its traffic could be stopped";
-    auto after = make_pattern(kBytes, 42);
-    std::memcpy(bytes->data(), after->data(), kBytes);
-    EXPECT_EQ(rdma::inject_queue_pair_errors(client), 1u);
-    std::this_thread::sleep_for(300ms);
-    EXPECT_EQ(req.bytes_landed(), kept) << "bytes landed after the traffic stopped";
+  // The traffic must stop while the READs are under way (128 MiB takes seconds on rxe); a test
+  // thread descheduled that long sees the fetch end first, and the round is tried again.
+  constexpr int kRounds = 5;
+  for (int round = 0; round < kRounds; ++round) {
+    auto bytes = make_pattern(kBytes, 41);
+    const auto before = *bytes;
+    const ObjectRef ref = server.put(bytes);
+    std::vector<std::byte> target(kBytes);
+    uint64_t kept = 0;
+    FetchRequest req;
+    {
+      RoceDropped dropped{RoceDropped::Later{}};
+      req = peer.fetch(ref, {target});
+      ASSERT_TRUE(eventually([&] { return req.bytes_landed() >= (2u << 20) || req.done(); }, 60s));
+      dropped.start();
+      std::this_thread::sleep_for(200ms);  // responses already on their way have arrived
+      kept = req.bytes_landed();
+      if (kept == kBytes) {
+        ASSERT_FALSE(req.wait(scaled(60s))) << req.wait(0s).message();
+        EXPECT_TRUE(server.ctx.release(ref));
+        continue;
+      }
+      auto after = make_pattern(kBytes, 42);
+      std::memcpy(bytes->data(), after->data(), kBytes);
+      EXPECT_EQ(rdma::inject_queue_pair_errors(client), 1u);
+      std::this_thread::sleep_for(300ms);
+      EXPECT_EQ(req.bytes_landed(), kept) << "bytes landed after the traffic stopped";
+    }
+    ASSERT_FALSE(req.wait(scaled(120s))) << req.wait(0s).message();
+    EXPECT_EQ(req.result().transport, "RDMA");
+    EXPECT_GE(req.result().restarts, 1u);
+    EXPECT_EQ(std::memcmp(target.data(), before.data(), kept), 0)
+        << "bytes that had landed were read again";
+    EXPECT_EQ(std::memcmp(target.data() + kept, bytes->data() + kept, kBytes - kept), 0)
+        << "the bytes after the first " << kept << " are not the object's";
+    std::printf("%llu of %zu bytes had landed when the pair broke (round %d)\n",
+                static_cast<unsigned long long>(kept), kBytes, round + 1);
+    return;
   }
-  ASSERT_FALSE(req.wait(scaled(120s))) << req.wait(0s).message();
-  EXPECT_EQ(req.result().transport, "RDMA");
-  EXPECT_GE(req.result().restarts, 1u);
-  EXPECT_EQ(std::memcmp(target.data(), before.data(), kept), 0)
-      << "bytes that had landed were read again";
-  EXPECT_EQ(std::memcmp(target.data() + kept, bytes->data() + kept, kBytes - kept), 0)
-      << "the bytes after the first " << kept << " are not the object's";
-  std::printf("%llu of %zu bytes had landed when the pair broke\n",
-              static_cast<unsigned long long>(kept), kBytes);
+  GTEST_SKIP() << "SKIPPED: in " << kRounds << " rounds the 128 MiB fetch ended before its "
+               << "traffic could be stopped (a starved machine): the test proves nothing here";
 }
 
 // A device that goes on working but loses the completions of the READs outstanding (rxe under
