@@ -69,6 +69,7 @@ class waiting:
 
 
 def _run():
+    _ferry._name_this_thread("ferry-complete")  # Python's own name is not the OS's before 3.14
     while True:
         batch = _ferry._wait_completions()  # GIL released while it waits
         if batch is None:

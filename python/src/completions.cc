@@ -12,6 +12,7 @@
 
 #include "ferry/net/system/cpus.h"
 #include "ferry/net/system/env.h"
+#include "ferry/net/system/thread_name.h"
 #include "python/src/bindings.h"
 
 namespace py = pybind11;
@@ -122,6 +123,9 @@ void bind_completions(py::module_& m) {
   m.def("_wait_completions", &wait_completions,
         "Completion thread only: waits (GIL released) and returns [(future, FetchOutcome)], "
         "or None once _stop_completions() was called and the queue is drained.");
+  m.def(
+      "_name_this_thread", [](const std::string& name) { name_this_thread(name.c_str()); },
+      "Names the calling thread for the OS (top -H, gdb, perf): 15 characters at most.");
   m.def(
       "_stop_completions", [] { queue().stop(); },
       "Makes _wait_completions() return None once drained (interpreter exit).");

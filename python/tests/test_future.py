@@ -454,9 +454,25 @@ def test_the_completion_thread_resolves_a_batch_in_completion_order(monkeypatch)
         def _wait_completions():
             return batches.pop(0)
 
+        @staticmethod
+        def _name_this_thread(name):
+            pass
+
     monkeypatch.setattr(_completion, "_ferry", NativeQueue)
     _completion._run()  # returns once the queue says it stopped
     assert heard == [(i, f"outcome {i}") for i in range(6)]
+
+
+def test_the_completion_thread_has_its_name_in_the_os(owner, ctx):
+    """top -H, gdb and perf show ferry's Python thread by name, as they show its C++ ones."""
+    from ferry import _completion
+
+    peer = ctx.connect(owner.refs["np_int64"])
+    peer.fetch(owner.refs["np_int64"]).result(60)  # the completion thread has run
+    with open(f"/proc/self/task/{_completion._thread.native_id}/comm") as comm:
+        assert comm.read().strip() == "ferry-complete"
+    with open(f"/proc/self/task/{threading.get_native_id()}/comm") as comm:
+        assert comm.read().strip() != "ferry-complete", "the caller's thread was renamed"
 
 
 @pytest.mark.parametrize("spin", ["0", "50", "10000", "lots"])

@@ -15,6 +15,10 @@ inline std::thread& name_thread(std::thread& thread, const char* name) {
   return thread;
 }
 
+// Names the calling thread `name` (15 characters at most, as name_thread): for a thread ferry
+// does not start but runs for ferry (the Python package's completion thread).
+inline void name_this_thread(const char* name) { ::pthread_setname_np(::pthread_self(), name); }
+
 // While it lives, threads the calling thread starts are named `name` (a thread starts with its
 // creator's name): for threads ferry does not start itself (a boost::asio::thread_pool's). The
 // calling thread gets its own name back when it ends. On the calling thread only.
