@@ -85,7 +85,7 @@ test-tsan: deps
 	cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo $(SAN_CMAKE) \
 	  -DCMAKE_CXX_FLAGS="-fsanitize=thread"
 	cmake --build build-tsan -j $(JOBS)
-	cd build-tsan && TSAN_OPTIONS="halt_on_error=1 suppressions=$(CURDIR)/tests/tsan.supp" ctest --output-on-failure --timeout 900 $(SAN_TESTS)
+	cd build-tsan && TSAN_OPTIONS="halt_on_error=1 history_size=7 suppressions=$(CURDIR)/tests/tsan.supp" ctest --output-on-failure --timeout 900 $(SAN_TESTS)
 
 # libFuzzer (clang): the frame decoder and control-message handling on a live server, each for
 # FUZZ_SECONDS, from the seed corpus. A crash fails the target; its input is left in

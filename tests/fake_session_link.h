@@ -106,7 +106,9 @@ inline bool FakeChannel::abort(uint64_t request_id) {
   return transport->abort_lets_go;
 }
 
-class FakeSessionLink : public SessionLink, public PeerLink {
+class FakeSessionLink : public SessionLink,
+                        public PeerLink,
+                        public std::enable_shared_from_this<FakeSessionLink> {
  public:
   explicit FakeSessionLink(bool initiator = true)
       : strand_(boost::asio::make_strand(io_)), next_id_(initiator ? 1 : 2) {
@@ -194,8 +196,12 @@ class FakeSessionLink : public SessionLink, public PeerLink {
 
   // PeerLink
   PeerStrand& strand() override { return strand_; }
+  // Owning when the fake is held by a shared_ptr, as a real session is (weak handles to it then
+  // live as long as it does); a fake on the stack gives a handle that does not own it, whose
+  // weak handles are expired at once.
   std::shared_ptr<PeerLink> shared_link() override {
-    return std::shared_ptr<PeerLink>(std::shared_ptr<PeerLink>{}, this);  // not owning
+    if (auto owned = weak_from_this().lock()) return owned;
+    return std::shared_ptr<PeerLink>(std::shared_ptr<PeerLink>{}, this);
   }
   const PeerInfo& info() const override { return info_; }
   std::shared_ptr<TransportChannel> channel(std::string_view transport) const override {

@@ -19,16 +19,11 @@ namespace {
 using fakes::FakeSessionLink;
 using namespace std::chrono_literals;
 
-// A fake session held by shared_ptr, as a real one is: the board keeps only a weak handle.
-class OwnedLink : public FakeSessionLink, public std::enable_shared_from_this<OwnedLink> {
- public:
-  std::shared_ptr<PeerLink> shared_link() override { return shared_from_this(); }
-};
-
 struct Quiesce : ::testing::Test {
   std::shared_ptr<LoopGate> gate = std::make_shared<LoopGate>();
   std::shared_ptr<QuiesceBoard> board = std::make_shared<QuiesceBoard>(gate);
-  std::shared_ptr<OwnedLink> link = std::make_shared<OwnedLink>();
+  // Held by shared_ptr, as a real session is: the board keeps only a weak handle.
+  std::shared_ptr<FakeSessionLink> link = std::make_shared<FakeSessionLink>();
 
   // A pair of `link` to be destroyed, its bound far off; returns what the reaper calls.
   // Keyed as RdmaChannel keys it: by the PeerLink's address.
@@ -76,7 +71,7 @@ TEST_F(Quiesce, AWaiterWhoseSessionIsGoneIsDropped) {
   std::weak_ptr<int> watch = held;
   bool ran = false;
   board->when_quiet(*link, [&ran, held = std::move(held)] { ran = true; });
-  std::weak_ptr<OwnedLink> session = link;
+  std::weak_ptr<FakeSessionLink> session = link;
   link.reset();  // the session, and with it (in this fake) its loop
   ASSERT_TRUE(session.expired());
   from_the_reaper(quiet);
