@@ -69,6 +69,23 @@ TEST_F(StoreTest, PinDefersCollectionUntilTransferEnds) {
   EXPECT_FALSE(store.pin(id));
 }
 
+// Released while a transfer pins it: that transfer goes on, a new one is refused (a released
+// object is withdrawn, though it lives until the pin ends).
+TEST_F(StoreTest, AReleasedObjectIsNotPinnedAgainWhileATransferStillPinsIt) {
+  auto id = put_bytes(8);
+  auto pin = store.pin(id);
+  ASSERT_TRUE(pin);
+  ASSERT_TRUE(store.add_remote_ref(id, 7));
+  store.release(id);
+  EXPECT_TRUE(store.pin(id)) << "a remote reference still holds it";
+  EXPECT_EQ(store.release_holder(7), 1u);
+  EXPECT_FALSE(store.pin(id)) << "released, yet pinned for a new transfer";
+  EXPECT_TRUE(store.find(id));  // the first transfer's object lives on
+  EXPECT_EQ(collected, 0);
+  pin.reset();
+  EXPECT_EQ(collected, 1);
+}
+
 TEST_F(StoreTest, CopyOwnsItsBytes) {
   std::vector<std::byte> src(100, std::byte{5});
   auto id = store.put_copy({Tensor::bytes(src)}, "TCP");

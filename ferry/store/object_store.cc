@@ -13,7 +13,9 @@ struct ObjectStore::State {
     uint32_t pins = 0;
     std::unordered_map<HolderId, uint32_t> remote;
 
-    bool collectable() const { return local == 0 && pins == 0 && remote.empty(); }
+    // No one refers to it: only transfers under way keep it, and no new one starts.
+    bool released() const { return local == 0 && remote.empty(); }
+    bool collectable() const { return released() && pins == 0; }
   };
 
   mutable std::mutex mu;
@@ -204,7 +206,7 @@ size_t ObjectStore::release_holder(HolderId holder) {
 ObjectStore::Pin ObjectStore::pin(ObjectId id) {
   std::lock_guard lock(state_->mu);
   auto it = state_->objects.find(id);
-  if (it == state_->objects.end()) return Pin{};
+  if (it == state_->objects.end() || it->second.released()) return Pin{};
   ++it->second.pins;
   return Pin(state_, it->second.object);
 }

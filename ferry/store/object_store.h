@@ -129,7 +129,9 @@ class ObjectStore {
   /// Drops every remote reference `holder` has; returns how many it had.
   size_t release_holder(HolderId holder);
 
-  /// Pins the object for a transfer; an empty Pin when the id is unknown.
+  /// Pins the object for a transfer; an empty Pin when the id is unknown, or when no local or
+  /// remote reference is left (the object waits only for the transfers that pin it: a released
+  /// object is not served anew, so a release followed by an abort of its serves leaves no window).
   Pin pin(ObjectId id);
 
   /// Sets the transport-defined metadata after put (for transports that learn it late).
