@@ -26,10 +26,10 @@ class NameThreadsStartedHere {
  public:
   explicit NameThreadsStartedHere(const char* name) {
     restore_ = ::pthread_getname_np(::pthread_self(), saved_, sizeof saved_) == 0;
-    ::pthread_setname_np(::pthread_self(), name);
+    name_this_thread(name);
   }
   ~NameThreadsStartedHere() {
-    if (restore_) ::pthread_setname_np(::pthread_self(), saved_);
+    if (restore_) name_this_thread(saved_);
   }
   NameThreadsStartedHere(const NameThreadsStartedHere&) = delete;
   NameThreadsStartedHere& operator=(const NameThreadsStartedHere&) = delete;
