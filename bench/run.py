@@ -2,7 +2,8 @@
 """make bench: ferry beside the tools users trust, in one run, alternating, several repetitions.
 
 Suites
-  tcp           loopback: ferry-bench fetch vs iperf3, ucx_perftest (tag_bw, ucp_get over TCP),
+  tcp           loopback: ferry-bench fetch vs iperf3 (and, from 1 MiB, iperf3 with 4
+                parallel streams: what striping could reach, no target), ucx_perftest (tag_bw, ucp_get over TCP),
                 qperf (tcp_bw, tcp_lat), sockperf ping-pong and a raw-socket fetch-shaped
                 ping-pong (ferry-bench pingpong)
   receive       loopback: fetches into memory ferry allocates (its receive pool) vs into the
@@ -286,12 +287,17 @@ class Bench:
                  fetches_per_s=r["fetches_per_s"], cpu_s_per_gb=None, raw=r)
 
     # iperf3 --------------------------------------------------------------------------------
-    def iperf3(self, size, rep):
+    def iperf3(self, size, rep, streams=1):
+        """iperf3 over loopback: one stream (tool iperf3, the streaming peer), or `streams`
+        parallel ones (tool iperf3-P<streams>: what striping a transfer over several connections
+        could reach on this machine; no target)."""
         port = free_port()
         srv = ["iperf3", "-s", "-1", "-p", str(port)]
         # iperf3 writes at most 1 MiB at a time; above that the stream is the same.
         cli = ["iperf3", "-c", "127.0.0.1", "-p", str(port), "-l", str(min(size, MIB)), "-t",
                str(max(1, round(self.secs))), "-J"]
+        if streams > 1:
+            cli += ["-P", str(streams)]
         # The algorithm ferry's loopback data channels use (tcp::TcpOptions::congestion,
         # automatic: ferry/tcp/congestion.h), so that both stream under it.
         if system_congestion() != ONE_HOST_CONGESTION:
@@ -303,8 +309,9 @@ class Bench:
         gbps = end["sum_received"]["bytes"] / secs / 1e9
         cpu = end["cpu_utilization_percent"]
         cpu_s = (cpu["host_total"] + cpu["remote_total"]) / 100 * secs
-        self.add(suite="tcp", metric="bw", tool="iperf3", size=size, rep=rep, gbps=gbps,
-                 cpu_s_per_gb=cpu_s / (gbps * secs), raw={"cpu": cpu})
+        tool = "iperf3" if streams == 1 else f"iperf3-P{streams}"
+        self.add(suite="tcp", metric="bw", tool=tool, size=size, rep=rep, gbps=gbps,
+                 cpu_s_per_gb=cpu_s / (gbps * secs), raw={"cpu": cpu, "streams": streams})
 
     # ucx_perftest over TCP -------------------------------------------------------------------
     def ucx(self, test, size, rep):
@@ -414,9 +421,9 @@ def bw_inflight(size):
 
 
 # The TCP suite's peers and the program each needs: one not installed is SKIPPED, once.
-TCP_PEER_PROGRAMS = {"iperf3": "iperf3", "ucx tag_bw": "ucx_perftest",
-                     "ucx ucp_get": "ucx_perftest", "qperf tcp_bw": "qperf",
-                     "qperf tcp_lat": "qperf", "sockperf": "sockperf"}
+TCP_PEER_PROGRAMS = {"iperf3": "iperf3", "iperf3 4 streams": "iperf3",
+                     "ucx tag_bw": "ucx_perftest", "ucx ucp_get": "ucx_perftest",
+                     "qperf tcp_bw": "qperf", "qperf tcp_lat": "qperf", "sockperf": "sockperf"}
 
 
 def suite_tcp(b, sizes, reps, deadline=None):
@@ -443,6 +450,8 @@ def suite_tcp(b, sizes, reps, deadline=None):
                    ("qperf tcp_lat", lambda: b.qperf("lat", size, rep))]
             if size <= 60000:  # sockperf's largest message
                 lat.append(("sockperf", lambda: b.sockperf(size, rep)))
+            if size >= MIB:
+                bw.append(("iperf3 4 streams", lambda: b.iperf3(size, rep, streams=4)))
             if size <= 64 * KIB:
                 bw.append(("ferry rate", lambda: b.ferry("tcp", "rate", size, rep, 512)))
             for what, fn in rotate(bw, rep) + rotate(lat, rep):
@@ -753,7 +762,7 @@ def fmt(s, key_digits=3):
 
 
 PEERS = {
-    ("tcp", "bw"): ["raw-stream", "iperf3", "ucx-tag_bw", "ucx-ucp_get", "qperf"],
+    ("tcp", "bw"): ["raw-stream", "iperf3", "iperf3-P4", "ucx-tag_bw", "ucx-ucp_get", "qperf"],
     ("receive", "bw"): ["ferry-caller"],
     ("tcp", "lat"): ["raw-pingpong", "sockperf", "qperf-rtt"],
     ("rdma", "bw"): ["ib_read_bw"],
