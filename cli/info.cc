@@ -57,6 +57,14 @@ std::vector<Setting> settings_of(const ContextOptions& o) {
       {"FERRY_TLS_KEY", "tls.private_key", or_none(o.tls.private_key, "none"), ""},
       {"FERRY_TLS_CA", "tls.ca", or_none(o.tls.ca, "none"), ""},
       {"FERRY_RDMA_GRANTS", "rdma_grants", rdma::rdma_grants_name(rdma_options.grants), ""},
+      {"FERRY_RDMA_MAX_REGISTRATION", "rdma_max_registration",
+       rdma_options.max_registration ? std::to_string(rdma_options.max_registration) + " bytes"
+                                     : std::string("0 (the device's own limit)"),
+       ""},
+      {"FERRY_RDMA_FORK_PROTECTION", "rdma_fork_protection",
+       rdma_options.fork_protection ? "yes (libibverbs' fork protection on a kernel that needs it)"
+                                    : "no (a warning where forks are unsafe)",
+       ""},
       {"FERRY_TCP_CONGESTION", "tcp_congestion",
        or_none(tcp_options.congestion, "automatic (reno within one host, else the system's)"), ""},
       {"FERRY_CMA_PREFERRED", "cma_preferred",
@@ -121,6 +129,7 @@ void print_text(const std::vector<RegisteredTransport>& registered,
                 state_of(t, instantiated, devices).c_str());
   }
   if (registered.empty()) std::printf("  none\n");
+  if (rdma::compiled_in()) std::printf("RDMA and fork(): %s\n", rdma::fork_safety_text().c_str());
   std::printf("RDMA devices:%s\n", devices.empty() ? " none" : "");
   for (const auto& dev : devices) {
     std::printf("  %s\n", dev.name.c_str());
@@ -132,7 +141,7 @@ void print_text(const std::vector<RegisteredTransport>& registered,
   }
   std::printf("settings of a default context (docs/configuration.md):\n");
   for (const auto& st : settings) {
-    std::printf("  %-21s %-16s %-11s %s\n", st.variable.c_str(), st.option.c_str(),
+    std::printf("  %-27s %-21s %-11s %s\n", st.variable.c_str(), st.option.c_str(),
                 st.source.c_str(), st.value.c_str());
   }
 }
@@ -168,13 +177,15 @@ void print_json(const std::vector<RegisteredTransport>& registered,
                                                {"value", st.value},
                                                {"source", st.source}});
   }
-  const boost::json::object doc{
-      {"version", kVersion},
-      {"build", build_text()},
-      {"registered_transports", std::move(transports)},
-      {"context_transports", strings(instantiated)},
-      {"rdma", {{"compiled_in", rdma::compiled_in()}, {"devices", std::move(rdma_devices)}}},
-      {"settings", std::move(setting_list)}};
+  const boost::json::object doc{{"version", kVersion},
+                                {"build", build_text()},
+                                {"registered_transports", std::move(transports)},
+                                {"context_transports", strings(instantiated)},
+                                {"rdma",
+                                 {{"compiled_in", rdma::compiled_in()},
+                                  {"fork", rdma::fork_safety_text()},
+                                  {"devices", std::move(rdma_devices)}}},
+                                {"settings", std::move(setting_list)}};
   std::fputs(pretty_json(doc).c_str(), stdout);
 }
 

@@ -22,6 +22,13 @@ FERRY_POOL_BYTES=512M "$ferry" info | grep -qE '^  FERRY_POOL_BYTES +pool_bytes 
   { echo "ferry info: FERRY_POOL_BYTES=512M not shown as the effective setting"; exit 1; }
 FERRY_CMA_PREFERRED=1 "$ferry" info | grep -qE '^  FERRY_CMA_PREFERRED +cma_preferred +environment +yes' ||
   { echo "ferry info: FERRY_CMA_PREFERRED=1 not shown as the effective setting"; exit 1; }
+FERRY_RDMA_FORK_PROTECTION=1 "$ferry" info | grep -qE '^  FERRY_RDMA_FORK_PROTECTION +rdma_fork_protection +environment +yes' ||
+  { echo "ferry info: FERRY_RDMA_FORK_PROTECTION=1 not shown as the effective setting"; exit 1; }
+if grep -q 'RDMA compiled in' "$tmp/info.txt"; then
+  # Where no device is, libibverbs cannot know; with one it says safe or UNSAFE.
+  grep -qE '^RDMA and fork\(\): (safe: |UNSAFE: |not known without an RDMA device)' "$tmp/info.txt" ||
+    { echo "ferry info: no line on what fork() does to RDMA transfers"; exit 1; }
+fi
 FERRY_TRANSPORT=tcp "$ferry" info --json >"$tmp/info.json"
 grep -q '"variable": "FERRY_TRANSPORT"' "$tmp/info.json" && grep -q '"source": "environment"' "$tmp/info.json" ||
   { echo "ferry info --json: no settings with their source"; cat "$tmp/info.json"; exit 1; }

@@ -49,13 +49,7 @@ struct Cma : ::testing::Test {
 };
 
 double metric(const Context& ctx, const std::string& name) {
-  const auto stats = ctx.stats();
-  auto it = stats.transport_metrics.find(cma::kTransportName);
-  if (it == stats.transport_metrics.end()) return -1;
-  for (const auto& m : it->second) {
-    if (m.name == name) return m.value;
-  }
-  return -1;
+  return transport_metric(ctx, cma::kTransportName, name);
 }
 
 TEST_F(Cma, FetchesEverySizeByteExactIntoTargetsAndIntoFerrysMemory) {

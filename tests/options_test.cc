@@ -54,7 +54,8 @@ TEST(ContextOptions, FromEnvironmentReadsEveryVariable) {
       ca("FERRY_TLS_CA", "/certs/ca.pem"), pool("FERRY_POOL_BYTES", "512M"),
       congestion("FERRY_TCP_CONGESTION", "cubic"), grants("FERRY_RDMA_GRANTS", "registrations"),
       cma("FERRY_CMA_PREFERRED", "1"), populate("FERRY_POOL_POPULATE_THREADS", "12"),
-      spin("FERRY_IO_SPIN_US", "250"), max_mr("FERRY_RDMA_MAX_REGISTRATION", "256M");
+      spin("FERRY_IO_SPIN_US", "250"), max_mr("FERRY_RDMA_MAX_REGISTRATION", "256M"),
+      fork("FERRY_RDMA_FORK_PROTECTION", "yes");
   const ContextOptions o = ContextOptions::from_environment();
   EXPECT_EQ(o.idle_spin, std::chrono::microseconds(250));
   EXPECT_EQ(o.transport, "TCP");
@@ -70,6 +71,7 @@ TEST(ContextOptions, FromEnvironmentReadsEveryVariable) {
   EXPECT_TRUE(o.transport_options_for<cma::CmaOptions>(cma::kTransportName).preferred);
   EXPECT_EQ(rdma::RdmaOptions::from_environment().grants, rdma::RdmaGrants::registrations);
   EXPECT_EQ(rdma::RdmaOptions::from_environment().max_registration, size_t{256} << 20);
+  EXPECT_TRUE(rdma::RdmaOptions::from_environment().fork_protection);
   if (registered(rdma::kRdmaTransportName)) {  // a build with RDMA support
     EXPECT_EQ(o.transport_options_for<rdma::RdmaOptions>(rdma::kRdmaTransportName).grants,
               rdma::RdmaGrants::registrations);
@@ -100,7 +102,8 @@ TEST(ContextOptions, TheDefaultsReadNothingFromTheEnvironment) {
 TEST(ContextOptions, FromEnvironmentKeepsTheDefaultForWhatItCannotUse) {
   {
     ScopedEnv transport("FERRY_TRANSPORT", nullptr), pool("FERRY_POOL_BYTES", "lots"),
-        grants("FERRY_RDMA_GRANTS", "sometimes"), cma("FERRY_CMA_PREFERRED", "perhaps");
+        grants("FERRY_RDMA_GRANTS", "sometimes"), cma("FERRY_CMA_PREFERRED", "perhaps"),
+        fork("FERRY_RDMA_FORK_PROTECTION", "perhaps");
     for (const char* bad : {"big", "1T", "-5", "4 M", "99999999999999999999G", ""}) {
       ScopedEnv max_mr("FERRY_RDMA_MAX_REGISTRATION", bad);
       EXPECT_EQ(rdma::RdmaOptions::from_environment().max_registration, 0u) << bad;
@@ -121,6 +124,7 @@ TEST(ContextOptions, FromEnvironmentKeepsTheDefaultForWhatItCannotUse) {
     EXPECT_EQ(o.transport, "auto");
     EXPECT_EQ(o.pool_bytes, ContextOptions::default_pool_bytes());
     EXPECT_EQ(rdma::RdmaOptions::from_environment().grants, rdma::RdmaGrants::automatic);
+    EXPECT_FALSE(rdma::RdmaOptions::from_environment().fork_protection);
   }
   // Transport names: the built-ins in any case, any other name as it is.
   for (const auto& [text, want] : std::vector<std::pair<const char*, const char*>>{

@@ -3,8 +3,11 @@
 // Outside the guest every test here is skipped, loudly.
 #include <gtest/gtest.h>
 #include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -148,6 +151,61 @@ TEST_F(Rdma, BusyPollModeMovesTheSameBytes) {
   auto req = peer.fetch(server.put(bytes));
   ASSERT_FALSE(req.wait(scaled(60s)));
   EXPECT_TRUE(same_bytes(req.result().tensors[0], *bytes));
+}
+
+// Registered memory shared copy-on-write with a child after fork(): a write of the parent's
+// and a fetch into the same memory after it, through the same registration, must land where
+// the parent sees it. The memory is the receive pool's (a region stays registered while the
+// pool holds it; a caller's target is registered per fetch): the application writes into what
+// a fetch handed it, gives it back, and the next fetch lands there. A kernel that copies pinned
+// pages for the child at fork (the guest's) keeps that without libibverbs' protection, and the
+// transport says forks are safe; on one that does not, the parent's write moves it to new
+// pages, the fetch lands in the child's, and this test fails (as it should:
+// FERRY_RDMA_FORK_PROTECTION=1 is the remedy there).
+TEST_F(Rdma, AFetchIntoRegisteredMemoryAfterAForkLandsWhereTheParentSeesIt) {
+  Server server;
+  Context client(client_options("client"));
+  auto peer = connect_or_fail(client, server.address());
+  constexpr size_t kBytes = 4u << 20;
+  auto first = make_pattern(kBytes, 21);
+  auto second = make_pattern(kBytes, 22);
+  std::optional<FetchRequest> held(peer.fetch(server.put(first)));  // into the receive pool
+  ASSERT_FALSE(held->wait(scaled(60s)));
+  ASSERT_TRUE(same_bytes(held->result().tensors.at(0), *first));
+  std::byte* const at = held->result().tensors.at(0).data();
+  const auto registered = rdma::registration_counters(client)->registrations;
+
+  int gate[2];
+  ASSERT_EQ(::pipe(gate), 0);
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    // Holds the pages until the parent closes the pipe (or at most 120 s), touching nothing.
+    ::close(gate[1]);
+    ::alarm(120);
+    char c;
+    while (::read(gate[0], &c, 1) < 0 && errno == EINTR) {
+    }
+    ::_exit(0);
+  }
+  ::close(gate[0]);
+  std::memset(at, 0, kBytes);  // the parent writes first
+  held.reset();                // and gives the memory back to the pool
+  auto req = peer.fetch(server.put(second));
+  const auto ec = req.wait(scaled(60s));
+  ::close(gate[1]);
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "child status " << status;
+  ASSERT_FALSE(ec) << ec.message();
+  ASSERT_EQ(req.result().tensors.at(0).data(), at)
+      << "the pool handed out other memory: the case a fork breaks was not tried";
+  EXPECT_EQ(rdma::registration_counters(client)->registrations, registered)
+      << "the second fetch registered its memory again: the case a fork breaks was not tried";
+  EXPECT_TRUE(same_bytes(req.result().tensors.at(0), *second))
+      << "the fetch after fork() landed in pages the parent no longer sees";
+  EXPECT_EQ(transport_metric(client, rdma::kRdmaTransportName, "fork_safe"), 1.0);
+  EXPECT_EQ(transport_metric(server.ctx, rdma::kRdmaTransportName, "fork_safe"), 1.0);
 }
 
 // The registration cache, with grants that use it (region rkeys; windows use it the same way).

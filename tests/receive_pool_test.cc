@@ -194,13 +194,7 @@ TEST(ReceivePool, BeyondTheCapFetchesSucceedThroughACountedFallback) {
 
 // The RDMA transport's gauge of receive pool regions registered now, or -1 without RDMA.
 double pool_regions_registered(Context& ctx) {
-  const auto stats = ctx.stats();
-  auto it = stats.transport_metrics.find(rdma::kRdmaTransportName);
-  if (it == stats.transport_metrics.end()) return -1;
-  for (const auto& m : it->second) {
-    if (m.name == "pool_regions_registered") return m.value;
-  }
-  return -1;
+  return transport_metric(ctx, rdma::kRdmaTransportName, "pool_regions_registered");
 }
 
 // Context::allocate gives pool memory the application can fetch into and put; over RDMA it is

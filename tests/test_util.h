@@ -14,6 +14,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -40,6 +41,19 @@ inline std::shared_ptr<std::vector<std::byte>> make_pattern(size_t size, uint64_
 
 inline bool same_bytes(std::span<const std::byte> a, std::span<const std::byte> b) {
   return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size()) == 0);
+}
+
+// The metric `name` that `ctx`'s transport `transport` reports now (TransportManager::metrics),
+// or -1 when it reports none (or the transport did not start).
+inline double transport_metric(const Context& ctx, std::string_view transport,
+                               std::string_view name) {
+  const auto stats = ctx.stats();
+  auto it = stats.transport_metrics.find(std::string(transport));
+  if (it == stats.transport_metrics.end()) return -1;
+  for (const auto& m : it->second) {
+    if (m.name == name) return m.value;
+  }
+  return -1;
 }
 
 // How much slower than a quiet machine this one runs, so that no test fails because the machine

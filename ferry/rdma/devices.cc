@@ -5,11 +5,37 @@
 #include <infiniband/verbs.h>
 
 #include <memory>
+
+#include "ferry/rdma/fork_safety.h"
 #endif
 
 namespace ferry::rdma {
 
 bool compiled_in() { return FERRY_HAS_RDMA != 0; }
+
+std::string fork_safety_text() {
+#if FERRY_HAS_RDMA
+  switch (fork_safety_now()) {
+    case ForkSafety::kernel_copies:
+      return "safe: the kernel copies pinned pages at fork";
+    case ForkSafety::libibverbs_protects:
+      return "safe: libibverbs' fork protection is on (children have no mapping of registered "
+             "memory)";
+    case ForkSafety::unprotected:
+      break;
+  }
+  int n = 0;
+  if (ibv_device** list = ibv_get_device_list(&n)) ibv_free_device_list(list);
+  if (n == 0) {
+    return "not known without an RDMA device (libibverbs learns whether the kernel copies pinned "
+           "pages at fork from the kernel's RDMA core)";
+  }
+  return "UNSAFE: a fork of a process with RDMA transfers can corrupt them silently; set "
+         "FERRY_RDMA_FORK_PROTECTION=1 or RDMAV_FORK_SAFE=1, or start children with spawn/exec";
+#else
+  return "";
+#endif
+}
 
 #if FERRY_HAS_RDMA
 namespace {

@@ -27,5 +27,11 @@ struct DeviceInfo {
 bool compiled_in();
 /// Devices visible to libibverbs (empty when none, or when not compiled in).
 std::vector<DeviceInfo> list_devices();
+/// What a fork() of this process does to its RDMA transfers, in a sentence for people (`ferry
+/// info`): safe because the kernel copies pinned pages at fork, safe because libibverbs' fork
+/// protection is on, unsafe (with the remedy; docs/rdma.md, "fork()"), or not known (no device:
+/// libibverbs learns it from the kernel's RDMA core). "" when RDMA is not compiled in. Asks
+/// libibverbs, changes nothing. Any thread.
+std::string fork_safety_text();
 
 }  // namespace ferry::rdma

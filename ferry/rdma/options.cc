@@ -53,6 +53,7 @@ RdmaOptions RdmaOptions::from_environment() {
           v);
     }
   }
+  o.fork_protection = env_flag("FERRY_RDMA_FORK_PROTECTION", o.fork_protection);
   return o;
 }
 

@@ -54,11 +54,22 @@ struct RdmaOptions {
   /// advertises none but refuses a registration over 1 GiB). Rounded up to whole pages.
   /// $FERRY_RDMA_MAX_REGISTRATION sets it (a byte count: "268435456", "256M").
   size_t max_registration = 0;
+  /// On a kernel that does not copy pinned pages at fork() (libibverbs' ibv_is_fork_initialized()
+  /// says IBV_FORK_DISABLED; on kernels that copy them it says IBV_FORK_UNNEEDED), a fork of the
+  /// process can corrupt its RDMA transfers silently (docs/rdma.md, "fork()"). true: turn
+  /// libibverbs' protection on (ibv_fork_init()) when the transport starts, before it registers
+  /// anything: children then have no mapping of registered memory, and each registration costs a
+  /// madvise. false: leave it as the process has it (RDMAV_FORK_SAFE) and warn once when forks
+  /// are unsafe. The protection is process-wide and cannot be turned off again.
+  /// $FERRY_RDMA_FORK_PROTECTION=1 sets it (env_flag's values).
+  bool fork_protection = false;
 
   /// The defaults with what the environment sets: `grants` from $FERRY_RDMA_GRANTS
-  /// (parse_rdma_grants(); a value that is not a mode is logged and automatic kept) and
+  /// (parse_rdma_grants(); a value that is not a mode is logged and automatic kept),
   /// `max_registration` from $FERRY_RDMA_MAX_REGISTRATION (mem::parse_byte_count(); a value that
-  /// is not a byte count is logged and 0 kept).
+  /// is not a byte count is logged and 0 kept) and `fork_protection` from
+  /// $FERRY_RDMA_FORK_PROTECTION ("1", "true" or "yes"; "0", "false" or "no"; anything else is
+  /// logged and false kept).
   /// ContextOptions::from_environment() calls it (the transport registers it).
   static RdmaOptions from_environment();
 };

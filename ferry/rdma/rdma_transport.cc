@@ -12,6 +12,13 @@ namespace asio = boost::asio;
 
 namespace {
 
+// Whether libibverbs lists a device (listing registers nothing).
+bool any_device() {
+  int n = 0;
+  if (ibv_device** list = ibv_get_device_list(&n)) ibv_free_device_list(list);
+  return n > 0;
+}
+
 void send(PeerLink& link, uint64_t request_id, const wire::Message& m) {
   link.send_transport_message(kTransportName, request_id, m.SerializeAsString());
 }
@@ -19,7 +26,7 @@ void send(PeerLink& link, uint64_t request_id, const wire::Message& m) {
 }  // namespace
 
 RdmaTransport::RdmaTransport(const TransportEnv& env, const RdmaOptions& options,
-                             std::vector<std::shared_ptr<Device>> devices)
+                             std::vector<std::shared_ptr<Device>> devices, ForkSafety fork)
     : devices_(std::move(devices)),
       channel_options_{options.busy_poll,
                        env.options.lease_timeout,
@@ -29,7 +36,8 @@ RdmaTransport::RdmaTransport(const TransportEnv& env, const RdmaOptions& options
                        std::make_shared<QuiesceBoard>(env.loop_gate),
                        options.quiesce_timeout,
                        env.loop_gate},
-      open_timeout_(env.options.handshake_timeout) {
+      open_timeout_(env.options.handshake_timeout),
+      fork_(fork) {
   if (!env.pool) return;
   // Each region of the receive pool is registered with every device once, when it appears, and
   // stays registered until it is given back: a fetch into pool memory finds its registration in
@@ -294,6 +302,10 @@ std::vector<TransportMetric> RdmaTransport::metrics() const {
       {"queue_pairs", "queue pairs now (one per connected peer).", true, n(c.queue_pairs)},
       {"pool_regions_registered", "receive pool regions registered with the devices now.", true,
        n(pool_regions)},
+      {"fork_safe",
+       "1 when a fork() of this process cannot corrupt its RDMA transfers (the kernel copies "
+       "pinned pages, or libibverbs' fork protection is on), 0 when it can.",
+       true, fork_ == ForkSafety::unprotected ? 0.0 : 1.0},
   };
 }
 
@@ -339,10 +351,16 @@ bool register_rdma_transport() {
         kTransportName, {"cpu"},
         [](const TransportEnv& env,
            const RdmaOptions& options) -> Result<std::shared_ptr<TransportManager>> {
+          // Without a device libibverbs cannot learn from the kernel whether forks are safe:
+          // nothing to settle, nor to warn about.
+          if (!any_device()) return make_error_code(errc::device_error);
+          // Before a device is opened (probing one may register buffers): protection, when
+          // asked for, must come before the first registration.
+          const ForkSafety fork = settle_fork_safety(options.fork_protection);
           auto devices = Device::open_all(options.grants, options.max_registration);
           if (devices.empty()) return make_error_code(errc::device_error);
           return std::shared_ptr<TransportManager>(
-              std::make_shared<RdmaTransport>(env, options, std::move(devices)));
+              std::make_shared<RdmaTransport>(env, options, std::move(devices), fork));
         },
         &RdmaOptions::from_environment);
     return !ec || ec == errc::transport_duplicate;

@@ -11,6 +11,7 @@
 #include "ferry/net/registry.h"
 #include "ferry/net/transport.h"
 #include "ferry/rdma/device.h"
+#include "ferry/rdma/fork_safety.h"
 #include "ferry/rdma/options.h"
 #include "ferry/rdma/rdma.h"
 #include "ferry/rdma/rdma_channel.h"
@@ -19,9 +20,10 @@ namespace ferry::rdma {
 
 class RdmaTransport final : public TransportManager {
  public:
-  // The core's timeouts from `env`, busy polling from `options`; `devices` opened with its grants.
+  // The core's timeouts from `env`, busy polling from `options`; `devices` opened with its grants;
+  // `fork`: where the process stood (settle_fork_safety) before they were opened.
   RdmaTransport(const TransportEnv& env, const RdmaOptions& options,
-                std::vector<std::shared_ptr<Device>> devices);
+                std::vector<std::shared_ptr<Device>> devices, ForkSafety fork);
 
   std::string name() const override { return kTransportName; }
   bool is_one_sided() const override { return true; }
@@ -65,6 +67,7 @@ class RdmaTransport final : public TransportManager {
   std::vector<std::shared_ptr<Device>> devices_;
   ChannelOptions channel_options_;
   std::chrono::milliseconds open_timeout_;
+  const ForkSafety fork_;
 
   mutable std::mutex mu_;
   std::unordered_map<const PeerLink*, PendingOpen> opening_;

@@ -60,10 +60,12 @@ class Context:
     ``$FERRY_TRANSPORT``, ``$FERRY_SECRET``, ``$FERRY_TLS_*``, ...); durations are in seconds.
     See ferry::ContextOptions (ferry/net/context.h) for each; ``tcp_chunk_bytes`` and
     ``tcp_congestion`` set the TCP transport's options (ferry::tcp::TcpOptions, ``chunk_bytes``
-    and ``congestion``), ``busy_poll``, ``rdma_grants`` and ``rdma_max_registration`` the RDMA
-    transport's (ferry::rdma::RdmaOptions, ``busy_poll``, ``grants`` and ``max_registration``:
-    the most bytes one memory registration covers, larger memory registered in chunks of it;
-    None: the device's own limit, 256 MiB on soft-RoCE), ``cma_preferred`` and
+    and ``congestion``), ``busy_poll``, ``rdma_grants``, ``rdma_max_registration`` and
+    ``rdma_fork_protection`` the RDMA transport's (ferry::rdma::RdmaOptions, ``busy_poll``,
+    ``grants``, ``max_registration``: the most bytes one memory registration covers, larger
+    memory registered in chunks of it, None: the device's own limit, 256 MiB on soft-RoCE; and
+    ``fork_protection``: True turns libibverbs' fork protection on where the kernel does not
+    copy pinned pages at fork, None: ``$FERRY_RDMA_FORK_PROTECTION``), ``cma_preferred`` and
     ``cma_copy_threads`` the same-host CMA transport's (ferry::cma::CmaOptions, ``preferred``:
     "auto" picks CMA for peers on this host; ``copy_threads``).
 
@@ -94,7 +96,7 @@ class Context:
                  max_frame_bytes=None, max_queued_control_bytes=None,
                  max_requests_per_peer=None, tcp_chunk_bytes=None, tcp_congestion=None,
                  busy_poll=None, rdma_grants=None, rdma_max_registration=None,
-                 cma_preferred=None, cma_copy_threads=None,
+                 rdma_fork_protection=None, cma_preferred=None, cma_copy_threads=None,
                  pool_bytes=None, pool_populate_threads=None, idle_spin=None,
                  wait_runs_loop: bool = True, wait_linger: float = 500e-6):
         if not isinstance(threads, int) or threads < 1:
@@ -106,6 +108,10 @@ class Context:
                 or not 0 <= rdma_max_registration < 1 << 64):
             raise ValueError("rdma_max_registration must be a byte count (an int >= 0), "
                              f"got {rdma_max_registration!r}")
+        for flag, value in (("busy_poll", busy_poll), ("rdma_fork_protection", rdma_fork_protection),
+                            ("cma_preferred", cma_preferred)):
+            if value is not None and not isinstance(value, bool):
+                raise ValueError(f"{flag} must be True, False or None, got {value!r}")
         options = {"name": str(name), "threads": threads, "wait_runs_loop": bool(wait_runs_loop),
                    "wait_linger_us": int(round(wait_linger * 1e6))}
         if idle_spin is not None:
@@ -117,7 +123,8 @@ class Context:
                      max_requests_per_peer=max_requests_per_peer,
                      tcp_chunk_bytes=tcp_chunk_bytes, tcp_congestion=tcp_congestion,
                      busy_poll=busy_poll, rdma_grants=rdma_grants,
-                     rdma_max_registration=rdma_max_registration, cma_preferred=cma_preferred,
+                     rdma_max_registration=rdma_max_registration,
+                     rdma_fork_protection=rdma_fork_protection, cma_preferred=cma_preferred,
                      cma_copy_threads=cma_copy_threads, pool_bytes=pool_bytes,
                      pool_populate_threads=pool_populate_threads)
         options.update({k: v for k, v in given.items() if v is not None})

@@ -105,6 +105,7 @@ constexpr std::pair<std::string_view, OptionSetter> kOptionSetters[] = {
     {"busy_poll", set_option<&rdma::RdmaOptions::busy_poll, rdma_options>},
     {"rdma_grants", set_rdma_grants},
     {"rdma_max_registration", set_option<&rdma::RdmaOptions::max_registration, rdma_options>},
+    {"rdma_fork_protection", set_option<&rdma::RdmaOptions::fork_protection, rdma_options>},
     {"cma_preferred", set_option<&cma::CmaOptions::preferred, cma_options>},
     {"cma_copy_threads", set_option<&cma::CmaOptions::copy_threads, cma_options>},
 };

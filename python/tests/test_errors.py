@@ -212,6 +212,9 @@ def test_bad_context_options():
         ferry.Context(rdma_max_registration=-1)
     with pytest.raises(ValueError):
         ferry.Context(rdma_max_registration=1.5)
+    for flag in ("busy_poll", "rdma_fork_protection", "cma_preferred"):
+        with pytest.raises(ValueError, match=flag):
+            ferry.Context(**{flag: "no"})  # would have been true
     with pytest.raises(ValueError):
         ferry.Context(connect_timeout=-1)
     with pytest.raises(ferry.FerryError):

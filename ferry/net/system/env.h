@@ -30,4 +30,18 @@ inline long env_integer(const char* name, long lo, long hi, long fallback) {
   return n;
 }
 
+// The environment variable as a switch: "1", "true" or "yes" is true, "0", "false" or "no"
+// false; `fallback` when it is unset, and when it holds anything else (logged, with the value
+// kept).
+inline bool env_flag(const char* name, bool fallback) {
+  const std::string v = env_text(name);
+  if (v == "1" || v == "true" || v == "yes") return true;
+  if (v == "0" || v == "false" || v == "no") return false;
+  if (!v.empty()) {
+    FERRY_LOG_WARN("{}={} is not 1/true/yes or 0/false/no: {}", name, v,
+                   fallback ? "true" : "false");
+  }
+  return fallback;
+}
+
 }  // namespace ferry
