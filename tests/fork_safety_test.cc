@@ -68,11 +68,5 @@ TEST(ForkSafety, ProtectionAskedForTooLateLeavesTheProcessUnprotected) {
   EXPECT_EQ(verbs.enable_calls, 2);
 }
 
-TEST(ForkSafety, EveryAnswerHasAName) {
-  EXPECT_STREQ(fork_safety_name(ForkSafety::kernel_copies), "kernel copies pinned pages");
-  EXPECT_STREQ(fork_safety_name(ForkSafety::libibverbs_protects), "libibverbs protection");
-  EXPECT_STREQ(fork_safety_name(ForkSafety::unprotected), "unprotected");
-}
-
 }  // namespace
 }  // namespace ferry::rdma

@@ -20,18 +20,6 @@ ForkSafety fork_safety_now() {
   return ForkSafety::unprotected;
 }
 
-const char* fork_safety_name(ForkSafety safety) {
-  switch (safety) {
-    case ForkSafety::kernel_copies:
-      return "kernel copies pinned pages";
-    case ForkSafety::libibverbs_protects:
-      return "libibverbs protection";
-    case ForkSafety::unprotected:
-      return "unprotected";
-  }
-  return "?";
-}
-
 ForkSafety ForkSafetyState::settle(bool protect, const ForkVerbs& verbs) {
   std::lock_guard lock(mu_);
   if (safe_) return *safe_;

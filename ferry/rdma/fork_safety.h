@@ -29,9 +29,6 @@ enum class ForkSafety {
 // What libibverbs says now (ibv_is_fork_initialized()), changing nothing. Any thread.
 ForkSafety fork_safety_now();
 
-// "kernel copies pinned pages", "libibverbs protection", "unprotected".
-const char* fork_safety_name(ForkSafety safety);
-
 // What libibverbs is asked, as functions (tests pass their own). `status` answers as
 // ibv_is_fork_initialized() does, mapped onto ForkSafety; `enable` is ibv_fork_init() (0 or an
 // errno: EINVAL once memory has been registered in this process).
