@@ -2,7 +2,6 @@
 
 #include <string>
 
-#include "ferry/net/log.h"
 #include "ferry/net/system/env.h"
 
 namespace ferry::cma {

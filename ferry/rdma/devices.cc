@@ -13,6 +13,16 @@ namespace ferry::rdma {
 
 bool compiled_in() { return FERRY_HAS_RDMA != 0; }
 
+bool any_device() {
+#if FERRY_HAS_RDMA
+  int n = 0;
+  if (ibv_device** list = ibv_get_device_list(&n)) ibv_free_device_list(list);
+  return n > 0;
+#else
+  return false;
+#endif
+}
+
 std::string fork_safety_text() {
 #if FERRY_HAS_RDMA
   switch (fork_safety_now()) {
@@ -24,9 +34,7 @@ std::string fork_safety_text() {
     case ForkSafety::unprotected:
       break;
   }
-  int n = 0;
-  if (ibv_device** list = ibv_get_device_list(&n)) ibv_free_device_list(list);
-  if (n == 0) {
+  if (!any_device()) {
     return "not known without an RDMA device (libibverbs learns whether the kernel copies pinned "
            "pages at fork from the kernel's RDMA core)";
   }

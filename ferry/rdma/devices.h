@@ -27,6 +27,9 @@ struct DeviceInfo {
 bool compiled_in();
 /// Devices visible to libibverbs (empty when none, or when not compiled in).
 std::vector<DeviceInfo> list_devices();
+/// True when libibverbs lists at least one device (false when not compiled in). Opens none and
+/// registers nothing. Any thread.
+bool any_device();
 /// What a fork() of this process does to its RDMA transfers, in a sentence for people (`ferry
 /// info`): safe because the kernel copies pinned pages at fork, safe because libibverbs' fork
 /// protection is on, unsafe (with the remedy; docs/rdma.md, "fork()"), or not known (no device:

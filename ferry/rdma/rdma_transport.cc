@@ -5,19 +5,13 @@
 #include "ferry/net/context.h"
 #include "ferry/net/errors.h"
 #include "ferry/net/log.h"
+#include "ferry/rdma/devices.h"
 #include "ferry/rdma/registrar.h"
 
 namespace ferry::rdma {
 namespace asio = boost::asio;
 
 namespace {
-
-// Whether libibverbs lists a device (listing registers nothing).
-bool any_device() {
-  int n = 0;
-  if (ibv_device** list = ibv_get_device_list(&n)) ibv_free_device_list(list);
-  return n > 0;
-}
 
 void send(PeerLink& link, uint64_t request_id, const wire::Message& m) {
   link.send_transport_message(kTransportName, request_id, m.SerializeAsString());
