@@ -11,10 +11,13 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <optional>
 #include <random>
 #include <set>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include "ferry/net/stats.h"
 #include "ferry/rdma/options.h"
@@ -49,10 +52,20 @@ struct Qdisc {
   }
 };
 
+// Runs `commands` (tc's syntax, one a line) in one tc process: a change made to both veth ends
+// takes effect on both within that process's run, not a process start apart (seconds in an
+// emulated guest on a loaded host), so traffic stops, or flows again, in both directions at once.
+void tc_batch(const std::vector<std::string>& commands) {
+  std::string lines;
+  for (const auto& c : commands) lines += c + "\\n";
+  sh("printf '" + lines + "' | tc -batch -");
+}
+
 // Every RoCE v2 packet (UDP port 4791: every UDP packet here) dropped on both veth ends for the
 // scope of a test; TCP, and so the metadata channel, still flows. Built with `Later`, it only
-// prepares the qdiscs, and start() drops with one shell: a test that must stop traffic mid-fetch
-// does not wait on six tc processes (seconds in an emulated guest on a loaded host).
+// prepares the qdiscs, and start() drops. Drops start and end on both ends together (tc_batch):
+// a link that carries requests but not their responses for a while is another fault than the
+// one these tests make.
 struct RoceDropped {
   struct Later {};
   RoceDropped() : RoceDropped(Later{}) { start(); }
@@ -61,17 +74,42 @@ struct RoceDropped {
       sh(std::string("tc qdisc add dev ") + dev + " parent 1:3 handle 30: netem loss 100%");
     }
   }
+  ~RoceDropped() {
+    if (!started_) return;
+    tc_batch({"filter del dev sr0 parent 1:0", "filter del dev sr1 parent 1:0"});
+  }
   void start() {
-    std::string cmd;
+    std::vector<std::string> filters;
     for (const char* dev : {"sr0", "sr1"}) {
-      if (!cmd.empty()) cmd += " && ";
-      cmd += std::string("tc filter add dev ") + dev +
-             " parent 1:0 protocol ip u32 match ip protocol 17 0xff flowid 1:3";
+      filters.push_back(std::string("filter add dev ") + dev +
+                        " parent 1:0 protocol ip u32 match ip protocol 17 0xff flowid 1:3");
     }
-    sh(cmd);
+    tc_batch(filters);
+    started_ = true;
   }
   Qdisc prio{"root handle 1: prio"};
+  bool started_ = false;
 };
+
+// What soft-RoCE counted on each device (its hw_counters), for a failure message: retries,
+// duplicate and out-of-sequence requests say how the link behaved.
+std::string rxe_counters() {
+  std::string out;
+  std::error_code ec;
+  for (const auto& dev : std::filesystem::directory_iterator("/sys/class/infiniband", ec)) {
+    out += dev.path().filename().string() + ":";
+    for (const auto& counter :
+         std::filesystem::directory_iterator(dev.path() / "ports/1/hw_counters", ec)) {
+      std::ifstream in(counter.path());
+      std::string value;
+      if (std::getline(in, value) && value != "0") {
+        out += " " + counter.path().filename().string() + "=" + value;
+      }
+    }
+    out += "\n";
+  }
+  return out;
+}
 
 // User-mode CPU only: where a completion loop that polls instead of sleeping spends its time.
 double user_cpu_seconds() {
@@ -394,13 +432,16 @@ TEST_F(Rdma, WaitingOnStuckReadsCostsNoCpuAndTheyStartAgainOnANewQueuePair) {
   for (auto& r : reqs) {
     ASSERT_FALSE(r.wait(scaled(120s))) << "a fetch over the broken queue pair failed or hung";
     EXPECT_EQ(r.result().transport, "RDMA");
-    EXPECT_TRUE(same_bytes(r.result().tensors[0], *bytes));
+    EXPECT_TRUE(same_bytes(r.result().tensors[0], *bytes))
+        << "fetch " << r.id() << " (started " << r.result().restarts + 1
+        << " times): " << describe_difference(r.result().tensors[0], *bytes);
     restarts += r.result().restarts;
     restarted += r.result().restarts > 0;
   }
   std::printf("after the queue pair broke: %d of 100 fetches started again (%u restarts)\n",
               restarted, restarts);
   EXPECT_EQ(restarted, 100 - done) << "each fetch stuck on the broken pair starts again";
+  if (HasFailure()) std::printf("soft-RoCE counters:\n%s", rxe_counters().c_str());
   // The peer is fine; a new fetch uses the new queue pair.
   auto again = peer.fetch(refs[0]);
   ASSERT_FALSE(again.wait(scaled(120s)));

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <sys/resource.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstddef>
@@ -41,6 +42,28 @@ inline std::shared_ptr<std::vector<std::byte>> make_pattern(size_t size, uint64_
 
 inline bool same_bytes(std::span<const std::byte> a, std::span<const std::byte> b) {
   return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size()) == 0);
+}
+
+// Where `got` differs from `want`, for a failure message: the sizes when they differ, else the
+// first and last differing byte and how many of the differing bytes of `got` are zero (all of
+// them: the bytes never landed).
+inline std::string describe_difference(std::span<const std::byte> got,
+                                       std::span<const std::byte> want) {
+  if (got.size() != want.size()) {
+    return "got " + std::to_string(got.size()) + " bytes, want " + std::to_string(want.size());
+  }
+  size_t first = got.size(), last = 0, differing = 0, zeros = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (got[i] == want[i]) continue;
+    first = std::min(first, i);
+    last = i;
+    ++differing;
+    zeros += got[i] == std::byte{0};
+  }
+  if (differing == 0) return "the same bytes";
+  return std::to_string(differing) + " of " + std::to_string(got.size()) +
+         " bytes differ, from byte " + std::to_string(first) + " to byte " + std::to_string(last) +
+         "; " + std::to_string(zeros) + " of them are zero";
 }
 
 // The metric `name` that `ctx`'s transport `transport` reports now (TransportManager::metrics),
