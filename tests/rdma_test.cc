@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -91,9 +92,10 @@ struct RoceDropped {
   bool started_ = false;
 };
 
-// What soft-RoCE counted on each device (its hw_counters), for a failure message: retries,
-// duplicate and out-of-sequence requests say how the link behaved.
-std::string rxe_counters() {
+// What soft-RoCE counted on each device (its hw_counters: retries, duplicate and out-of-sequence
+// requests say how the link behaved) and the kernel's last words about rxe (a WARN in its
+// completer moves a queue pair to the error state), for a failure message.
+std::string soft_roce_state() {
   std::string out;
   std::error_code ec;
   for (const auto& dev : std::filesystem::directory_iterator("/sys/class/infiniband", ec)) {
@@ -107,6 +109,11 @@ std::string rxe_counters() {
       }
     }
     out += "\n";
+  }
+  if (FILE* log = popen("dmesg 2>/dev/null | grep -iE -A12 'rxe|warning' | tail -n 40", "r")) {
+    char line[512];
+    while (std::fgets(line, sizeof(line), log)) out += line;
+    pclose(log);
   }
   return out;
 }
@@ -441,7 +448,7 @@ TEST_F(Rdma, WaitingOnStuckReadsCostsNoCpuAndTheyStartAgainOnANewQueuePair) {
   std::printf("after the queue pair broke: %d of 100 fetches started again (%u restarts)\n",
               restarted, restarts);
   EXPECT_EQ(restarted, 100 - done) << "each fetch stuck on the broken pair starts again";
-  if (HasFailure()) std::printf("soft-RoCE counters:\n%s", rxe_counters().c_str());
+  if (HasFailure()) std::printf("soft-RoCE:\n%s", soft_roce_state().c_str());
   // The peer is fine; a new fetch uses the new queue pair.
   auto again = peer.fetch(refs[0]);
   ASSERT_FALSE(again.wait(scaled(120s)));
