@@ -1,8 +1,9 @@
 // What a fetcher accepts from an owner: a fetch succeeds only when every byte of every target was
-// written exactly once, and a ref that announces more memory than the machine has fails with
-// resource_exhausted, promptly, with or without a deadline. The owner here is a scripted one that
-// speaks the wire protocol (net/proto/ferry.proto, ferry/tcp/data_frame.h) over real sockets, and
-// sends exactly the chunks a test gives it.
+// written exactly once (and, for a ref with checksums, when the bytes match them), and a ref that
+// announces more memory than the machine has fails with resource_exhausted, promptly, with or
+// without a deadline. The owner here is a scripted one that speaks the wire protocol
+// (net/proto/ferry.proto, ferry/tcp/data_frame.h) over real sockets, and sends exactly the chunks a
+// test gives it.
 #include <gtest/gtest.h>
 
 #include <sys/socket.h>
@@ -17,6 +18,7 @@
 #include "ferry/net/frame.h"
 #include "ferry/net/proto/ferry.pb.h"
 #include "ferry/net/system/system_memory.h"
+#include "ferry/store/checksum.h"
 #include "ferry/tcp/data_frame.h"
 #include "tests/raw_frames.h"
 #include "tests/test_util.h"
@@ -34,6 +36,7 @@ struct Chunk {
   uint64_t offset = 0;
   uint64_t length = 0;
   bool last = false;
+  bool corrupt = false;  // its first byte is sent with one bit flipped
 };
 
 // An owner that accepts one peer, answers its handshake (TCP chosen), takes its data channel,
@@ -117,6 +120,7 @@ class ScriptedOwner {
       h.flags = c.last ? ferry::tcp::kFlagEnd : 0;
       std::vector<std::byte> payload(c.length);
       for (uint64_t i = 0; i < c.length; ++i) payload[i] = pattern(c.offset + i);
+      if (c.corrupt && c.length > 0) payload[0] ^= std::byte{0x10};
       boost::system::error_code ignored;
       asio::write(data_, std::array{asio::buffer(&h, sizeof h), asio::buffer(payload)}, ignored);
     }
@@ -132,9 +136,12 @@ class ScriptedOwner {
 };
 
 // Fetches one tensor of `size` bytes from a scripted owner sending `chunks` into a buffer filled
-// with 0xEE; returns the fetch's outcome and the buffer.
-std::pair<std::error_code, std::vector<std::byte>> fetch_from_script(
-    uint64_t size, std::vector<Chunk> chunks, bool ping_with_answer = false) {
+// with 0xEE, with a ref carrying the CRC-32C of the honest pattern when `checksummed`; returns
+// the fetch's outcome and the buffer.
+std::pair<std::error_code, std::vector<std::byte>> fetch_from_script(uint64_t size,
+                                                                     std::vector<Chunk> chunks,
+                                                                     bool ping_with_answer = false,
+                                                                     bool checksummed = false) {
   ScriptedOwner owner(std::move(chunks), ping_with_answer);
   ContextOptions o;
   o.name = "fetcher";
@@ -147,6 +154,11 @@ std::pair<std::error_code, std::vector<std::byte>> fetch_from_script(
   ref.owner = owner.address();
   ref.object_id = 1;
   ref.metadata.tensors = {TensorMeta::bytes(size)};
+  if (checksummed) {
+    std::vector<std::byte> honest(size);
+    for (uint64_t i = 0; i < size; ++i) honest[i] = ScriptedOwner::pattern(i);
+    ref.metadata.tensors[0].checksum = crc32c(honest);
+  }
   std::vector<std::byte> into(size, std::byte{0xEE});
   auto ec = peer->fetch(ref, {into}).wait(scaled(10s));
   return {ec, std::move(into)};
@@ -186,6 +198,27 @@ TEST(Integrity, ChunksOutOfOrderThatCoverEveryByteOnceSucceed) {
       fetch_from_script(1000, {{0, 600, 400, false}, {0, 0, 300, false}, {0, 300, 300, true}});
   ASSERT_FALSE(ec) << ec.message();
   for (uint64_t i = 0; i < got.size(); ++i) ASSERT_EQ(got[i], ScriptedOwner::pattern(i)) << i;
+}
+
+// A ref with checksums: bytes that cover the target once in any order pass; one bit flipped on
+// the wire fails the fetch with data_corrupted, and the target holds the bytes as they landed.
+TEST(Integrity, AFlippedBitFailsAFetchWhoseRefCarriesChecksums) {
+  auto [ec, got] =
+      fetch_from_script(100000, {{0, 60000, 40000, false}, {0, 0, 60000, true}}, false, true);
+  ASSERT_FALSE(ec) << ec.message();
+  for (uint64_t i = 0; i < got.size(); ++i) ASSERT_EQ(got[i], ScriptedOwner::pattern(i)) << i;
+
+  std::tie(ec, got) =
+      fetch_from_script(100000, {{0, 0, 60000, false}, {0, 60000, 40000, true, true}}, false, true);
+  EXPECT_EQ(ec, errc::data_corrupted) << ec.message();
+  EXPECT_EQ(scope_of(ec), Scope::operation);
+  EXPECT_EQ(got[60000], ScriptedOwner::pattern(60000) ^ std::byte{0x10});
+  EXPECT_EQ(got[59999], ScriptedOwner::pattern(59999));
+
+  // The same flipped bit under a ref without checksums is not seen: what the check adds.
+  std::tie(ec, got) =
+      fetch_from_script(100000, {{0, 0, 60000, false}, {0, 60000, 40000, true, true}});
+  EXPECT_FALSE(ec) << ec.message();
 }
 
 TEST(Coverage, RefusesOverlapsAndRangesOutsideAndCountsEveryByteOnce) {

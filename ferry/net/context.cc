@@ -29,6 +29,7 @@
 #include "ferry/net/system/socket_util.h"
 #include "ferry/net/system/system_memory.h"
 #include "ferry/net/system/thread_name.h"
+#include "ferry/store/checksum.h"
 
 namespace ferry {
 namespace asio = boost::asio;
@@ -818,6 +819,8 @@ Result<ObjectRef> Context::put(std::vector<Tensor> tensors, std::shared_ptr<void
   for (auto& t : tensors) {
     if (t.meta.nbytes == 0 && t.meta.shape.empty()) t.meta = TensorMeta::bytes(t.data.size());
     if (t.meta.nbytes != t.data.size()) return errc::size_mismatch;
+    t.meta.checksum.reset();
+    if (options.checksum) t.meta.checksum = crc32c(t.data);
   }
   if (!options.transport.empty() && !impl_->find_transport(options.transport)) {
     return errc::transport_unknown;

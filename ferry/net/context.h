@@ -156,6 +156,13 @@ struct PutOptions {
   std::string transport;   ///< the transport preferred for it ("" = the best both sides share)
   bool exclusive = false;  ///< only `transport` may move it: other fetches get an error
   bool copy = false;       ///< copy the bytes into the store instead of referencing them
+  /// Computes each tensor's CRC-32C here, on the calling thread (one pass over the bytes, about
+  /// as fast as copying them where the CPU has a crc32 instruction), and puts it in the ref
+  /// (TensorMeta::checksum): every fetch of the object then checks what landed against it and
+  /// fails with errc::data_corrupted on a difference (FetchOptions::verify). The memory must then
+  /// not change while the object may be fetched; a fetch after a change fails. A fetch by name
+  /// (ObjectRef::named) knows only the metas its caller gives, so it checks nothing.
+  bool checksum = false;
   /// The allocation the tensors are views of, when the caller knows it: one memory registration
   /// then serves every object inside it (10,000 views of one buffer cost one ibv_reg_mr).
   std::span<const std::byte> region;

@@ -30,6 +30,8 @@ class FerryCategory final : public std::error_category {
         return "too many requests in flight from this peer";
       case errc::resource_exhausted:
         return "not enough memory for the request";
+      case errc::data_corrupted:
+        return "the fetched bytes do not match the owner's checksum";
       case errc::peer_closed:
         return "peer closed the connection";
       case errc::connection_failed:
@@ -100,6 +102,8 @@ std::string_view errc_name(errc e) noexcept {
       return "overloaded";
     case errc::resource_exhausted:
       return "resource_exhausted";
+    case errc::data_corrupted:
+      return "data_corrupted";
     case errc::peer_closed:
       return "peer_closed";
     case errc::connection_failed:

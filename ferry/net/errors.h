@@ -28,6 +28,10 @@ enum class errc {
   /// this process cannot get the memory the request needs (it asks for more than the machine
   /// has, or an allocation failed): smaller requests may still succeed
   resource_exhausted = 9,
+  /// the bytes that landed differ from the checksum the owner put the object with
+  /// (PutOptions::checksum): the transfer corrupted them, or the owner changed the memory after
+  /// the put. The targets hold the bytes as they landed; fetching again may succeed
+  data_corrupted = 10,
   // peer scope: the connection to this peer is gone or unusable
   peer_closed = 20,        ///< the connection is closed (by either side, or it broke)
   connection_failed = 21,  ///< connecting failed (unreachable, reset, timed out; the log says why)

@@ -69,6 +69,12 @@ struct FetchOptions {
   /// How long FetchRequest::wait() polls before it sleeps; unset: the context's
   /// ContextOptions::idle_spin.
   std::optional<std::chrono::microseconds> wait_spin;
+  /// Checks the bytes that landed against the checksums the ref carries (PutOptions::checksum) on
+  /// success, before the fetch completes, on the peer's strand (a pass over the bytes, about as
+  /// fast as copying them where the CPU has a crc32 instruction), and fails the fetch with
+  /// errc::data_corrupted on a difference (the log names the tensor). A ref without checksums is
+  /// not checked. false: never check.
+  bool verify = true;
 };
 
 /// Completion signature of async_fetch. The error_code wraps a std::error_code of ferry's category

@@ -101,6 +101,7 @@ void to_wire(const ObjectRef& in, wire::ObjectRef& out) {
     w->set_dtype(static_cast<uint32_t>(t.dtype));
     w->set_device(t.device);
     w->set_nbytes(t.nbytes);
+    if (t.checksum) w->set_crc32c(*t.checksum);
   }
 }
 
@@ -121,6 +122,7 @@ bool from_wire(const wire::ObjectRef& in, ObjectRef& out) {
     t.dtype = static_cast<DType>(w.dtype());
     t.device = w.device();
     t.nbytes = w.nbytes();
+    if (w.has_crc32c()) t.checksum = w.crc32c();
     if (t.nbytes > (uint64_t{1} << 48) || total + t.nbytes < total) return false;
     total += t.nbytes;
     out.metadata.tensors.push_back(std::move(t));

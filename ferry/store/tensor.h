@@ -39,6 +39,9 @@ struct TensorMeta {
   DType dtype = DType::kUInt8;  ///< element type
   std::string device = "cpu";   ///< where the bytes live; ferry moves "cpu" memory
   uint64_t nbytes = 0;          ///< authoritative byte length
+  /// CRC-32C of the bytes (ferry/store/checksum.h) when the owner put them with
+  /// PutOptions::checksum: a fetch checks what landed against it (FetchOptions::verify).
+  std::optional<uint32_t> checksum;
 
   /// Meta for a raw byte buffer of `n` bytes (shape {n}, uint8, cpu).
   static TensorMeta bytes(uint64_t n);

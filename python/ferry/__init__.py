@@ -18,6 +18,7 @@ from ._errors import (
     AuthenticationError,
     ConnectionError,
     ContextClosedError,
+    DataCorruptedError,
     DeviceError,
     Errc,
     FerryError,
@@ -38,7 +39,7 @@ __version__ = _ferry.__version__
 
 __all__ = [
     "AbortedError", "AuthenticationError", "ConnectionError", "Context", "ContextClosedError",
-    "DeviceError", "Errc", "FerryError", "Future", "InvalidArgumentError", "ObjectNotFoundError",
-    "ObjectRef", "OverloadedError", "Peer", "ResourceExhaustedError", "StaleRefError",
-    "TensorSpec", "TimeoutError", "TlsOptions", "TransportError", "collective",
+    "DataCorruptedError", "DeviceError", "Errc", "FerryError", "Future", "InvalidArgumentError",
+    "ObjectNotFoundError", "ObjectRef", "OverloadedError", "Peer", "ResourceExhaustedError",
+    "StaleRefError", "TensorSpec", "TimeoutError", "TlsOptions", "TransportError", "collective",
 ]

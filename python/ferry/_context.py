@@ -185,7 +185,8 @@ class Context:
         return self._native.address
 
     # -- the store -----------------------------------------------------------------------------
-    def put(self, tensors, *, copy=False, transport=None, exclusive=False, name=None):
+    def put(self, tensors, *, copy=False, transport=None, exclusive=False, name=None,
+            checksum=False):
         """Puts one tensor, or a list/tuple of them, into the store; returns their ObjectRef.
 
         Each tensor is a numpy array, a torch CPU tensor or an object exporting a C-contiguous
@@ -198,6 +199,10 @@ class Context:
         serving it. A fetch of the ref returns one tensor if one was put on its own, else a
         list. ``transport``/``exclusive``: the transport preferred for it (only that one, when
         exclusive). ``name``: peers can also fetch it by that name (ferry::PutOptions::name).
+        ``checksum=True``: computes each tensor's CRC-32C now (one pass over its bytes) and puts
+        it in the ref; a fetch of the ref then checks what landed and fails with
+        ferry.DataCorruptedError on a difference (bytes changed after the put, or a transport
+        that delivered something else).
         """
         single = not isinstance(tensors, (list, tuple))
         items = [tensors] if single else list(tensors)
@@ -207,7 +212,7 @@ class Context:
         native = self._native.put(
             [(s.address, s.nbytes, s.ferry_dtype, list(s.spec.shape)) for s in sources],
             tuple(s.keep for s in sources), transport or "", bool(exclusive), bool(copy),
-            name or "")
+            name or "", bool(checksum))
         return ObjectRef(native, [s.spec for s in sources], single)
 
     def release(self, ref: ObjectRef) -> bool:
@@ -287,7 +292,8 @@ class Peer:
     transport = forwarded("transport",
                           doc='The transport negotiated with this peer ("TCP", "RDMA").')
 
-    def fetch(self, ref: ObjectRef, into=None, *, timeout=None, transport=None) -> Future:
+    def fetch(self, ref: ObjectRef, into=None, *, timeout=None, transport=None,
+              verify=True) -> Future:
         """Starts fetching ``ref``; returns a Future at once (it waits for nothing on the
         network; without ``into``, while other fetches run, taking the receive memory may first
         fault a new pool region in, with the GIL released).
@@ -302,7 +308,9 @@ class Peer:
 
         ``timeout``: seconds for the fetch itself (ferry.TimeoutError after it); None: none
         (peer liveness still bounds a stall). ``transport``: force one ("TCP", "RDMA").
-        Wrong sizes, read-only or non-contiguous targets raise ValueError before anything
+        ``verify``: when the ref carries checksums (``put(..., checksum=True)``), the bytes that
+        landed are checked before the future completes (ferry.DataCorruptedError on a
+        difference; ``into`` then holds what arrived); False skips the check. Wrong sizes, read-only or non-contiguous targets raise ValueError before anything
         starts.
         """
         if not isinstance(ref, ObjectRef):
@@ -311,7 +319,7 @@ class Peer:
         if type(into) is np.ndarray:  # the common case, checked in C++ (None: not this array)
             future = Future(self, ref, into, into)
             request = self._native.fetch_array(ref._native, into, timeout_ms, transport or "",
-                                               future)
+                                               bool(verify), future)
             if request is not None:
                 future._request = request
                 return future
@@ -321,7 +329,7 @@ class Peer:
         future = Future(self, ref, into, tuple(t.keep for t in targets))
         future._request = self._native.fetch(
             ref._native, [(t.address, t.nbytes) for t in targets], timeout_ms,
-            transport or "", future)
+            transport or "", bool(verify), future)
         return future
 
     def hold(self, ref: ObjectRef, timeout=10.0):

@@ -70,6 +70,12 @@ class ResourceExhaustedError(FerryError, MemoryError):
     """The memory the request needs cannot be had."""
 
 
+class DataCorruptedError(FerryError):
+    """The fetched bytes differ from the checksum the owner put the object with
+    (``put(..., checksum=True)``): the transfer corrupted them, or the owner changed the memory
+    after the put. Fetching again may succeed."""
+
+
 class ConnectionError(FerryError, builtins.ConnectionError):
     """Peer scope: the connection is gone or unusable (closed, refused, reset, unresponsive,
     handshake, authentication or TLS failure). Reconnect to go on."""
@@ -100,6 +106,7 @@ _BY_CODE = {
     "invalid_argument": InvalidArgumentError,
     "overloaded": OverloadedError,
     "resource_exhausted": ResourceExhaustedError,
+    "data_corrupted": DataCorruptedError,
     "auth_failed": AuthenticationError,
     "tls_failed": AuthenticationError,
     "tls_required": AuthenticationError,

@@ -21,7 +21,9 @@ its owner; ``abort_transport`` aborts the fetches in flight for an object.
 Each process has one ferry context, made on first use (a transport instance is made by Ray with
 no arguments, also on processes that never move a tensor, so construction costs nothing). It
 listens on ``$FERRY_RDT_HOST`` (default: Ray's node IP address when Ray is installed, else
-127.0.0.1), port 0; ``$FERRY_RDT_TIMEOUT`` (seconds, default none) puts a deadline on each fetch.
+127.0.0.1), port 0; ``$FERRY_RDT_TIMEOUT`` (seconds, default none) puts a deadline on each fetch;
+``FERRY_RDT_CHECKSUM=1`` on the source puts a CRC-32C of each tensor in the metadata, which the
+destination checks before the fetch completes (ferry.DataCorruptedError on a difference).
 CPU memory only (numpy arrays and torch CPU tensors); a tensor on another device is refused.
 """
 
@@ -127,6 +129,10 @@ def _fetch_timeout():
     return float(value) if value else None
 
 
+def _checksum():
+    return os.environ.get("FERRY_RDT_CHECKSUM", "0") not in ("", "0")
+
+
 def _tensor_meta(tensor):
     """(shape, dtype) as Ray describes a tensor: torch.Size and torch.dtype, or a shape tuple and
     a numpy dtype."""
@@ -183,7 +189,7 @@ class FerryTensorTransport(TensorTransportManager):
         garbage_collect) and returns their metadata with the ref."""
         tensors = list(rdt_object)
         meta = [_tensor_meta(t) for t in tensors]
-        ref = _process.ctx().put(tensors)
+        ref = _process.ctx().put(tensors, checksum=_checksum())
         with _process.lock:
             _process.objects[obj_id] = ref
         return FerryTransportMetadata(tensor_meta=meta, tensor_device="cpu",

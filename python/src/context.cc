@@ -138,12 +138,13 @@ TensorMeta meta_of(int dtype, const std::vector<int64_t>& shape, uint64_t nbytes
   return m;
 }
 
-// A fetch's options from what ferry.Peer.fetch passes: milliseconds (< 0: none) and a transport
-// name ("" or "auto": the negotiated one).
-FetchOptions fetch_options(int64_t timeout_ms, std::string transport) {
+// A fetch's options from what ferry.Peer.fetch passes: milliseconds (< 0: none), a transport
+// name ("" or "auto": the negotiated one) and whether to check the owner's checksums.
+FetchOptions fetch_options(int64_t timeout_ms, std::string transport, bool verify) {
   FetchOptions options;
   options.timeout = milliseconds(timeout_ms);
   options.transport = std::move(transport);
+  options.verify = verify;
   return options;
 }
 
@@ -166,14 +167,14 @@ class PeerHandle {
   std::string transport() const { return peer_.transport(); }
 
   NativeFetch fetch(ObjectRef ref, const std::vector<std::pair<uintptr_t, size_t>>& targets,
-                    int64_t timeout_ms, std::string transport, py::object future) {
+                    int64_t timeout_ms, std::string transport, bool verify, py::object future) {
     std::vector<MutableBuffer> buffers;
     buffers.reserve(targets.size());
     for (const auto& [address, size] : targets) {
       buffers.emplace_back(reinterpret_cast<std::byte*>(address), size);
     }
     return start_fetch(peer_, inflight_, std::move(ref), std::move(buffers),
-                       fetch_options(timeout_ms, std::move(transport)), std::move(future),
+                       fetch_options(timeout_ms, std::move(transport), verify), std::move(future),
                        wait_mode_);
   }
 
@@ -182,7 +183,7 @@ class PeerHandle {
   // C-contiguous, not writable, not the tensor's size or of a dtype that may hold objects
   // (object, structured); the general path then says what is wrong, or takes it.
   std::optional<NativeFetch> fetch_array(const ObjectRef& ref, py::array into, int64_t timeout_ms,
-                                         std::string transport, py::object future) {
+                                         std::string transport, bool verify, py::object future) {
     const auto& tensors = ref.metadata.tensors;
     const py::dtype dtype = into.dtype();
     if (tensors.size() != 1 || !(into.flags() & py::array::c_style) || !into.writeable() ||
@@ -193,7 +194,7 @@ class PeerHandle {
     std::vector<MutableBuffer> buffers{
         MutableBuffer(static_cast<std::byte*>(into.mutable_data()), tensors[0].nbytes)};
     return start_fetch(peer_, inflight_, ref, std::move(buffers),
-                       fetch_options(timeout_ms, std::move(transport)), std::move(future),
+                       fetch_options(timeout_ms, std::move(transport), verify), std::move(future),
                        wait_mode_);
   }
 
@@ -285,7 +286,7 @@ class ContextHandle {
   // until the object is collected, then dropped on the completion thread.
   using TensorArg = std::tuple<uintptr_t, uint64_t, int, std::vector<int64_t>>;
   ObjectRef put(const std::vector<TensorArg>& tensors, py::object keepalive, std::string transport,
-                bool exclusive, bool copy, std::string name) {
+                bool exclusive, bool copy, std::string name, bool checksum) {
     auto c = ctx();
     std::vector<Tensor> views;
     views.reserve(tensors.size());
@@ -303,6 +304,7 @@ class ContextHandle {
     options.exclusive = exclusive;
     options.copy = copy;
     options.name = std::move(name);
+    options.checksum = checksum;
     auto ref =
         without_gil([&] { return c->put(std::move(views), std::move(owner), std::move(options)); });
     if (!ref) raise_error(ref.error(), "put");
@@ -420,9 +422,9 @@ void bind_context(py::module_& m) {
       .def_property_readonly("is_open", &PeerHandle::is_open)
       .def_property_readonly("transport", &PeerHandle::transport)
       .def("fetch", &PeerHandle::fetch, py::arg("ref"), py::arg("targets"), py::arg("timeout_ms"),
-           py::arg("transport"), py::arg("future"))
+           py::arg("transport"), py::arg("verify"), py::arg("future"))
       .def("fetch_array", &PeerHandle::fetch_array, py::arg("ref"), py::arg("into"),
-           py::arg("timeout_ms"), py::arg("transport"), py::arg("future"))
+           py::arg("timeout_ms"), py::arg("transport"), py::arg("verify"), py::arg("future"))
       .def("hold", &PeerHandle::hold)
       .def("release", &PeerHandle::release)
       .def("list", &PeerHandle::list)
@@ -434,7 +436,8 @@ void bind_context(py::module_& m) {
       .def_property_readonly("address", &ContextHandle::address)
       .def("set_advertise_address", &ContextHandle::set_advertise_address)
       .def("put", &ContextHandle::put, py::arg("tensors"), py::arg("keepalive"),
-           py::arg("transport"), py::arg("exclusive"), py::arg("copy"), py::arg("name"))
+           py::arg("transport"), py::arg("exclusive"), py::arg("copy"), py::arg("name"),
+           py::arg("checksum"))
       .def("release", &ContextHandle::release)
       .def("refs", &ContextHandle::refs)
       .def("connect", &ContextHandle::connect)

@@ -8,6 +8,9 @@ Commands, by the part Ray's diagrams give each process:
   ("extract", obj_id, kind, seed, shapes)  source: make tensors (numpy or torch), extract
                                             metadata; answers the metadata (pickled)
   ("gc", obj_id, metadata)                 source: garbage_collect
+  ("mutate", obj_id)                       source: changes the first element of the first
+                                            tensor in place (after extract: the bytes served)
+  ("setenv", name, value)                  sets an environment variable (FERRY_RDT_*)
   ("abort", obj_id)                        either side: abort_transport
   ("serving",)                             serves in flight now (ferry's stats)
   ("fetch", obj_id, metadata, targets)     destination: fetch_multiple_tensors (targets: None or
@@ -88,6 +91,14 @@ def main():
             elif op == "gc":
                 _, obj_id, meta = cmd
                 transport.garbage_collect(obj_id, meta, kept.pop(obj_id, []))
+                value = None
+            elif op == "mutate":
+                first = kept[cmd[1]][0]
+                flat = first.view(-1) if "torch" in type(first).__module__ else first.reshape(-1)
+                flat[0] += 1  # a view: the tensor itself changes
+                value = None
+            elif op == "setenv":
+                os.environ[cmd[1]] = cmd[2]
                 value = None
             elif op == "abort":
                 transport.abort_transport(cmd[1], transport.get_communicator_metadata(None, None))

@@ -144,6 +144,27 @@ def test_source_to_destination_through_fetch_and_wait(actors, kind, into):
         destination.call("recv", "obj-1", meta, None)
 
 
+def test_a_source_that_checksums_fails_a_fetch_of_bytes_changed_since(actors):
+    """FERRY_RDT_CHECKSUM=1 on the source: the metadata carries each tensor's CRC-32C; the
+    destination's fetch of the same bytes succeeds, of bytes changed after extraction fails
+    with ferry.DataCorruptedError (through wait_fetch_complete as through recv)."""
+    source, destination = actors(), actors()
+    source.call("setenv", "FERRY_RDT_CHECKSUM", "1")
+    meta, digests = source.call("extract", "obj-c", "numpy", 3, [(1 << 16,), (5,)])
+    assert destination.call("recv", "obj-c", meta, None)[0] == digests
+    source.call("mutate", "obj-c")
+    with pytest.raises(ferry.DataCorruptedError):
+        destination.call("recv", "obj-c", meta, None)
+    assert destination.call("fetch", "obj-c", meta, None) == "started"
+    with pytest.raises(ferry.DataCorruptedError):
+        destination.call("wait", "obj-c", -1)
+    # Without the variable, nothing is computed or checked: a change goes through.
+    source.call("setenv", "FERRY_RDT_CHECKSUM", "0")
+    plain, plain_digests = source.call("extract", "obj-p", "numpy", 3, [(10,)])
+    source.call("mutate", "obj-p")
+    assert destination.call("recv", "obj-p", plain, None)[0] != plain_digests
+
+
 def test_wait_timeouts_follow_the_interface(actors):
     source, destination = actors(), actors()
     meta, digests = source.call("extract", "obj-t", "numpy", 1, [(1 << 20,)])

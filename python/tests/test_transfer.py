@@ -151,6 +151,33 @@ def test_put_copy_takes_a_snapshot(local_owner, ctx):
     assert ctx.connect(ref).fetch(ref).result(60).tolist() == list(range(10))
 
 
+def test_a_checksummed_put_fails_a_fetch_of_changed_bytes(local_owner, ctx):
+    """put(checksum=True) puts each tensor's CRC-32C in the ref (it survives pickling); a fetch
+    checks what landed: the same bytes pass, changed ones fail with DataCorruptedError, into
+    ferry's memory and into a given array alike, unless the fetch says verify=False."""
+    import pickle
+
+    array = np.arange(1 << 18, dtype=np.float32)  # 1 MiB
+    ref = pickle.loads(pickle.dumps(local_owner.put([array, b"tail"], checksum=True)))
+    peer = ctx.connect(ref)
+    got = peer.fetch(ref).result(60)
+    assert np.array_equal(got[0], array) and got[1].tobytes() == b"tail"
+    array[12345] += 1  # zero copy: the owner now serves bytes the checksum does not match
+    with pytest.raises(ferry.DataCorruptedError) as failure:
+        peer.fetch(ref).result(60)
+    assert isinstance(failure.value, ferry.FerryError)
+    into = [np.empty_like(array), bytearray(4)]
+    future = peer.fetch(ref, into=into)
+    assert isinstance(future.exception(60), ferry.DataCorruptedError)
+    assert np.array_equal(into[0], array)  # what arrived stays where it landed
+    assert np.array_equal(peer.fetch(ref, verify=False).result(60)[0], array)
+    array[12345] -= 1
+    assert np.array_equal(peer.fetch(ref).result(60)[0], array)  # restored: passes again
+    plain = local_owner.put(array)  # no checksum: nothing to check, whatever verify says
+    array[0] = 7
+    assert peer.fetch(plain).result(60)[0] == 7
+
+
 def test_put_any_contiguous_buffer(local_owner, ctx):
     import array as pyarray
 

@@ -6,6 +6,7 @@
 #include "ferry/net/errors.h"
 #include "ferry/net/log.h"
 #include "ferry/net/system/system_memory.h"
+#include "ferry/store/checksum.h"
 
 namespace ferry {
 
@@ -154,10 +155,30 @@ void FetchTable::start_transfer(std::shared_ptr<detail::FetchState> state,
     state->complete(reason ? reason : std::error_code(errc::peer_closed));
     return;
   }
+  const auto& metas = state->result().ref.metadata.tensors;
+  pending.verify = options.verify && std::any_of(metas.begin(), metas.end(),
+                                                 [](const auto& t) { return t.checksum; });
   CombineFn stream;
   if (options.combine && transport->combines()) {
     stream = std::move(options.combine);
     pending.streams = true;
+    if (pending.verify) {
+      // Each piece is summed on its way into the combine: in order within a target, every byte
+      // once (CombineFn's contract), so the sums are the CRC-32C of each target's bytes.
+      pending.streamed = std::make_shared<std::vector<uint32_t>>(targets.size(), 0);
+      stream = [inner = std::move(stream), sums = pending.streamed, targets](
+                   std::span<std::byte> piece, std::span<const std::byte> arrived) {
+        const auto at = reinterpret_cast<uintptr_t>(piece.data());
+        for (size_t i = 0; i < targets.size(); ++i) {
+          const auto begin = reinterpret_cast<uintptr_t>(targets[i].data());
+          if (at >= begin && at < begin + targets[i].size()) {
+            (*sums)[i] = crc32c(arrived, (*sums)[i]);
+            break;
+          }
+        }
+        inner(piece, arrived);
+      };
+    }
   } else if (options.combine) {
     // The transport lands the bytes whole: in slots of ours, combined on success.
     std::vector<size_t> sizes;
@@ -354,6 +375,7 @@ void FetchTable::complete(uint64_t request_id, std::error_code ec) {
   auto pending = std::move(it->second);
   fetches_.erase(it);
   if (!restarted_.empty()) restarted_.erase(pending.state->id());
+  if (!ec && pending.verify) ec = verify(pending);
   if (!ec && pending.combine) {
     for (size_t i = 0; i < pending.targets.size(); ++i) {
       if (!pending.targets[i].empty()) pending.combine(pending.targets[i], pending.slots[i]);
@@ -368,6 +390,24 @@ void FetchTable::complete(uint64_t request_id, std::error_code ec) {
   state->complete(ec);
   state.reset();
   link_.fetch_completed();
+}
+
+std::error_code FetchTable::verify(const PendingFetch& f) const {
+  const auto& result = f.state->result();
+  const auto& metas = result.ref.metadata.tensors;
+  const auto& landed = f.combine ? f.slots : result.tensors;
+  for (size_t i = 0; i < metas.size() && i < landed.size(); ++i) {
+    if (!metas[i].checksum) continue;
+    const uint32_t got = f.streamed ? (*f.streamed)[i] : crc32c(landed[i]);
+    if (got == *metas[i].checksum) continue;
+    FERRY_LOG_WARN(
+        "peer '{}': fetch {} of object {} over {}: tensor {} ({} bytes) landed with CRC-32C "
+        "{:08x}, its owner put it with {:08x}",
+        link_.peer().info().name, f.state->id(), result.ref.object_id, f.transport->name(), i,
+        landed[i].size(), got, *metas[i].checksum);
+    return errc::data_corrupted;
+  }
+  return {};
 }
 
 bool FetchTable::awaits_peer_bytes() const {

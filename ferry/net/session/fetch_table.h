@@ -103,7 +103,17 @@ class FetchTable {
     std::shared_ptr<std::byte[]> landed;
     uint64_t resume_at = 0;  // FetchOp::resume_at of its next attempt
     uint32_t fruitless = 0;  // restarts in a row that landed nothing new
+    // FetchOptions::verify, and the ref carries checksums: what landed is checked on success.
+    bool verify = false;
+    // With a combine the transport streams: the CRC-32C of the bytes that arrived for each target
+    // so far (the targets hold the combination, not those bytes). Null otherwise.
+    std::shared_ptr<std::vector<uint32_t>> streamed;
   };
+
+  // Checks fetch `f`, which succeeded, against its ref's checksums: the landed bytes (the slots
+  // of a combine, before combining), or what a streamed combine summed. data_corrupted, logged
+  // with the first tensor that differs, or success.
+  std::error_code verify(const PendingFetch& f) const;
 
   // Once `transport`'s channel exists: builds the pending fetch (deadline, combine slots) and
   // launches it, unless it was aborted or the session ended meanwhile.
