@@ -57,13 +57,6 @@ class Region {
  private:
   friend class MrCache;
 
-  // Where the chunk holding `addr` ends, for memory [begin, end) in chunks of `chunk` bytes from
-  // `begin` (begin <= addr < end): the next chunk's start, or `end`. Computed from offsets, so any
-  // `chunk` works, SIZE_MAX included (a device that advertises no limit).
-  constexpr uintptr_t chunk_end(uintptr_t begin, uintptr_t end, uintptr_t chunk, uintptr_t addr) {
-    const uintptr_t left_in_chunk = chunk - (addr - begin) % chunk;
-    return left_in_chunk < end - addr ? addr + left_in_chunk : end;
-  }
   struct Shared;
   Region(std::shared_ptr<Shared> shared, std::vector<MrHandle> mrs, uintptr_t begin, uintptr_t end,
          uintptr_t chunk);
