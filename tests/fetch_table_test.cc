@@ -7,12 +7,14 @@
 #include <cstring>
 
 #include "fake_session_link.h"
+#include "tests/failing_allocation.h"
 
 namespace ferry {
 namespace {
 
 using fakes::FakeSessionLink;
 using fakes::FakeTransport;
+using test::FailingAllocation;
 using namespace std::chrono_literals;
 
 struct FetchTableTest : ::testing::Test {
@@ -408,6 +410,135 @@ TEST_F(FetchTableTest, CloseCompletesEveryLaunchedFetchWithTheReason) {
   EXPECT_EQ(b->outcome(), std::error_code(errc::peer_closed));
   EXPECT_TRUE(one_sided->aborts.empty());  // the channels are closed by then
   EXPECT_EQ(table.size(), 0u);
+}
+
+// One fetch's table on a fresh link with one two-sided transport "TWO" (with its channel, or
+// without: opening it then waits in link.opening), for the walks over allocations below.
+struct OneFetch {
+  OneFetch(bool combines, bool channel_open)
+      : transport(std::make_shared<FakeTransport>("TWO", false, combines)),
+        s(std::make_shared<detail::FetchState>(link.next_request_id(), link.io_.get_executor())) {
+    link.add_transport(transport, channel_open);
+    link.hold_channel_opens = !channel_open;
+    ref.object_id = 7;
+    ref.metadata.tensors.push_back(TensorMeta::bytes(target.size()));
+  }
+  FakeSessionLink link;
+  mem::Pool pool;
+  FetchTable table{link, pool};
+  std::shared_ptr<FakeTransport> transport;
+  std::shared_ptr<detail::FetchState> s;
+  std::vector<std::byte> target = std::vector<std::byte>(64);
+  ObjectRef ref;
+};
+
+// Out of memory anywhere on a fetch's way to its transport: in Session::fetch's step (which then
+// fails the fetch) or in the step that runs once the channel opens (a posted one: the session
+// then ends, closing the table). Whichever allocation fails, walked one by one until the fetch
+// makes no more, the fetch completes: with resource_exhausted, or launched and ended by the
+// session's end. Into targets and into pool memory, with and without a deadline, combining in
+// slots or as the bytes stream, with checksums to check.
+TEST(FetchTableAllocations, AFetchCompletesWhicheverAllocationOnItsWayFails) {
+  enum class Combine { no, in_slots, streamed };
+  struct Case {
+    bool channel_open;  // else it opens after start()
+    bool into_targets;
+    bool deadline;
+    Combine combine;
+    bool checksum;
+  };
+  const Case cases[] = {
+      {true, true, false, Combine::no, false},      {true, false, true, Combine::no, true},
+      {false, true, false, Combine::no, false},     {false, false, false, Combine::no, true},
+      {false, true, true, Combine::no, false},      {true, true, false, Combine::in_slots, false},
+      {false, true, true, Combine::in_slots, true}, {true, true, false, Combine::streamed, true},
+      {false, true, false, Combine::streamed, true}};
+  for (const auto& c : cases) {
+    SCOPED_TRACE(::testing::Message()
+                 << "channel open " << c.channel_open << ", targets " << c.into_targets
+                 << ", deadline " << c.deadline << ", combine " << static_cast<int>(c.combine)
+                 << ", checksum " << c.checksum);
+    size_t failures = 0;
+    for (size_t n = 0;; ++n) {
+      SCOPED_TRACE(::testing::Message() << "allocation " << n);
+      OneFetch f(c.combine == Combine::streamed, c.channel_open);
+      auto& [link, pool, table, transport, s, target, ref] = f;
+      auto channel = std::make_shared<fakes::FakeChannel>(transport.get());
+      if (c.checksum) ref.metadata.tensors[0].checksum = 0x1234;
+      std::vector<MutableBuffer> targets;
+      if (c.into_targets) targets.emplace_back(target);
+      FetchOptions options;
+      if (c.deadline) options.timeout = 5s;
+      if (c.combine != Combine::no) {
+        options.combine = [](std::span<std::byte>, std::span<const std::byte>) {};
+      }
+      bool fired = false;
+      size_t left = n;  // allocations to let through before the one that fails
+      {
+        FailingAllocation fail(left);
+        try {
+          table.start(s, ref, targets, nullptr, options);
+        } catch (const std::bad_alloc&) {
+          table.fail(*s, errc::resource_exhausted);  // as Session::fetch's step does
+        }
+        fired = fail.fired();
+        left -= fail.passed();
+      }
+      if (!fired && !c.channel_open) {
+        ASSERT_EQ(link.opening.size(), 1u);
+        auto done = std::move(link.opening.front().done);
+        link.channels["TWO"] = channel;
+        FailingAllocation fail(left);
+        try {
+          done({});
+        } catch (const std::bad_alloc&) {
+          table.close(errc::resource_exhausted);  // as the session's end on out of memory does
+        }
+        fired = fail.fired();
+      }
+      table.close(errc::peer_closed);  // the session ends: whatever is left completes
+      ASSERT_TRUE(s->done()) << "a fetch was lost";
+      if (!fired) {
+        // No allocation failed: the fetch was launched, and the session's end completed it.
+        EXPECT_EQ(transport->fetches.size(), 1u);
+        EXPECT_EQ(s->outcome(), std::error_code(errc::peer_closed));
+        break;
+      }
+      EXPECT_EQ(s->outcome(), std::error_code(errc::resource_exhausted));
+      ++failures;
+    }
+    EXPECT_GT(failures, 3u) << "the walk saw too few allocations to mean anything";
+  }
+}
+
+// A completion that logs (a checksum that differs) completes the fetch whichever allocation on
+// its way fails, the log line's included: a line that cannot be formatted is dropped, not thrown.
+TEST(FetchTableAllocations, ACompletionThatLogsCompletesWhicheverAllocationFails) {
+  size_t failures = 0;
+  for (size_t n = 0;; ++n) {
+    SCOPED_TRACE(::testing::Message() << "allocation " << n);
+    OneFetch f(false, true);
+    auto& [link, pool, table, transport, s, target, ref] = f;
+    ref.metadata.tensors[0].checksum = 0x1234;  // not the CRC-32C of 64 zeros
+    table.start(s, ref, {MutableBuffer(target)}, nullptr, {});
+    ASSERT_EQ(transport->fetches.size(), 1u);
+    bool fired = false;
+    {
+      FailingAllocation fail(n);
+      try {
+        table.complete(s->id(), {});
+      } catch (const std::bad_alloc&) {
+        table.close(errc::resource_exhausted);
+      }
+      fired = fail.fired();
+    }
+    table.close(errc::peer_closed);
+    ASSERT_TRUE(s->done()) << "a fetch was lost";
+    EXPECT_EQ(s->outcome(), std::error_code(errc::data_corrupted));
+    if (!fired) break;
+    ++failures;
+  }
+  EXPECT_GT(failures, 0u) << "the walk saw no allocation: the log line was not written";
 }
 
 }  // namespace

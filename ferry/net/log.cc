@@ -77,4 +77,11 @@ void write(Level level, std::string_view message) {
                static_cast<int>(message.size()), message.data());
 }
 
+void write_dropped(Level level) noexcept {
+  try {
+    write(level, "(a log line was dropped: it could not be formatted)");
+  } catch (...) {
+  }
+}
+
 }  // namespace ferry::log

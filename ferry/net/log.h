@@ -38,12 +38,22 @@ using Sink = std::function<void(Level, std::string_view)>;
 /// thread.
 void set_sink(Sink sink);
 
+/// Writes what at() does when a line cannot be formatted (out of memory): a fixed line in its
+/// place. Never throws.
+void write_dropped(Level level) noexcept;
+
 template <typename... Args>
 /// Formats and writes one line at `level` when current_level() lets it through (fmt syntax, checked
 /// at compile time). The arguments are evaluated either way: FERRY_LOG_AT evaluates them only when
-/// the level is on. Any thread.
-void at(Level level, fmt::format_string<Args...> f, Args&&... args) {
-  if (level <= current_level()) write(level, fmt::format(f, std::forward<Args>(args)...));
+/// the level is on. Never throws: a line that cannot be formatted or written is dropped (said in
+/// a fixed line), so that logging never ends an operation halfway. Any thread.
+void at(Level level, fmt::format_string<Args...> f, Args&&... args) noexcept {
+  if (level > current_level()) return;
+  try {
+    write(level, fmt::format(f, std::forward<Args>(args)...));
+  } catch (...) {
+    write_dropped(level);
+  }
 }
 
 }  // namespace ferry::log

@@ -155,6 +155,20 @@ void FetchTable::start_transfer(std::shared_ptr<detail::FetchState> state,
     state->complete(reason ? reason : std::error_code(errc::peer_closed));
     return;
   }
+  // Out of memory from here to launch(), which guards its own: this step runs from the channel's
+  // opening, where nothing else holds the fetch (a deadline's entry went above), so it ends here.
+  try {
+    prepare_transfer(state, std::move(transport), std::move(targets), std::move(options),
+                     std::move(pending));
+  } catch (const std::bad_alloc&) {
+    state->complete(errc::resource_exhausted);
+  }
+}
+
+void FetchTable::prepare_transfer(const std::shared_ptr<detail::FetchState>& state,
+                                  std::shared_ptr<TransportManager> transport,
+                                  std::vector<MutableBuffer> targets, FetchOptions options,
+                                  PendingFetch pending) {
   const auto& metas = state->result().ref.metadata.tensors;
   pending.verify = options.verify && std::any_of(metas.begin(), metas.end(),
                                                  [](const auto& t) { return t.checksum; });

@@ -116,10 +116,17 @@ class FetchTable {
   std::error_code verify(const PendingFetch& f) const;
 
   // Once `transport`'s channel exists: builds the pending fetch (deadline, combine slots) and
-  // launches it, unless it was aborted or the session ended meanwhile.
+  // launches it, unless it was aborted or the session ended meanwhile. Out of memory on the way
+  // completes the fetch with resource_exhausted.
   void start_transfer(std::shared_ptr<detail::FetchState> state,
                       std::shared_ptr<TransportManager> transport,
                       std::vector<MutableBuffer> targets, FetchOptions options);
+  // start_transfer's allocating part: `pending` gets its checksum and combine state, then
+  // launch(). May throw std::bad_alloc before launch().
+  void prepare_transfer(const std::shared_ptr<detail::FetchState>& state,
+                        std::shared_ptr<TransportManager> transport,
+                        std::vector<MutableBuffer> targets, FetchOptions options,
+                        PendingFetch pending);
   // Hands fetch `id` to its transport's channel and asks the peer for it; without the channel
   // (it broke meanwhile) the fetch fails with transport_unavailable, without memory for it with
   // resource_exhausted. `targets`: where the transport lands the bytes; `stream`: the combine of
