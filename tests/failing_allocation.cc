@@ -1,5 +1,6 @@
 #include "tests/failing_allocation.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <new>
 
@@ -37,6 +38,19 @@ void* allocate(size_t n, const std::nothrow_t&) noexcept {
   return std::malloc(n ? n : 1);
 }
 
+void* allocate_aligned(size_t n, std::align_val_t align, const std::nothrow_t&) noexcept {
+  if (fails_now()) return nullptr;
+  const size_t a = std::max(static_cast<size_t>(align), sizeof(void*));
+  void* p = nullptr;
+  return posix_memalign(&p, a, n ? n : 1) == 0 ? p : nullptr;
+}
+
+void* allocate_aligned(size_t n, std::align_val_t align) {
+  if (fails_now()) throw std::bad_alloc();
+  if (void* p = allocate_aligned(n, align, std::nothrow)) return p;
+  throw std::bad_alloc();
+}
+
 }  // namespace
 
 FailingAllocation::FailingAllocation(size_t n) {
@@ -54,8 +68,8 @@ size_t FailingAllocation::passed() const { return through; }
 
 }  // namespace ferry::test
 
-// The replaceable forms that take no alignment, all on malloc and free (so that each delete
-// pairs with its new under a sanitizer's allocator too); the aligned ones stay the library's.
+// Every replaceable form, on malloc / posix_memalign and free (so that each delete pairs with
+// its new under a sanitizer's allocator too). Asio allocates its queued operations aligned.
 void* operator new(size_t n) { return ferry::test::allocate(n); }
 void* operator new[](size_t n) { return ferry::test::allocate(n); }
 void* operator new(size_t n, const std::nothrow_t& t) noexcept {
@@ -70,3 +84,17 @@ void operator delete(void* p, size_t) noexcept { std::free(p); }
 void operator delete[](void* p, size_t) noexcept { std::free(p); }
 void operator delete(void* p, const std::nothrow_t&) noexcept { std::free(p); }
 void operator delete[](void* p, const std::nothrow_t&) noexcept { std::free(p); }
+void* operator new(size_t n, std::align_val_t a) { return ferry::test::allocate_aligned(n, a); }
+void* operator new[](size_t n, std::align_val_t a) { return ferry::test::allocate_aligned(n, a); }
+void* operator new(size_t n, std::align_val_t a, const std::nothrow_t& t) noexcept {
+  return ferry::test::allocate_aligned(n, a, t);
+}
+void* operator new[](size_t n, std::align_val_t a, const std::nothrow_t& t) noexcept {
+  return ferry::test::allocate_aligned(n, a, t);
+}
+void operator delete(void* p, std::align_val_t) noexcept { std::free(p); }
+void operator delete[](void* p, std::align_val_t) noexcept { std::free(p); }
+void operator delete(void* p, size_t, std::align_val_t) noexcept { std::free(p); }
+void operator delete[](void* p, size_t, std::align_val_t) noexcept { std::free(p); }
+void operator delete(void* p, std::align_val_t, const std::nothrow_t&) noexcept { std::free(p); }
+void operator delete[](void* p, std::align_val_t, const std::nothrow_t&) noexcept { std::free(p); }

@@ -98,8 +98,14 @@ inline void FakeChannel::send_multiple(uint64_t request_id, ObjectStore::Pin obj
     transport->sends.emplace(request_id, std::move(done));
     throw std::bad_alloc();
   }
-  transport->pins.emplace(request_id, std::move(object));
-  transport->sends.emplace(request_id, std::move(done));
+  // As a transport must: out of memory here, it holds nothing of the serve.
+  const auto send = transport->sends.emplace(request_id, std::move(done)).first;
+  try {
+    transport->pins.emplace(request_id, std::move(object));
+  } catch (const std::bad_alloc&) {
+    transport->sends.erase(send);
+    throw;
+  }
 }
 inline bool FakeChannel::abort(uint64_t request_id) {
   transport->aborts.push_back(request_id);

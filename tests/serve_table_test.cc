@@ -7,12 +7,14 @@
 #include <algorithm>
 
 #include "fake_session_link.h"
+#include "tests/failing_allocation.h"
 
 namespace ferry {
 namespace {
 
 using fakes::FakeSessionLink;
 using fakes::FakeTransport;
+using test::FailingAllocation;
 using namespace std::chrono_literals;
 
 // The accepting side's table: the peer connected, so its request ids are odd.
@@ -317,6 +319,76 @@ TEST_F(ServeTableTest, CloseForgetsEverything) {
   EXPECT_EQ(link.forgotten, std::vector<std::string>{"weights"});
   EXPECT_EQ(table.next_deadline(), SessionLink::Clock::time_point::max());
   EXPECT_TRUE(link.errors().empty());
+}
+
+// Out of memory anywhere in a serve, as it starts or as the transport ends it (successfully, or
+// failing it, which tells the fetcher): the session's post then ends the session, closing the
+// table, and the transport ends what it still sends when its channel closes. Whichever
+// allocation fails, walked one by one, the object is left unpinned, its hooks run at most once
+// and the fetcher hears at most one error; with none failing the serve ends as it would.
+TEST(ServeTableAllocations, AServeLeavesNothingPinnedWhicheverAllocationFails) {
+  for (bool send_fails : {false, true}) {
+    SCOPED_TRACE(send_fails ? "the transport fails the send" : "the send succeeds");
+    const std::error_code send_result = send_fails ? errc::peer_closed : std::error_code();
+    size_t failures = 0;
+    for (size_t n = 0;; ++n) {
+      SCOPED_TRACE(::testing::Message() << "allocation " << n);
+      FakeSessionLink link{false};
+      auto transport = std::make_shared<FakeTransport>("T", false);
+      link.add_transport(transport, true);
+      ObjectStore store;
+      detail::StatsRecorder recorder;
+      ServeTable table{link, store, recorder, ServeTable::Options{"owner", 42, 4, 1000ms}};
+      auto mem = std::make_shared<std::vector<std::byte>>(16);
+      const ObjectId id = store.put({Tensor::bytes(*mem)}, mem, "T");
+      int sent = 0, served = 0;
+      ASSERT_TRUE(store.set_serve_hooks(
+          id, [&] { ++sent; }, [&] { ++served; }));
+      auto session_ends = [&] {  // Session::out_of_memory
+        link.open = false;
+        table.close();
+      };
+      bool fired = false;
+      size_t left = n;
+      {
+        FailingAllocation fail(left);
+        try {
+          table.serve(1, ServeTableTest::fetch_of(id));
+        } catch (const std::bad_alloc&) {
+          session_ends();
+        }
+        fired = fail.fired();
+        left -= fail.passed();
+      }
+      if (!fired && transport->sends.count(1)) {
+        FailingAllocation fail(left);
+        try {
+          transport->finish_send(1, send_result);
+        } catch (const std::bad_alloc&) {
+          session_ends();
+        }
+        fired = fail.fired();
+      }
+      // The channel closes with the session: the transport fails what it still sends.
+      if (fired) {
+        while (!transport->sends.empty()) {
+          transport->finish_send(transport->sends.begin()->first, errc::peer_closed);
+        }
+      }
+      EXPECT_EQ(store.counts(id)->pins, 0u) << "the object stays pinned";
+      EXPECT_LE(sent, 1);
+      EXPECT_LE(served, 1);
+      EXPECT_LE(link.errors().size(), 1u);
+      if (!fired) {
+        EXPECT_EQ(sent, send_fails ? 0 : 1);
+        EXPECT_EQ(served, send_fails ? 0 : 1);
+        EXPECT_EQ(link.errors().size(), send_fails ? 1u : 0u);
+        break;
+      }
+      ++failures;
+    }
+    EXPECT_GT(failures, 3u) << "the walk saw too few allocations to mean anything";
+  }
 }
 
 }  // namespace

@@ -9,6 +9,8 @@
 #include "ferry/net/frame.h"
 #include "ferry/net/loop_gate.h"
 #include "ferry/net/proto/ferry.pb.h"
+#include "ferry/net/stats.h"
+#include "tests/failing_allocation.h"
 #include "tests/test_util.h"
 
 namespace ferry {
@@ -151,6 +153,45 @@ TEST(FetchState, OutcomeSeparatesTheFetchsResultFromTheWaits) {
   late->complete(make_error_code(errc::timed_out));
   EXPECT_EQ(FetchRequest(late).outcome(), std::error_code(errc::timed_out));  // its own deadline
   EXPECT_EQ(FetchRequest().outcome(), std::error_code(errc::invalid_argument));
+}
+
+// Out of memory as a fetch completes: whichever allocation fails, walked one by one, the handler
+// runs exactly once with the fetch's outcome and waiters wake; a count may be lost, nothing else.
+// (Asio allocates the queued handler with aligned_alloc, not operator new, so the walk does not
+// reach it; post_completion runs the handler inline when that fails.)
+TEST(FetchState, ItsHandlerRunsOnceWhicheverAllocationOfItsCompletionFails) {
+  size_t failures = 0;
+  for (size_t n = 0;; ++n) {
+    SCOPED_TRACE(::testing::Message() << "allocation " << n);
+    boost::asio::io_context io;
+    auto stats = std::make_shared<detail::StatsRecorder>();
+    auto s = std::make_shared<detail::FetchState>(1, io.get_executor());
+    s->set_stats(stats, std::chrono::steady_clock::now());
+    s->result().transport = "TCP";
+    int calls = 0;
+    boost::system::error_code got;
+    s->set_handler([&](boost::system::error_code ec, FetchResult) {
+      ++calls;
+      got = ec;
+    });
+    bool fired = false;
+    {
+      test::FailingAllocation fail(n);
+      EXPECT_TRUE(s->complete(errc::size_mismatch));  // counted by name: a map entry
+      fired = fail.fired();
+    }
+    EXPECT_EQ(FetchRequest(s).wait(0ms), errc::size_mismatch);
+    io.run();
+    EXPECT_EQ(calls, 1);
+    EXPECT_EQ(std::error_code(got), errc::size_mismatch);
+    EXPECT_FALSE(s->complete({}));  // once
+    if (!fired) {
+      EXPECT_EQ(stats->snapshot().fetch_errors.at("size_mismatch"), 1u);
+      break;
+    }
+    ++failures;
+  }
+  EXPECT_GT(failures, 0u) << "the walk saw no allocation: the count was not made";
 }
 
 // With a wait spin (the context's idle_spin), wait() polls before it sleeps: a poll still only

@@ -29,8 +29,11 @@ bool FetchState::complete(std::error_code ec) {
     abort_hook_ = nullptr;
   }
   if (stats_) {
-    stats_->fetch_done(ec, result_.bytes, result_.transport,
-                       std::chrono::steady_clock::now() - started_);
+    try {
+      stats_->fetch_done(ec, result_.bytes, result_.transport,
+                         std::chrono::steady_clock::now() - started_);
+    } catch (const std::bad_alloc&) {  // a count is lost under memory pressure, not the completion
+    }
   }
   cv_.notify_all();
   if (handler) {

@@ -110,7 +110,10 @@ class TransportChannel {
   /// the bytes (StoredObject::on_sent, which ferry then runs), and the fetcher has them when the
   /// object counts its serves (StoredObject::on_served, run next): a two-sided transport then
   /// waits for the fetcher's word, a one-sided one always waits for the release that says its
-  /// reads succeeded. Any error ends the serve and is reported to the fetcher.
+  /// reads succeeded. Any error ends the serve and is reported to the fetcher. It may throw
+  /// std::bad_alloc: ferry then ends the serve with errc::resource_exhausted, and a copy of
+  /// `done` the transport kept is a no-op when it runs; what it kept of the serve (the pin) it
+  /// must still let go, by running that `done`'s path or by holding nothing after the throw.
   virtual void send_multiple(uint64_t request_id, ObjectStore::Pin object, SendDone done) = 0;
   /// Either side (Ray's abort_transport): stops everything for `request_id`; unknown ids are not
   /// an error. Returns true when the channel has let go of the request's buffers (it never
