@@ -148,7 +148,18 @@ class FakeSessionLink : public SessionLink,
   std::error_code close_reason() const override { return reason; }
   Clock::time_point now() const override { return clock; }
   void post(std::function<void()> fn) override { posted.push_back(std::move(fn)); }
-  void send(const wire::Envelope& env) override { sent.push_back(env); }
+  // Copied into a message already in `sent`: a protobuf copy constructor that runs out of memory
+  // halfway leaks what it made (generated code assumes no exceptions); CopyFrom leaves a whole
+  // message, which pop_back frees.
+  void send(const wire::Envelope& env) override {
+    sent.emplace_back();
+    try {
+      sent.back().CopyFrom(env);
+    } catch (const std::bad_alloc&) {
+      sent.pop_back();
+      throw;
+    }
+  }
   void send_error(uint64_t rid, std::error_code ec, const std::string& message,
                   bool fatal) override {
     error_frames.push_back({rid, ec, message, fatal});

@@ -133,8 +133,9 @@ std::error_code ControlStream::on_frame(std::string_view body) {
 void ControlStream::send(const wire::Envelope& env) {
   if (phase_ == Phase::closed || phase_ == Phase::draining || close_after_write_) return;
   auto frame = encode_frame(env);
-  queued_bytes_ += frame.size();
+  const size_t bytes = frame.size();
   write_queue_.push_back(std::move(frame));
+  queued_bytes_ += bytes;  // after the push, which may throw
   if (queued_bytes_ > options_.max_queued_bytes) {
     // The peer does not read what we send it: it cannot be served, and must not cost memory.
     const PeerInfo& peer = owner_.peer_info();
