@@ -327,8 +327,11 @@ TEST_F(ServeTableTest, CloseForgetsEverything) {
 // allocation fails, walked one by one, the object is left unpinned, its hooks run at most once
 // and the fetcher hears at most one error; with none failing the serve ends as it would.
 TEST(ServeTableAllocations, AServeLeavesNothingPinnedWhicheverAllocationFails) {
-  for (bool send_fails : {false, true}) {
-    SCOPED_TRACE(send_fails ? "the transport fails the send" : "the send succeeds");
+  for (const auto& [by_name, send_fails] :
+       {std::pair{false, false}, std::pair{false, true}, std::pair{true, false}}) {
+    SCOPED_TRACE(::testing::Message()
+                 << (by_name ? "by name, parked until the put; " : "")
+                 << (send_fails ? "the transport fails the send" : "the send succeeds"));
     const std::error_code send_result = send_fails ? errc::peer_closed : std::error_code();
     size_t failures = 0;
     for (size_t n = 0;; ++n) {
@@ -353,14 +356,27 @@ TEST(ServeTableAllocations, AServeLeavesNothingPinnedWhicheverAllocationFails) {
       {
         FailingAllocation fail(left);
         try {
-          table.serve(1, ServeTableTest::fetch_of(id));
+          table.serve(
+              1, by_name ? ServeTableTest::named("weights", 5000) : ServeTableTest::fetch_of(id));
         } catch (const std::bad_alloc&) {
           session_ends();
         }
         fired = fail.fired();
         left -= fail.passed();
       }
-      if (!fired && transport->sends.count(1)) {
+      if (by_name && !fired && link.open) {
+        EXPECT_EQ(table.parked(), 1u);
+        link.names["weights"] = id;  // put under that name
+        FailingAllocation fail(left);
+        try {
+          table.on_named("weights");
+        } catch (const std::bad_alloc&) {
+          session_ends();
+        }
+        fired = fail.fired();
+        left -= fail.passed();
+      }
+      if (!fired && transport->sends.count(1) && link.open) {
         FailingAllocation fail(left);
         try {
           transport->finish_send(1, send_result);
@@ -379,6 +395,7 @@ TEST(ServeTableAllocations, AServeLeavesNothingPinnedWhicheverAllocationFails) {
       EXPECT_LE(sent, 1);
       EXPECT_LE(served, 1);
       EXPECT_LE(link.errors().size(), 1u);
+      EXPECT_EQ(table.parked(), 0u);
       if (!fired) {
         EXPECT_EQ(sent, send_fails ? 0 : 1);
         EXPECT_EQ(served, send_fails ? 0 : 1);

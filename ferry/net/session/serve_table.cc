@@ -58,8 +58,18 @@ void ServeTable::serve(uint64_t rid, const wire::Fetch& msg) {
                    std::to_string(options_.max_parked_bytes) + " bytes");
         return;
       }
+      // Copied into an entry already in the map: protobuf's generated copy constructor leaks
+      // what it made when an allocation inside it throws; CopyFrom leaves a whole message.
+      auto& parked = parked_[rid];
+      try {
+        parked.msg.CopyFrom(msg);
+      } catch (const std::bad_alloc&) {
+        parked_.erase(rid);
+        throw;
+      }
+      parked.deadline = deadline;
+      parked.bytes = bytes;
       parked_bytes_ += bytes;
-      parked_[rid] = Parked{msg, deadline, bytes};
       link_.arm_deadline(deadline);
       FERRY_LOG_DEBUG("peer '{}': request {} waits for the name '{}'", peer.name, rid, msg.name());
       return;
