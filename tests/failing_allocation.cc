@@ -38,16 +38,20 @@ void* allocate(size_t n, const std::nothrow_t&) noexcept {
   return std::malloc(n ? n : 1);
 }
 
-void* allocate_aligned(size_t n, std::align_val_t align, const std::nothrow_t&) noexcept {
-  if (fails_now()) return nullptr;
+void* memalign(size_t n, std::align_val_t align) noexcept {
   const size_t a = std::max(static_cast<size_t>(align), sizeof(void*));
   void* p = nullptr;
   return posix_memalign(&p, a, n ? n : 1) == 0 ? p : nullptr;
 }
 
+void* allocate_aligned(size_t n, std::align_val_t align, const std::nothrow_t&) noexcept {
+  if (fails_now()) return nullptr;
+  return memalign(n, align);
+}
+
 void* allocate_aligned(size_t n, std::align_val_t align) {
   if (fails_now()) throw std::bad_alloc();
-  if (void* p = allocate_aligned(n, align, std::nothrow)) return p;
+  if (void* p = memalign(n, align)) return p;
   throw std::bad_alloc();
 }
 
