@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstddef>
+#include <new>
 
 namespace ferry::test {
 
@@ -23,5 +24,21 @@ class FailingAllocation {
   // Allocations let through so far.
   size_t passed() const;
 };
+
+// One step of an allocation walk: runs `step()` with the allocation `left` of it failing, and
+// `recover()` (what the step's caller does then: fail the operation, end the session) when it
+// throws std::bad_alloc. Returns whether the allocation failed; if not, takes what the step
+// allocated off `left`, for the next step to count on from there.
+template <typename Step, typename Recover>
+bool fails_within(size_t& left, Step&& step, Recover&& recover) {
+  FailingAllocation fail(left);
+  try {
+    step();
+  } catch (const std::bad_alloc&) {
+    recover();
+  }
+  left -= fail.passed();
+  return fail.fired();
+}
 
 }  // namespace ferry::test

@@ -14,7 +14,7 @@ namespace {
 
 using fakes::FakeSessionLink;
 using fakes::FakeTransport;
-using test::FailingAllocation;
+using test::fails_within;
 using namespace std::chrono_literals;
 
 struct FetchTableTest : ::testing::Test {
@@ -420,8 +420,6 @@ struct OneFetch {
         s(std::make_shared<detail::FetchState>(link.next_request_id(), link.io_.get_executor())) {
     link.add_transport(transport, channel_open);
     link.hold_channel_opens = !channel_open;
-    ref.object_id = 7;
-    ref.metadata.tensors.push_back(TensorMeta::bytes(target.size()));
   }
   FakeSessionLink link;
   mem::Pool pool;
@@ -429,7 +427,7 @@ struct OneFetch {
   std::shared_ptr<FakeTransport> transport;
   std::shared_ptr<detail::FetchState> s;
   std::vector<std::byte> target = std::vector<std::byte>(64);
-  ObjectRef ref;
+  ObjectRef ref = FetchTableTest::ref(target.size());
 };
 
 // Out of memory anywhere on a fetch's way to its transport: in Session::fetch's step (which then
@@ -472,29 +470,17 @@ TEST(FetchTableAllocations, AFetchCompletesWhicheverAllocationOnItsWayFails) {
       if (c.combine != Combine::no) {
         options.combine = [](std::span<std::byte>, std::span<const std::byte>) {};
       }
-      bool fired = false;
       size_t left = n;  // allocations to let through before the one that fails
-      {
-        FailingAllocation fail(left);
-        try {
-          table.start(s, ref, targets, nullptr, options);
-        } catch (const std::bad_alloc&) {
-          table.fail(*s, errc::resource_exhausted);  // as Session::fetch's step does
-        }
-        fired = fail.fired();
-        left -= fail.passed();
-      }
+      bool fired = fails_within(
+          left, [&] { table.start(s, ref, targets, nullptr, options); },
+          [&] { table.fail(*s, errc::resource_exhausted); });  // as Session::fetch's step does
       if (!fired && !c.channel_open) {
         ASSERT_EQ(link.opening.size(), 1u);
         auto done = std::move(link.opening.front().done);
         link.channels["TWO"] = channel;
-        FailingAllocation fail(left);
-        try {
-          done({});
-        } catch (const std::bad_alloc&) {
-          table.close(errc::resource_exhausted);  // as the session's end on out of memory does
-        }
-        fired = fail.fired();
+        // As the session's end on out of memory does.
+        fired = fails_within(
+            left, [&] { done({}); }, [&] { table.close(errc::resource_exhausted); });
       }
       table.close(errc::peer_closed);  // the session ends: whatever is left completes
       ASSERT_TRUE(s->done()) << "a fetch was lost";
@@ -527,16 +513,10 @@ TEST(FetchTableAllocations, ACompletionCompletesWhicheverAllocationOnItsWayFails
       ref.metadata.tensors[0].checksum = 0x1234;  // not the CRC-32C of 64 zeros
       table.start(s, ref, {MutableBuffer(target)}, nullptr, {});
       ASSERT_EQ(transport->fetches.size(), 1u);
-      bool fired = false;
-      {
-        FailingAllocation fail(n);
-        try {
-          table.complete(s->id(), ends_with);
-        } catch (const std::bad_alloc&) {
-          table.close(errc::resource_exhausted);
-        }
-        fired = fail.fired();
-      }
+      size_t left = n;
+      const bool fired = fails_within(
+          left, [&] { table.complete(s->id(), ends_with); },
+          [&] { table.close(errc::resource_exhausted); });
       table.close(errc::peer_closed);
       ASSERT_TRUE(s->done()) << "a fetch was lost";
       if (!fired) {

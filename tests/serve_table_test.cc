@@ -14,7 +14,7 @@ namespace {
 
 using fakes::FakeSessionLink;
 using fakes::FakeTransport;
-using test::FailingAllocation;
+using test::fails_within;
 using namespace std::chrono_literals;
 
 // The accepting side's table: the peer connected, so its request ids are odd.
@@ -351,39 +351,23 @@ TEST(ServeTableAllocations, AServeLeavesNothingPinnedWhicheverAllocationFails) {
         link.open = false;
         table.close();
       };
-      bool fired = false;
       size_t left = n;
-      {
-        FailingAllocation fail(left);
-        try {
-          table.serve(
-              1, by_name ? ServeTableTest::named("weights", 5000) : ServeTableTest::fetch_of(id));
-        } catch (const std::bad_alloc&) {
-          session_ends();
-        }
-        fired = fail.fired();
-        left -= fail.passed();
-      }
+      bool fired = fails_within(
+          left,
+          [&] {
+            table.serve(
+                1, by_name ? ServeTableTest::named("weights", 5000) : ServeTableTest::fetch_of(id));
+          },
+          session_ends);
       if (by_name && !fired && link.open) {
         EXPECT_EQ(table.parked(), 1u);
         link.names["weights"] = id;  // put under that name
-        FailingAllocation fail(left);
-        try {
-          table.on_named("weights");
-        } catch (const std::bad_alloc&) {
-          session_ends();
-        }
-        fired = fail.fired();
-        left -= fail.passed();
+        fired = fails_within(
+            left, [&] { table.on_named("weights"); }, session_ends);
       }
       if (!fired && transport->sends.count(1) && link.open) {
-        FailingAllocation fail(left);
-        try {
-          transport->finish_send(1, send_result);
-        } catch (const std::bad_alloc&) {
-          session_ends();
-        }
-        fired = fail.fired();
+        fired = fails_within(
+            left, [&] { transport->finish_send(1, send_result); }, session_ends);
       }
       // The channel closes with the session: the transport fails what it still sends.
       if (fired) {

@@ -819,8 +819,7 @@ Result<ObjectRef> Context::put(std::vector<Tensor> tensors, std::shared_ptr<void
   for (auto& t : tensors) {
     if (t.meta.nbytes == 0 && t.meta.shape.empty()) t.meta = TensorMeta::bytes(t.data.size());
     if (t.meta.nbytes != t.data.size()) return errc::size_mismatch;
-    t.meta.checksum.reset();
-    if (options.checksum) t.meta.checksum = crc32c(t.data);
+    t.meta.checksum = options.checksum ? std::optional(crc32c(t.data)) : std::nullopt;
   }
   if (!options.transport.empty() && !impl_->find_transport(options.transport)) {
     return errc::transport_unknown;
