@@ -48,12 +48,12 @@ demo: build
 # build's binaries; the tests that build ferry again (install, package) leave it a core (JOBS).
 # Its output goes to $(BUILD)/Testing/softroce-tier.log; its summary follows the
 # host's (the whole log if it failed). A tier that could not run says SKIPPED, with the reason; a
-# test that failed in the guest says FAILED there, with its failure lines.
+# test that failed in the guest says FAILED there, with its failure lines; a guest kernel panic
+# (tier.sh runs what had not finished in a fresh guest) says PANIC.
 SOFTROCE_LOG = $(BUILD)/Testing/softroce-tier.log
 test: build
 	@mkdir -p $(BUILD)/Testing; \
-	  (cd $(BUILD) && exec $(CURDIR)/tests/softroce/ferry-vm --cwd . -- \
-	    sh $(CURDIR)/tests/softroce/guest-ctest.sh) >$(SOFTROCE_LOG) 2>&1 </dev/null & guest=$$!; \
+	  (cd $(BUILD) && exec $(CURDIR)/tests/softroce/tier.sh) >$(SOFTROCE_LOG) 2>&1 </dev/null & guest=$$!; \
 	  trap 'kill $$guest 2>/dev/null; exit 130' INT TERM; \
 	  jobs=$$(nproc); [ $$jobs -gt 1 ] && jobs=$$((jobs - 1)); \
 	  status=0; (cd $(BUILD) && JOBS=$$jobs ctest --output-on-failure --timeout 600 -LE '^(rdma|softroce)$$') || status=$$?; \
@@ -62,7 +62,7 @@ test: build
 	  if [ $$tier -ne 0 ] && [ $$tier -ne 77 ]; then cat $(SOFTROCE_LOG); status=1; \
 	  else grep -E '^(Total Test time|[0-9]+% tests passed)' $(SOFTROCE_LOG); fi; \
 	  grep -h '^SKIPPED' $(BUILD)/Testing/Temporary/LastTest.log $(SOFTROCE_LOG) 2>/dev/null | sort -u; \
-	  grep -h '^FAILED in the guest' $(SOFTROCE_LOG); \
+	  grep -h '^\(FAILED\|PANIC\) in the guest' $(SOFTROCE_LOG); \
 	  echo "the soft-RoCE tier: $$(case $$tier in 0) echo passed;; 77) echo SKIPPED;; *) echo "FAILED (exit $$tier)";; esac)"; \
 	  if [ $$tier -ne 0 ] && [ $$tier -ne 77 ]; then grep -a '^ferry-vm: ' $(SOFTROCE_LOG) | tail -n 1; fi; \
 	  exit $$status
